@@ -1,0 +1,1 @@
+"""Caller Memory service: repeat-caller memory for voice agents."""

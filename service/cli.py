@@ -1,0 +1,155 @@
+"""Command line: ``caller-memory serve | project ... | token ...``.
+
+The management commands work directly against the configured store (the same one the service uses), so an
+operator can bootstrap a project and its first admin token without the HTTP API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .config import DEFAULT_PORT, Settings, SettingsError
+from .domain.errors import CallerMemoryError
+from .http.keys import Services
+
+log = logging.getLogger("caller_memory")
+
+
+def redact_url(url: str) -> str:
+    """Hide a password in a store URL before printing it."""
+    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="caller-memory", description="Repeat-caller memory for voice agents.")
+    parser.add_argument("--store", help="store URL (default: $CALLER_MEMORY_STORE or sqlite:///caller-memory.db)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    serve.add_argument("--store", dest="serve_store", help="store URL (same as the global --store)")
+
+    project = sub.add_parser("project", help="manage project configurations").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    apply = project.add_parser("apply", help="create or replace a project from a JSON file")
+    apply.add_argument("file", type=Path, help="configuration JSON (SPEC section 1)")
+    apply.add_argument("--project", help="project id (default: the file name without .json)")
+    show = project.add_parser("show", help="print a project's configuration")
+    show.add_argument("project")
+
+    token = sub.add_parser("token", help="manage project tokens").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    create = token.add_parser("create", help="mint a token; the secret is printed once")
+    create.add_argument("project")
+    create.add_argument("--role", required=True, choices=["agent", "analytics", "admin"])
+    create.add_argument("--label", default="")
+    listing = token.add_parser("list", help="list a project's tokens (no secrets)")
+    listing.add_argument("project")
+    revoke = token.add_parser("revoke", help="revoke a token")
+    revoke.add_argument("project")
+    revoke.add_argument("token_id")
+    return parser
+
+
+def _print(data: Any) -> None:
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+async def _with_services(settings: Settings, action: Callable[[Services], Awaitable[Any]]) -> Any:
+    from .app import build_services
+
+    services = build_services(settings)
+    await services.store.open()
+    try:
+        return await action(services)
+    finally:
+        await services.store.close()
+
+
+async def _manage(args: argparse.Namespace, services: Services) -> Any:
+    from .http.routes import token_body
+
+    if args.command == "project" and args.action == "apply":
+        try:
+            document = orjson.loads(args.file.read_bytes())
+        except OSError as exc:
+            raise SystemExit(f"error: cannot read {args.file}: {exc.strerror}") from None
+        except orjson.JSONDecodeError as exc:
+            raise SystemExit(f"error: {args.file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        project_id = args.project or args.file.stem
+        project, created = await services.projects.apply(project_id, document)
+        log.info("project %s %s", project_id, "created" if created else "replaced")
+        return project.stored_document()
+    if args.command == "project" and args.action == "show":
+        return (await services.projects.get(args.project)).stored_document()
+    project = await services.projects.get(args.project)
+    if args.action == "create":
+        minted = await services.tokens.mint(project.project_id, args.role, args.label)
+        return token_body(minted.record) | {"token": minted.secret}
+    if args.action == "list":
+        return {"tokens": [token_body(r) for r in await services.tokens.list(project.project_id)]}
+    await services.tokens.revoke(project.project_id, args.token_id)
+    return {"revoked": args.token_id}
+
+
+def _serve(settings: Settings) -> None:
+    from aiohttp import web
+
+    from .app import create_app
+    from .http.access_log import RouteAccessLogger
+
+    app = create_app(settings)
+    if settings.operator_token is None:
+        log.warning("CALLER_MEMORY_OPERATOR_TOKEN is not set: operator endpoints will refuse every request")
+    log.info("store: %s", redact_url(settings.store_url))
+    log.info("listening on http://%s:%d (API description at /openapi.json)", settings.host, settings.port)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log_class=RouteAccessLogger,
+        print=None,
+        handle_signals=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .logs import configure_logging
+
+    args = _parser().parse_args(argv)
+    store = getattr(args, "serve_store", None) or args.store
+    try:
+        settings = Settings.from_env(
+            store_url=store,
+            host=getattr(args, "host", None),
+            port=getattr(args, "port", None),
+        )
+    except SettingsError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    configure_logging(settings.log_level)
+    if args.command == "serve":
+        try:
+            _serve(settings)
+        except CallerMemoryError as exc:
+            sys.stderr.write(f"error: {exc.detail}\n")
+            return 1
+        return 0
+    try:
+        _print(asyncio.run(_with_services(settings, lambda services: _manage(args, services))))
+    except CallerMemoryError as exc:
+        sys.stderr.write(f"error: {exc.detail}\n")
+        return 1
+    return 0

@@ -1,0 +1,116 @@
+"""Domain errors.
+
+Every error the service can report is one of these. The HTTP middleware maps them to problem+json in one
+place (``http/middleware.py``); backends translate driver exceptions into :class:`StoreUnavailable`.
+Messages never contain a phone number.
+"""
+
+from __future__ import annotations
+
+
+class CallerMemoryError(Exception):
+    """Base class of every domain error."""
+
+    status = 500
+    title = "Internal error"
+    type_slug = "internal"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidInput(CallerMemoryError, ValueError):
+    """A request is well-formed but a value in it is not acceptable (HTTP 422)."""
+
+    status = 422
+    title = "Invalid input"
+    type_slug = "invalid-input"
+
+    def __init__(self, detail: str, *, field: str | None = None, errors: list[dict[str, str]] | None = None):
+        super().__init__(detail)
+        self.field = field
+        self.errors = errors if errors is not None else ([{"field": field, "message": detail}] if field else [])
+
+
+class MalformedRequest(CallerMemoryError, ValueError):
+    """The request body cannot be read at all, e.g. invalid JSON (HTTP 400)."""
+
+    status = 400
+    title = "Malformed request"
+    type_slug = "malformed-request"
+
+
+class InvalidIdentifier(InvalidInput):
+    """The caller identifier is not a possible phone number."""
+
+    type_slug = "invalid-identifier"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"identifier is not a possible phone number: {reason}", field="identifier")
+
+
+class InvalidConfiguration(InvalidInput):
+    """A project configuration was refused."""
+
+    type_slug = "invalid-configuration"
+
+
+class NotFound(CallerMemoryError, LookupError):
+    """The addressed project, token or resource does not exist (or is not visible to the caller)."""
+
+    status = 404
+    title = "Not found"
+    type_slug = "not-found"
+
+
+class Unauthenticated(CallerMemoryError, PermissionError):
+    """No usable credentials were presented (HTTP 401)."""
+
+    status = 401
+    title = "Unauthenticated"
+    type_slug = "unauthenticated"
+
+
+class Forbidden(CallerMemoryError, PermissionError):
+    """The credentials are valid but their role does not allow the operation (HTTP 403)."""
+
+    status = 403
+    title = "Forbidden"
+    type_slug = "forbidden"
+
+
+class PreconditionFailed(CallerMemoryError):
+    """``If-Match`` did not match the memory's current ETag (HTTP 412)."""
+
+    status = 412
+    title = "Precondition failed"
+    type_slug = "precondition-failed"
+
+    def __init__(self, current_etag: str) -> None:
+        super().__init__("the caller's memory changed since the ETag given in If-Match was issued")
+        self.current_etag = current_etag
+
+
+class Conflict(CallerMemoryError):
+    """The request conflicts with the current state (HTTP 409)."""
+
+    status = 409
+    title = "Conflict"
+    type_slug = "conflict"
+
+
+class StoreUnavailable(CallerMemoryError, ConnectionError):
+    """The store could not be reached or did not answer in time (HTTP 503)."""
+
+    status = 503
+    title = "Store unavailable"
+    type_slug = "store-unavailable"
+
+
+class StoreCorrupt(CallerMemoryError, RuntimeError):
+    """The store holds data this version cannot read; refuse to run rather than serve an empty store."""
+
+    status = 500
+    title = "Store corrupt"
+    type_slug = "store-corrupt"

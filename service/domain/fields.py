@@ -1,0 +1,77 @@
+"""Stored fields and the rules every backend applies to them (liveness and ETags).
+
+Kept free of any I/O so that the SQLite backend calls these functions and the Redis Lua scripts reproduce
+them; the contract suite checks that both agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StoredField:
+    """One field as kept in the store: its JSON encoding and when it was written and expires (epoch ms)."""
+
+    value: bytes
+    expires_at: int
+    written_at: int
+
+    def packed(self) -> bytes:
+        """The Redis representation: ``<expires_at>|<written_at>|<json>``."""
+        return b"%d|%d|%s" % (self.expires_at, self.written_at, self.value)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> StoredField:
+        expires, written, value = data.split(b"|", 2)
+        return cls(value=value, expires_at=int(expires), written_at=int(written))
+
+
+def effective_expiry(name: str, field: StoredField, ttl_ms: Mapping[str, int]) -> int:
+    """When a field stops being readable under the project's *current* configuration.
+
+    The stored expiry was fixed at write time; if the configuration since shortened the field's TTL or
+    dropped the key from ``state_keys``, the shorter bound applies at once (no field outlives retention).
+    """
+    return min(field.expires_at, field.written_at + ttl_ms.get(name, 0))
+
+
+def live_fields(
+    fields: Mapping[str, StoredField], ttl_ms: Mapping[str, int], now_ms: int
+) -> dict[str, StoredField]:
+    return {name: f for name, f in fields.items() if now_ms < effective_expiry(name, f, ttl_ms)}
+
+
+def compute_etag(live: Mapping[str, StoredField]) -> str:
+    """Strong ETag over the live fields (names, values and expiries). Mirrored in ``lua/patch.lua``."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    for name in sorted(live):
+        digest.update(name.encode() + b"\n" + live[name].packed() + b"\n")
+    return '"' + digest.hexdigest()[:20] + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCondition:
+    """An ``If-Match`` precondition, with what the store needs to evaluate it atomically.
+
+    ``etags`` are the entity tags listed in the header (compared strongly); ``any_existing`` is ``If-Match: *``,
+    which holds when the caller has at least one live field.
+    """
+
+    etags: tuple[str, ...]
+    any_existing: bool
+    ttl_ms: Mapping[str, int]
+
+    @classmethod
+    def from_header(cls, header: str, ttl_ms: Mapping[str, int]) -> WriteCondition:
+        header = header.strip()
+        if header == "*":
+            return cls(etags=(), any_existing=True, ttl_ms=ttl_ms)
+        return cls(etags=tuple(t.strip() for t in header.split(",") if t.strip()), any_existing=False, ttl_ms=ttl_ms)
+
+    def holds(self, live: Mapping[str, StoredField]) -> bool:
+        if self.any_existing:
+            return bool(live)
+        return compute_etag(live) in self.etags

@@ -1,0 +1,72 @@
+"""Caller identifiers: parsing to E.164 and pseudonymisation at rest.
+
+A raw phone number never leaves this module towards the store: the store sees only
+``pseudonym(project, e164)``, an HMAC-SHA256 keyed with the server secret. The project is part of the
+message, so one caller's pseudonyms in two projects cannot be linked without the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from functools import lru_cache
+
+import phonenumbers
+
+from .errors import InvalidIdentifier
+from .limits import MAX_IDENTIFIER_CHARS
+
+_PARSE_REASONS = {
+    phonenumbers.NumberParseException.INVALID_COUNTRY_CODE: (
+        "no country code, and the project has no default_region to read it with"
+    ),
+    phonenumbers.NumberParseException.NOT_A_NUMBER: "it does not look like a phone number",
+    phonenumbers.NumberParseException.TOO_SHORT_AFTER_IDD: "too short after the international prefix",
+    phonenumbers.NumberParseException.TOO_SHORT_NSN: "too short",
+    phonenumbers.NumberParseException.TOO_LONG: "too long",
+}
+
+#: Pseudonyms are 128 bits, hex encoded.
+PSEUDONYM_HEX_CHARS = 32
+PSEUDONYM_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+@lru_cache(maxsize=65536)
+def normalize(raw: str, default_region: str | None = None) -> str:
+    """Return the E.164 form of ``raw`` or raise :class:`InvalidIdentifier` (the message holds no digits).
+
+    Possible but unassigned numbers (test numbers) are accepted; only the shape is checked.
+    """
+    if not raw or len(raw) > MAX_IDENTIFIER_CHARS:
+        raise InvalidIdentifier(f"empty or longer than {MAX_IDENTIFIER_CHARS} characters")
+    try:
+        number = phonenumbers.parse(raw, default_region)
+    except phonenumbers.NumberParseException as exc:
+        raise InvalidIdentifier(_PARSE_REASONS.get(exc.error_type, "it cannot be parsed")) from None
+    if number.extension:
+        raise InvalidIdentifier("extensions are not part of a caller identifier")
+    if not phonenumbers.is_possible_number(number):
+        raise InvalidIdentifier("not a possible number for its country (wrong length)")
+    return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+
+
+def mask(e164: str) -> str:
+    """A form fit for logs: the country code and the last two digits, nothing else."""
+    if len(e164) < 6:
+        return "+***"
+    return e164[:2] + "*" * (len(e164) - 4) + e164[-2:]
+
+
+class Pseudonymizer:
+    """Keyed hashing of identifiers; the only way identifiers are turned into store keys."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("the pseudonym key must be at least 16 bytes")
+        self._key = key
+        self.pseudonym = lru_cache(maxsize=65536)(self._pseudonym)
+
+    def _pseudonym(self, project: str, e164: str) -> str:
+        digest = hmac.new(self._key, f"{project}\x00{e164}".encode(), hashlib.sha256).hexdigest()
+        return digest[:PSEUDONYM_HEX_CHARS]

@@ -1,0 +1,27 @@
+"""Documented limits on what the service accepts (see README, "Limits")."""
+
+from __future__ import annotations
+
+import re
+
+#: Field names: a letter or underscore, then letters, digits or underscores; 64 characters at most.
+FIELD_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+FIELD_NAME_RE = re.compile(FIELD_NAME_PATTERN)
+
+#: Project ids: lowercase letters, digits, '-' and '_', starting with a letter or digit; 63 characters at most.
+PROJECT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+PROJECT_ID_RE = re.compile(PROJECT_ID_PATTERN)
+
+#: At most this many keys in ``state_keys``, so a caller's memory has at most this many fields.
+MAX_STATE_KEYS = 64
+#: Largest JSON encoding of one field value, in bytes.
+MAX_VALUE_BYTES = 2048
+#: Largest number of entries in ``identifier_blacklist``.
+MAX_BLACKLIST = 1000
+#: Largest request body, in bytes (HTTP 413 beyond).
+MAX_BODY_BYTES = 64 * 1024
+#: Shortest and longest retention or field TTL, in seconds.
+MIN_TTL_SECONDS = 1
+MAX_TTL_SECONDS = 10 * 366 * 86400
+#: Largest raw identifier accepted before parsing (a phone number written with spaces and punctuation).
+MAX_IDENTIFIER_CHARS = 64

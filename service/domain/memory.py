@@ -1,0 +1,172 @@
+"""Caller memory use cases: read, patch, delete a field, erase.
+
+Everything that reaches the store has been validated here first, so that bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..storage.base import Store
+from .clock import Clock, ceil_hour_ms, floor_hour_ms
+from .errors import InvalidInput, PreconditionFailed
+from .fields import StoredField, WriteCondition, compute_etag, effective_expiry, live_fields
+from .identifiers import Pseudonymizer, normalize
+from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES
+from .projects import Project
+
+EMPTY_ETAG = compute_etag({})
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryView:
+    """A caller's live memory as the API returns it. ``fields`` holds JSON-encoded values."""
+
+    identifier: str
+    fields: dict[str, bytes]
+    expires_at: int | None  # hour-rounded up; None when the memory is empty
+    etag: str
+    blacklisted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureReceipt:
+    receipt_id: str
+    project: str
+    erased_at: int  # hour-rounded down
+    fields_removed: int
+    blacklisted: bool = False
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    e164: str
+    subject: str
+    blacklisted: bool
+
+
+def check_field_name(name: str, *, where: str) -> None:
+    if not FIELD_NAME_RE.match(name):
+        raise InvalidInput(
+            f"{where}: field names are a letter or '_' then letters, digits or '_', 64 characters at most",
+            field=where,
+        )
+
+
+def encode_value(name: str, value: Any) -> bytes:
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError as exc:  # pragma: no cover - decoded JSON always re-encodes
+        raise InvalidInput(f"{name}: value is not JSON", field=name) from exc
+    if len(encoded) > MAX_VALUE_BYTES:
+        raise InvalidInput(
+            f"{name}: value is {len(encoded)} bytes of JSON; the limit is {MAX_VALUE_BYTES}", field=name
+        )
+    return encoded
+
+
+class MemoryService:
+    def __init__(self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock) -> None:
+        self._store = store
+        self._pseudonymizer = pseudonymizer
+        self._clock = clock
+
+    def caller(self, project: Project, raw_identifier: str) -> Caller:
+        e164 = normalize(raw_identifier, project.default_region)
+        subject = self._pseudonymizer.pseudonym(project.project_id, e164)
+        return Caller(e164=e164, subject=subject, blacklisted=subject in project.blacklist)
+
+    def _view(self, project: Project, caller: Caller, stored: Mapping[str, StoredField], now: int) -> MemoryView:
+        live = live_fields(stored, project.ttl_ms, now)
+        expires = max((effective_expiry(n, f, project.ttl_ms) for n, f in live.items()), default=None)
+        return MemoryView(
+            identifier=caller.e164,
+            fields={name: f.value for name, f in live.items()},
+            expires_at=ceil_hour_ms(expires) if expires is not None else None,
+            etag=compute_etag(live),
+        )
+
+    def _empty(self, caller: Caller) -> MemoryView:
+        return MemoryView(identifier=caller.e164, fields={}, expires_at=None, etag=EMPTY_ETAG, blacklisted=True)
+
+    async def read(self, project: Project, raw_identifier: str) -> MemoryView:
+        caller = self.caller(project, raw_identifier)
+        if caller.blacklisted:
+            return self._empty(caller)
+        now = self._clock.now_ms()
+        stored = await self._store.read_fields(project.project_id, caller.subject, now)
+        return self._view(project, caller, stored, now)
+
+    def validate_patch(self, project: Project, patch: Any) -> tuple[dict[str, bytes], list[str]]:
+        """Split a merge patch into encoded sets and deletes, refusing anything not allowed."""
+        if not isinstance(patch, dict):
+            raise InvalidInput("the body must be a JSON object of field names to values", field="body")
+        allowed = project.ttl_ms
+        sets: dict[str, bytes] = {}
+        deletes: list[str] = []
+        for name, value in patch.items():
+            check_field_name(name, where=name)
+            if name not in allowed:
+                raise InvalidInput(f"{name}: not in the project's state_keys, so it cannot be stored", field=name)
+            if value is None:
+                deletes.append(name)
+            else:
+                sets[name] = encode_value(name, value)
+        return sets, deletes
+
+    async def patch(
+        self, project: Project, raw_identifier: str, patch: Any, if_match: str | None = None
+    ) -> MemoryView:
+        caller = self.caller(project, raw_identifier)
+        sets, deletes = self.validate_patch(project, patch)
+        if caller.blacklisted:
+            return self._empty(caller)
+        return await self._write(project, caller, sets, deletes, if_match)
+
+    async def delete_field(
+        self, project: Project, raw_identifier: str, name: str, if_match: str | None = None
+    ) -> MemoryView:
+        caller = self.caller(project, raw_identifier)
+        check_field_name(name, where="field")
+        if caller.blacklisted:
+            return self._empty(caller)
+        return await self._write(project, caller, {}, [name], if_match)
+
+    async def _write(
+        self,
+        project: Project,
+        caller: Caller,
+        sets: Mapping[str, bytes],
+        deletes: list[str],
+        if_match: str | None,
+    ) -> MemoryView:
+        now = self._clock.now_ms()
+        stored = {
+            name: StoredField(value=value, expires_at=now + project.ttl_ms[name], written_at=now)
+            for name, value in sets.items()
+        }
+        condition = WriteCondition.from_header(if_match, project.ttl_ms) if if_match is not None else None
+        result = await self._store.patch_fields(
+            project.project_id, caller.subject, stored, deletes, now, condition
+        )
+        view = self._view(project, caller, result.fields, now)
+        if not result.applied:
+            raise PreconditionFailed(view.etag)
+        return view
+
+    async def erase(self, project: Project, raw_identifier: str) -> ErasureReceipt:
+        caller = self.caller(project, raw_identifier)
+        removed = await self._store.erase_caller(project.project_id, caller.subject)
+        return ErasureReceipt(
+            receipt_id=uuid.uuid4().hex,
+            project=project.project_id,
+            erased_at=floor_hour_ms(self._clock.now_ms()),
+            fields_removed=removed,
+            blacklisted=caller.blacklisted,
+        )

@@ -1,0 +1,209 @@
+"""Project configuration: validation, the stored form, and the compiled form used on the hot path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any
+
+import orjson
+import phonenumbers
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidConfiguration, InvalidIdentifier, InvalidInput
+from .identifiers import PSEUDONYM_RE, Pseudonymizer, normalize
+from .limits import (
+    FIELD_NAME_PATTERN,
+    MAX_BLACKLIST,
+    MAX_STATE_KEYS,
+    MAX_TTL_SECONDS,
+    MIN_TTL_SECONDS,
+)
+
+FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]
+PSEUDONYM_PREFIX = "pseudonym:"
+DEFAULT_RETENTION = timedelta(days=90)
+
+
+def _check_duration(value: timedelta) -> timedelta:
+    seconds = value.total_seconds()
+    if seconds != int(seconds):
+        raise ValueError("must be a whole number of seconds")
+    if not MIN_TTL_SECONDS <= seconds <= MAX_TTL_SECONDS:
+        raise ValueError(
+            f"must be between {MIN_TTL_SECONDS} second and {MAX_TTL_SECONDS // 86400} days "
+            "(an ISO 8601 duration such as 'P90D' or 'PT12H', or a number of seconds)"
+        )
+    return value
+
+
+Duration = Annotated[timedelta, AfterValidator(_check_duration)]
+
+
+class RepeatCallerConfig(BaseModel):
+    """``memory.repeat_caller``: what is kept about callers, and for how long."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    analytics_enabled: bool = False
+    state_keys: list[FieldName] = Field(default_factory=list, max_length=MAX_STATE_KEYS)
+    identifier_blacklist: list[str] = Field(default_factory=list, max_length=MAX_BLACKLIST)
+    retention: Duration = DEFAULT_RETENTION
+    field_ttls: dict[FieldName, Duration] = Field(default_factory=dict)
+    default_region: str | None = None
+
+    @field_validator("state_keys")
+    @classmethod
+    def _unique_keys(cls, value: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for name in value:
+            if name in seen:
+                raise ValueError(f"'{name}' is listed twice")
+            seen.add(name)
+        return value
+
+    @field_validator("default_region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        region = value.upper()
+        if region not in phonenumbers.SUPPORTED_REGIONS:
+            raise ValueError("is not a region code known to libphonenumber (ISO 3166-1 alpha-2, e.g. 'GB')")
+        return region
+
+
+class MemoryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    repeat_caller: RepeatCallerConfig = Field(default_factory=RepeatCallerConfig)
+
+
+class ProjectConfig(BaseModel):
+    """The whole configuration document of a project (``PUT /v1/projects/{project}``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)
+
+
+def validation_problem(
+    exc: ValidationError, *, what: str = "configuration", error: type[InvalidInput] = InvalidConfiguration
+) -> InvalidInput:
+    """Turn a pydantic error into a domain error naming each offending field, without echoing input values."""
+    errors = []
+    for err in exc.errors(include_input=False, include_url=False):
+        where = _location(tuple(err["loc"]))
+        message = err["msg"].removeprefix("Value error, ")
+        field = where or "body"
+        errors.append({"field": field, "message": message})
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return error(f"invalid {what}: {detail}", field=errors[0]["field"], errors=errors)
+
+
+def parse_config(document: Any) -> ProjectConfig:
+    """Validate a configuration document (already decoded JSON)."""
+    if not isinstance(document, dict):
+        raise InvalidConfiguration("the configuration must be a JSON object", field="body")
+    try:
+        config = ProjectConfig.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc) from None
+    _cross_check(config.memory.repeat_caller)
+    return config
+
+
+def _cross_check(rc: RepeatCallerConfig) -> None:
+    """Rules that involve several fields; each error names the exact offending field."""
+    base = "memory.repeat_caller."
+    for name, ttl in rc.field_ttls.items():
+        if name not in rc.state_keys:
+            raise InvalidConfiguration(
+                f"{base}field_ttls.{name}: '{name}' is not in state_keys", field=f"{base}field_ttls.{name}"
+            )
+        if ttl > rc.retention:
+            raise InvalidConfiguration(
+                f"{base}field_ttls.{name}: a field TTL cannot be longer than retention",
+                field=f"{base}field_ttls.{name}",
+            )
+    for index, entry in enumerate(rc.identifier_blacklist):
+        where = f"{base}identifier_blacklist[{index}]"
+        if entry.startswith(PSEUDONYM_PREFIX):
+            if not PSEUDONYM_RE.match(entry[len(PSEUDONYM_PREFIX) :]):
+                raise InvalidConfiguration(
+                    f"{where}: a pseudonym entry is 'pseudonym:' and 32 lowercase hex digits", field=where
+                )
+            continue
+        try:
+            normalize(entry, rc.default_region)
+        except InvalidIdentifier as exc:
+            raise InvalidConfiguration(f"{where}: {exc.detail}", field=where) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """A project's configuration compiled for the hot path. ``stored`` is what the store keeps."""
+
+    project_id: str
+    config: ProjectConfig
+    ttl_ms: dict[str, int]  # state key -> TTL in milliseconds
+    retention_ms: int
+    blacklist: frozenset[str]  # pseudonyms
+    default_region: str | None
+    analytics_enabled: bool
+
+    @property
+    def state_keys(self) -> list[str]:
+        return self.config.memory.repeat_caller.state_keys
+
+    def stored_document(self) -> dict[str, Any]:
+        """The configuration as stored and as returned by the API: blacklist entries as pseudonyms."""
+        document: dict[str, Any] = self.config.model_dump(mode="json")
+        document["memory"]["repeat_caller"]["identifier_blacklist"] = sorted(
+            PSEUDONYM_PREFIX + p for p in self.blacklist
+        )
+        return document
+
+    def stored_bytes(self) -> bytes:
+        return orjson.dumps(self.stored_document())
+
+
+def compile_project(project_id: str, config: ProjectConfig, pseudonymizer: Pseudonymizer) -> Project:
+    rc = config.memory.repeat_caller
+    retention_ms = int(rc.retention.total_seconds()) * 1000
+    ttl_ms = {name: int(rc.field_ttls.get(name, rc.retention).total_seconds()) * 1000 for name in rc.state_keys}
+    blacklist = set()
+    for entry in rc.identifier_blacklist:
+        if entry.startswith(PSEUDONYM_PREFIX):
+            blacklist.add(entry[len(PSEUDONYM_PREFIX) :])
+        else:
+            blacklist.add(pseudonymizer.pseudonym(project_id, normalize(entry, rc.default_region)))
+    # The compiled form keeps no raw number: the config is rebuilt with pseudonym entries only.
+    clean = config.model_copy(
+        update={
+            "memory": config.memory.model_copy(
+                update={
+                    "repeat_caller": rc.model_copy(
+                        update={"identifier_blacklist": sorted(PSEUDONYM_PREFIX + p for p in blacklist)}
+                    )
+                }
+            )
+        }
+    )
+    return Project(
+        project_id=project_id,
+        config=clean,
+        ttl_ms=ttl_ms,
+        retention_ms=retention_ms,
+        blacklist=frozenset(blacklist),
+        default_region=rc.default_region,
+        analytics_enabled=rc.analytics_enabled,
+    )

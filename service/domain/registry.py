@@ -1,0 +1,69 @@
+"""Project configurations: applied through here, and cached in-process for the hot path.
+
+Each process keeps compiled projects for ``cache_seconds``. A change made through this process is visible
+to it at once; other processes (replicas) see it within ``cache_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from ..storage.base import Store
+from .clock import Clock
+from .errors import NotFound, StoreCorrupt
+from .identifiers import Pseudonymizer
+from .limits import PROJECT_ID_RE
+from .projects import Project, ProjectConfig, compile_project, parse_config
+from .errors import InvalidInput
+
+
+def check_project_id(project_id: str) -> str:
+    if not PROJECT_ID_RE.match(project_id):
+        raise InvalidInput(
+            "project id must be 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+            field="project",
+        )
+    return project_id
+
+
+class ProjectRegistry:
+    def __init__(self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock, cache_seconds: float) -> None:
+        self._store = store
+        self._pseudonymizer = pseudonymizer
+        self._clock = clock
+        self._cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, Project | None]] = {}
+
+    async def apply(self, project_id: str, document: Any) -> tuple[Project, bool]:
+        """Validate and store a configuration. Returns the compiled project and whether it was created."""
+        check_project_id(project_id)
+        project = compile_project(project_id, parse_config(document), self._pseudonymizer)
+        created = await self._store.put_project(project_id, project.stored_bytes(), self._clock.now_ms())
+        self._cache[project_id] = (time.monotonic(), project)
+        return project, created
+
+    async def find(self, project_id: str) -> Project | None:
+        cached = self._cache.get(project_id)
+        if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
+            return cached[1]
+        if not PROJECT_ID_RE.match(project_id):
+            return None
+        raw = await self._store.get_project(project_id)
+        project = None
+        if raw is not None:
+            try:
+                config = ProjectConfig.model_validate(orjson.loads(raw))
+            except ValueError as exc:
+                raise StoreCorrupt(f"the stored configuration of project '{project_id}' is unreadable") from exc
+            project = compile_project(project_id, config, self._pseudonymizer)
+        self._cache[project_id] = (time.monotonic(), project)
+        return project
+
+    async def get(self, project_id: str) -> Project:
+        project = await self.find(project_id)
+        if project is None:
+            raise NotFound(f"project '{project_id}' not found")
+        return project

@@ -1,0 +1,139 @@
+"""API tokens and who may do what.
+
+A project token reads ``cm_<token_id>_<secret>``. The store keeps the token id, project, role and the
+SHA-256 of the secret; the secret is shown once when minted. Lookups are cached briefly per process, so a
+revocation made through another replica takes effect within ``cache_seconds``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from ..storage.base import Store, TokenRecord
+from .clock import Clock
+from .errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+
+TOKEN_PREFIX = "cm"
+
+
+class Role(enum.StrEnum):
+    AGENT = "agent"
+    ANALYTICS = "analytics"
+    ADMIN = "admin"
+
+
+#: What each role may do. ``admin`` may do everything in its project.
+_GRANTS: dict[Role, frozenset[Role]] = {
+    Role.AGENT: frozenset({Role.AGENT}),
+    Role.ANALYTICS: frozenset({Role.ANALYTICS}),
+    Role.ADMIN: frozenset({Role.AGENT, Role.ANALYTICS, Role.ADMIN}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the operator, or a project token with one role."""
+
+    operator: bool
+    project: str | None = None
+    role: Role | None = None
+    token_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How audit records and logs refer to this principal (never a secret)."""
+        return "operator" if self.operator else f"token:{self.token_id}"
+
+    def require(self, project: str, role: Role) -> None:
+        """Allow the call or raise. Another project's token learns nothing: the project is "not found"."""
+        if self.operator:
+            return
+        if self.project != project:
+            raise NotFound(f"project '{project}' not found")
+        assert self.role is not None
+        if role not in _GRANTS[self.role]:
+            raise Forbidden(f"a token with role '{self.role}' cannot do this; it needs role '{role}'")
+
+    def require_operator(self) -> None:
+        if not self.operator:
+            raise Forbidden("this needs the operator token")
+
+
+@dataclass(frozen=True, slots=True)
+class MintedToken:
+    record: TokenRecord
+    secret: str  # the full bearer token, shown once
+
+
+def _hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+class TokenService:
+    def __init__(self, store: Store, clock: Clock, operator_token: str | None, cache_seconds: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._operator_hash = _hash(operator_token) if operator_token else None
+        self._cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+
+    async def mint(self, project: str, role: str, label: str = "") -> MintedToken:
+        try:
+            parsed_role = Role(role)
+        except ValueError:
+            raise InvalidInput(
+                f"role must be one of {', '.join(r.value for r in Role)}", field="role"
+            ) from None
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        record = TokenRecord(
+            token_id=token_id,
+            project=project,
+            role=parsed_role.value,
+            secret_hash=_hash(secret),
+            created_at=self._clock.now_ms(),
+            label=label,
+        )
+        await self._store.put_token(record)
+        self._cache[token_id] = (time.monotonic(), record)
+        return MintedToken(record=record, secret=f"{TOKEN_PREFIX}_{token_id}_{secret}")
+
+    async def list(self, project: str) -> list[TokenRecord]:
+        return await self._store.list_tokens(project)
+
+    async def revoke(self, project: str, token_id: str) -> None:
+        if not await self._store.delete_token(project, token_id):
+            raise NotFound(f"token '{token_id}' not found in project '{project}'")
+        self._cache[token_id] = (time.monotonic(), None)
+
+    async def _lookup(self, token_id: str) -> TokenRecord | None:
+        cached = self._cache.get(token_id)
+        if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
+            return cached[1]
+        record = await self._store.get_token(token_id)
+        self._cache[token_id] = (time.monotonic(), record)
+        return record
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """Resolve an ``Authorization`` header into a principal, or raise :class:`Unauthenticated`."""
+        if not authorization:
+            raise Unauthenticated("missing Authorization header; send 'Authorization: Bearer <token>'")
+        scheme, _, credential = authorization.partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential:
+            raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+        presented = _hash(credential)
+        if self._operator_hash is not None and hmac.compare_digest(presented, self._operator_hash):
+            return Principal(operator=True)
+        prefix, _, rest = credential.partition("_")
+        token_id, _, secret = rest.partition("_")
+        if prefix == TOKEN_PREFIX and len(token_id) == 12 and secret:
+            record = await self._lookup(token_id)
+            if record is not None and hmac.compare_digest(_hash(secret), record.secret_hash):
+                return Principal(operator=False, project=record.project, role=Role(record.role), token_id=token_id)
+        raise Unauthenticated("the token is not valid (unknown, revoked or mistyped)")

@@ -1,0 +1,22 @@
+"""Access log that records route templates, never concrete paths (paths hold caller identifiers)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+
+class RouteAccessLogger(AbstractAccessLogger):
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        route = "<unmatched>"
+        match_info = getattr(request, "match_info", None)
+        if match_info is not None and match_info.route.resource is not None:
+            route = match_info.route.resource.canonical
+        self.logger.info(
+            "%s %s %d %.1fms project=%s",
+            request.method,
+            route,
+            response.status,
+            time * 1000,
+            match_info.get("project", "-") if match_info is not None else "-",
+        )

@@ -1,0 +1,35 @@
+"""Typed application state."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..config import Settings
+from ..domain.clock import Clock
+from ..domain.errors import StoreUnavailable
+from ..domain.memory import MemoryService
+from ..domain.registry import ProjectRegistry
+from ..domain.tokens import TokenService
+from ..storage.base import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    clock: Clock
+    store: Store
+    projects: ProjectRegistry
+    tokens: TokenService
+    memory: MemoryService
+
+    async def ping(self) -> None:
+        try:
+            await asyncio.wait_for(self.store.ping(), self.settings.store_timeout)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"the store did not answer within {self.settings.store_timeout} s") from exc
+
+
+SERVICES = web.AppKey("services", Services)

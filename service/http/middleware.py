@@ -1,0 +1,60 @@
+"""The one place where errors become HTTP responses (RFC 9457 problem details)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from ..domain.errors import CallerMemoryError, InvalidInput, PreconditionFailed
+from ..domain.limits import MAX_BODY_BYTES
+from .responses import problem_response
+
+log = logging.getLogger("caller_memory.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HTTP_DETAILS = {
+    404: "no such endpoint; see /openapi.json for the API",
+    405: "this method is not allowed here; see /openapi.json for the API",
+    413: f"the request body is larger than the limit of {MAX_BODY_BYTES} bytes",
+    415: "send the body as JSON, with 'Content-Type: application/json'",
+}
+
+
+def _from_domain(exc: CallerMemoryError) -> web.Response:
+    extra: dict[str, object] = {}
+    headers: dict[str, str] = {}
+    if isinstance(exc, InvalidInput) and exc.errors:
+        extra["errors"] = exc.errors
+    if isinstance(exc, PreconditionFailed):
+        headers["ETag"] = exc.current_etag
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="caller-memory"'
+    return problem_response(exc.status, exc.title, exc.detail, slug=exc.type_slug, headers=headers, **extra)
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except CallerMemoryError as exc:
+        if exc.status >= 500:
+            log.error("%s %s failed: %s", request.method, _route(request), exc.detail)
+        return _from_domain(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        detail = _HTTP_DETAILS.get(exc.status, exc.reason)
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return problem_response(exc.status, exc.reason, detail, slug=f"http-{exc.status}", headers=headers)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, _route(request))
+        return problem_response(500, "Internal error", "an unexpected error occurred; it has been logged", slug="internal")
+
+
+def _route(request: web.Request) -> str:
+    """The route template, never the concrete path (which may hold a phone number)."""
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "<unmatched>"

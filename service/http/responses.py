@@ -1,0 +1,26 @@
+"""JSON and problem+json responses, serialised with orjson."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, headers=headers, content_type="application/json"
+    )
+
+
+def problem_response(
+    status: int, title: str, detail: str, *, slug: str, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    body = {"type": f"https://caller-memory.dev/problems/{slug}", "title": title, "status": status, "detail": detail}
+    body.update(extra)
+    response = web.Response(body=orjson.dumps(body), status=status, headers=headers)
+    response.content_type = PROBLEM_CONTENT_TYPE
+    return response

@@ -1,0 +1,199 @@
+"""Routes: parse the request, call the domain, serialise the answer. No business rules here."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable
+from ..domain.memory import ErasureReceipt, MemoryView
+from ..domain.projects import validation_problem
+from ..domain.tokens import Principal, Role
+from ..storage.base import TokenRecord
+from .keys import SERVICES, Services
+from .responses import json_response
+from .schemas import TokenCreate
+
+JSON_TYPES = frozenset({"application/json", "application/merge-patch+json"})
+
+routes = web.RouteTableDef()
+
+
+def iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def read_json(request: web.Request) -> Any:
+    body = await request.read()  # aiohttp enforces client_max_size: 413 beyond it
+    if request.content_type not in JSON_TYPES:
+        raise web.HTTPUnsupportedMediaType(reason="Unsupported Media Type")
+    if not body.strip():
+        raise MalformedRequest("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"the request body is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+
+
+async def authorize(request: web.Request, role: Role | None) -> tuple[Services, Principal]:
+    """Authenticate the caller and check it may act on the path's project with ``role`` (None: operator)."""
+    services = request.app[SERVICES]
+    principal = await services.tokens.authenticate(request.headers.get("Authorization"))
+    if role is None:
+        principal.require_operator()
+    else:
+        principal.require(request.match_info["project"], role)
+    return services, principal
+
+
+def memory_body(view: MemoryView) -> dict[str, Any]:
+    return {
+        "identifier": view.identifier,
+        "fields": {name: orjson.Fragment(value) for name, value in view.fields.items()},
+        "expires_at": iso(view.expires_at),
+        "blacklisted": view.blacklisted,
+    }
+
+
+def memory_response(view: MemoryView) -> web.Response:
+    return json_response(memory_body(view), headers={"ETag": view.etag, "Cache-Control": "no-store"})
+
+
+def token_body(record: TokenRecord) -> dict[str, Any]:
+    return {
+        "token_id": record.token_id,
+        "role": record.role,
+        "label": record.label,
+        "created_at": iso(record.created_at),
+    }
+
+
+def receipt_body(receipt: ErasureReceipt) -> dict[str, Any]:
+    return {
+        "receipt_id": receipt.receipt_id,
+        "project": receipt.project,
+        "erased_at": iso(receipt.erased_at),
+        "removed": {"fields": receipt.fields_removed},
+        "blacklisted": receipt.blacklisted,
+    }
+
+
+# Health ---------------------------------------------------------------------------------------------------
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    try:
+        await request.app[SERVICES].ping()
+    except StoreUnavailable as exc:
+        return json_response({"status": "unready", "detail": exc.detail}, status=503)
+    return json_response({"status": "ready"})
+
+
+# Projects and tokens --------------------------------------------------------------------------------------
+
+
+@routes.put("/v1/projects/{project}")
+async def put_project(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, None)
+    document = await read_json(request)
+    project, created = await services.projects.apply(request.match_info["project"], document)
+    return json_response(project.stored_document(), status=201 if created else 200)
+
+
+@routes.get("/v1/projects/{project}")
+async def get_project(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    return json_response(project.stored_document())
+
+
+@routes.post("/v1/projects/{project}/tokens")
+async def create_token(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    document = await read_json(request)
+    try:
+        spec = TokenCreate.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc, what="token request", error=InvalidInput) from None
+    minted = await services.tokens.mint(project.project_id, spec.role, spec.label)
+    body = token_body(minted.record) | {"token": minted.secret}
+    return json_response(body, status=201, headers={"Cache-Control": "no-store"})
+
+
+@routes.get("/v1/projects/{project}/tokens")
+async def list_tokens(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    records = await services.tokens.list(project.project_id)
+    return json_response({"tokens": [token_body(r) for r in records]})
+
+
+@routes.delete("/v1/projects/{project}/tokens/{token_id}")
+async def revoke_token(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    await services.tokens.revoke(project.project_id, request.match_info["token_id"])
+    return web.Response(status=204)
+
+
+# Caller memory --------------------------------------------------------------------------------------------
+
+
+@routes.get("/v1/projects/{project}/callers/{identifier}/memory")
+async def read_memory(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.AGENT)
+    project = await services.projects.get(request.match_info["project"])
+    view = await services.memory.read(project, request.match_info["identifier"])
+    if_none_match = request.headers.get("If-None-Match")
+    if if_none_match is not None and view.etag in (t.strip() for t in if_none_match.split(",")):
+        return web.Response(status=304, headers={"ETag": view.etag, "Cache-Control": "no-store"})
+    return memory_response(view)
+
+
+@routes.patch("/v1/projects/{project}/callers/{identifier}/memory")
+async def patch_memory(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    identifier = request.match_info["identifier"]
+    services.memory.caller(project, identifier)  # a bad identifier is reported before the body
+    patch = await read_json(request)
+    view = await services.memory.patch(project, identifier, patch, request.headers.get("If-Match"))
+    return memory_response(view)
+
+
+@routes.delete("/v1/projects/{project}/callers/{identifier}/memory/{field}")
+async def delete_field(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    view = await services.memory.delete_field(
+        project, request.match_info["identifier"], request.match_info["field"], request.headers.get("If-Match")
+    )
+    return memory_response(view)
+
+
+@routes.delete("/v1/projects/{project}/callers/{identifier}")
+async def erase_caller(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.ADMIN)
+    project = await services.projects.get(request.match_info["project"])
+    receipt = await services.memory.erase(project, request.match_info["identifier"])
+    return json_response(receipt_body(receipt))
+
+
+@routes.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    from .openapi import build_openapi
+
+    return json_response(build_openapi())

@@ -1,0 +1,118 @@
+"""The Store interface. Every backend implements it with identical semantics (see tests/storage).
+
+Conventions for all backends:
+- Times are integer milliseconds since the Unix epoch, always passed in by the caller (the service's clock),
+  so that expiry is decided the same way everywhere and tests can use a fake clock.
+- ``subject`` is a caller pseudonym (never a phone number). ``project`` is a validated project id.
+- Field values are opaque JSON bytes; the store never parses them.
+- A field whose stored ``expires_at`` is at or before ``now_ms`` is dead: it is never returned and may be
+  removed by any write that touches the same caller.
+- Driver errors are raised as :class:`~caller_memory.service.domain.errors.StoreUnavailable` (chained).
+- Each memory operation is atomic with respect to every other operation on the same caller.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..domain.fields import StoredField, WriteCondition
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A project token as stored: the secret itself is never kept, only its SHA-256."""
+
+    token_id: str
+    project: str
+    role: str
+    secret_hash: bytes
+    created_at: int
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PatchResult:
+    """Outcome of :meth:`Store.patch_fields`.
+
+    ``applied`` is False when the write condition did not hold; nothing was changed then, and ``fields``
+    is the memory as it is.
+    """
+
+    applied: bool
+    fields: dict[str, StoredField]
+
+
+class Store(ABC):
+    """Persistent storage for projects, tokens and caller memory."""
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, and check the store is usable.
+
+        Raises ``StoreCorrupt`` if existing data cannot be read, ``StoreUnavailable`` if unreachable.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections. Safe to call twice."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise ``StoreUnavailable`` unless the store answers now (used by ``/readyz``)."""
+
+    # Projects -----------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:
+        """Create or replace a project's configuration document. Returns True if it was created."""
+
+    @abstractmethod
+    async def get_project(self, project: str) -> bytes | None:
+        """The stored configuration document, or None if there is no such project."""
+
+    # Tokens -------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_token(self, token: TokenRecord) -> None:
+        """Store a new token. Token ids are random and never reused."""
+
+    @abstractmethod
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        """Look a token up by id, whatever its project."""
+
+    @abstractmethod
+    async def list_tokens(self, project: str) -> list[TokenRecord]:
+        """The project's tokens, oldest first."""
+
+    @abstractmethod
+    async def delete_token(self, project: str, token_id: str) -> bool:
+        """Revoke a token of ``project``. Returns False if it did not exist there."""
+
+    # Caller memory ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+        """Every field of the caller whose stored expiry is after ``now_ms``."""
+
+    @abstractmethod
+    async def patch_fields(
+        self,
+        project: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+        condition: WriteCondition | None = None,
+    ) -> PatchResult:
+        """Atomically set ``sets`` and delete ``deletes``, then return the caller's not-expired fields.
+
+        If ``condition`` is given, it is evaluated against the caller's live fields (under
+        ``condition.ttl_ms``) first, and nothing is written unless it holds. Dead fields of the caller are
+        removed on the way. The caller's data as a whole is kept no longer than its latest field expiry.
+        """
+
+    @abstractmethod
+    async def erase_caller(self, project: str, subject: str) -> int:
+        """Remove everything stored about the caller. Returns how many fields (live or dead) were removed."""

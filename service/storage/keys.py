@@ -1,0 +1,74 @@
+"""Every Redis key name the service uses, in one place.
+
+Layout (all keys start with ``cm:``)::
+
+    cm:{<bucket>}:m:<project>:<subject>   hash      one caller's memory: field name -> packed StoredField
+    cm:{<bucket>}:x                       zset      expiry index of the bucket: member "<project>:<subject>",
+                                                    score = earliest stored expiry among the caller's fields
+    cm:p:<project>                        string    the project's configuration document (JSON bytes)
+    cm:p:<project>:tokens                 zset      token ids of the project, scored by created_at
+    cm:t:<token_id>                       hash      project, role, secret_hash (raw bytes), created_at, label
+
+``bucket = int(subject[:8], 16) % N_BUCKETS``. The ``{bucket}`` hash tag puts a caller's hash and its
+bucket's expiry index in one Redis Cluster slot, so one Lua script may touch both. Sweeps walk the expiry
+indexes bucket by bucket; 4096 buckets spread a cluster's load over many slots while keeping a full sweep
+to a few thousand small ZRANGEBYSCOREs.
+
+``N_BUCKETS`` is fixed forever: changing it moves every caller to another key, and existing data would
+become unreachable (there is no migration). Project ids (``[a-z0-9][a-z0-9_-]*``) hold no ``:``, so
+``cm:p:<project>`` and ``cm:p:<project>:tokens`` cannot collide.
+"""
+
+from __future__ import annotations
+
+#: Number of expiry-index buckets. NEVER change it: keys of existing data depend on it.
+N_BUCKETS = 4096
+
+_PREFIX = "cm:"
+
+
+def bucket_of(subject: str) -> int:
+    """The bucket of a caller pseudonym (32 hex characters; the first 32 bits are uniformly spread)."""
+    return int(subject[:8], 16) % N_BUCKETS
+
+
+def memory_key(project: str, subject: str) -> str:
+    """The hash holding one caller's memory."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:m:{project}:{subject}"
+
+
+def expiry_index_key(bucket: int) -> str:
+    """The expiry-index sorted set of one bucket."""
+    return f"{_PREFIX}{{{bucket}}}:x"
+
+
+def caller_index_key(subject: str) -> str:
+    """The expiry-index sorted set that holds this caller (same slot as :func:`memory_key`)."""
+    return expiry_index_key(bucket_of(subject))
+
+
+def index_member(project: str, subject: str) -> str:
+    """A caller's member in its bucket's expiry index."""
+    return f"{project}:{subject}"
+
+
+def parse_index_member(member: bytes | str) -> tuple[str, str]:
+    """``(project, subject)`` from an expiry-index member."""
+    text = member.decode() if isinstance(member, bytes) else member
+    project, _, subject = text.partition(":")
+    return project, subject
+
+
+def project_key(project: str) -> str:
+    """The string holding a project's configuration document."""
+    return f"{_PREFIX}p:{project}"
+
+
+def project_tokens_key(project: str) -> str:
+    """The sorted set of a project's token ids, scored by creation time."""
+    return f"{_PREFIX}p:{project}:tokens"
+
+
+def token_key(token_id: str) -> str:
+    """The hash describing one token."""
+    return f"{_PREFIX}t:{token_id}"

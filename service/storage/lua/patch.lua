@@ -1,0 +1,181 @@
+--[[
+patch.lua: one atomic write to one caller's memory (Store.patch_fields). Redis 7.0+.
+
+KEYS[1]  the caller's memory hash        cm:{<bucket>}:m:<project>:<subject>
+KEYS[2]  the bucket's expiry index       cm:{<bucket>}:x   (same slot: the {bucket} hash tag)
+
+ARGV, in order:
+  now_ms                  the service's clock (integer ms since the epoch)
+  member                  the caller's member in the expiry index, "<project>:<subject>"
+  mode                    ""  no condition
+                          "*" If-Match: *  (holds when at least one field is live)
+                          "=" If-Match: etag list (holds when the current ETag is one of them)
+  E, then E etags         the entity tags, quotes included (E = 0 unless mode is "=")
+  T, then T pairs         name, ttl_ms: the project's current TTLs, used only to evaluate the condition
+                          (a field without an entry is not live; see fields.effective_expiry)
+  S, then S pairs         name, packed: the fields to set, packed "<expires_at>|<written_at>|<json>"
+  the rest                names of the fields to delete (applied after the sets)
+
+Returns a flat array: applied (1 or 0), then name, packed for every field whose stored expiry is after
+now_ms once the script is done (unchanged memory when applied is 0).
+
+Errors: "CMCORRUPT ..." when a stored field cannot be read; "CMBADARG ..." when a packed argument is malformed.
+
+Mirrors service/domain/fields.py: live = now < min(expires_at, written_at + ttl_ms[name] or 0);
+ETag = '"' .. first 20 hex of sha1(concat over live names in byte order of name \n packed \n) .. '"'.
+]]
+
+local hash, index = KEYS[1], KEYS[2]
+local now = tonumber(ARGV[1])
+local member = ARGV[2]
+local mode = ARGV[3]
+
+local pos = 4
+local etags = {}
+local count = tonumber(ARGV[pos])
+pos = pos + 1
+for _ = 1, count do
+  etags[ARGV[pos]] = true
+  pos = pos + 1
+end
+local ttl = {}
+count = tonumber(ARGV[pos])
+pos = pos + 1
+for _ = 1, count do
+  ttl[ARGV[pos]] = tonumber(ARGV[pos + 1])
+  pos = pos + 2
+end
+local sets_count = tonumber(ARGV[pos])
+local sets_start = pos + 1
+local deletes_start = sets_start + 2 * sets_count
+
+-- A field as {packed, expires_at (string, passed back to Redis as is), expires_at, written_at}.
+local function parse(packed)
+  local e, w = string.match(packed, '^(%-?%d+)|(%-?%d+)|')
+  if not e then
+    return nil
+  end
+  return {packed, e, tonumber(e), tonumber(w)}
+end
+
+local stored = {}
+local raw = redis.call('HGETALL', hash)
+for i = 1, #raw, 2 do
+  local f = parse(raw[i + 1])
+  if not f then
+    return redis.error_reply('CMCORRUPT unreadable field in ' .. hash)
+  end
+  stored[raw[i]] = f
+end
+
+local function not_expired_reply(applied, fields)
+  local out = {applied}
+  for name, f in pairs(fields) do
+    if f[3] > now then
+      out[#out + 1] = name
+      out[#out + 1] = f[1]
+    end
+  end
+  return out
+end
+
+-- Python sorts names by code point, which is UTF-8 byte order. Lua's '<' on strings uses strcoll, and
+-- redis-server calls setlocale(LC_COLLATE, ""), so under e.g. en_US.UTF-8 it would not match: compare bytes.
+local function byte_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
+end
+
+if mode ~= '' then
+  local live = {}
+  for name, f in pairs(stored) do
+    local limit = f[4] + (ttl[name] or 0)
+    if f[3] < limit then
+      limit = f[3]
+    end
+    if now < limit then
+      live[#live + 1] = name
+    end
+  end
+  local holds
+  if mode == '*' then
+    holds = #live > 0
+  else
+    table.sort(live, byte_less)
+    local parts = {}
+    for _, name in ipairs(live) do
+      parts[#parts + 1] = name .. '\n' .. stored[name][1] .. '\n'
+    end
+    local etag = '"' .. string.sub(redis.sha1hex(table.concat(parts)), 1, 20) .. '"'
+    holds = etags[etag] == true
+  end
+  if not holds then
+    return not_expired_reply(0, stored)
+  end
+end
+
+-- The memory after this write: stored fields minus the dead ones, plus the sets, minus the deletes.
+local final = {}
+for name, f in pairs(stored) do
+  if f[3] > now then
+    final[name] = f
+  end
+end
+for i = sets_start, deletes_start - 1, 2 do
+  local f = parse(ARGV[i + 1])
+  if not f then
+    return redis.error_reply('CMBADARG malformed packed field')
+  end
+  if f[3] > now then
+    final[ARGV[i]] = f
+  else
+    final[ARGV[i]] = nil -- dead on arrival: nothing to keep
+  end
+end
+for i = deletes_start, #ARGV do
+  final[ARGV[i]] = nil
+end
+
+-- Write only the difference. Chunked: unpack() is limited by the Lua C stack.
+local function call_chunked(command, args)
+  for s = 1, #args, 1000 do
+    redis.call(command, hash, unpack(args, s, math.min(s + 999, #args)))
+  end
+end
+local removed, written = {}, {}
+for name, _ in pairs(stored) do
+  if not final[name] then
+    removed[#removed + 1] = name
+  end
+end
+local min_f, max_f
+for name, f in pairs(final) do
+  if not stored[name] or stored[name][1] ~= f[1] then
+    written[#written + 1] = name
+    written[#written + 1] = f[1]
+  end
+  if not min_f or f[3] < min_f[3] then
+    min_f = f
+  end
+  if not max_f or f[3] > max_f[3] then
+    max_f = f
+  end
+end
+call_chunked('HDEL', removed)
+call_chunked('HSET', written)
+
+if not min_f then
+  redis.call('DEL', hash)
+  redis.call('ZREM', index, member)
+else
+  -- The whole hash dies at its latest field expiry even if no sweeper ever runs.
+  redis.call('PEXPIREAT', hash, max_f[2])
+  redis.call('ZADD', index, min_f[2], member)
+end
+return not_expired_reply(1, final)

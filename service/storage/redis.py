@@ -1,0 +1,263 @@
+"""Redis backend (standalone Redis 7.0+). Key layout in :mod:`.keys`; write scripts in ``lua/``.
+
+Every memory operation is one round trip: reads are one ``HGETALL`` (expired fields are filtered here), writes
+and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and reloaded by redis-py
+on NOSCRIPT, so a restarted or failed-over server needs no special handling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+
+from ..domain.errors import StoreCorrupt, StoreUnavailable
+from ..domain.fields import StoredField, WriteCondition
+from . import keys
+from .base import PatchResult, Store, TokenRecord
+
+SCHEMES = ("redis", "rediss", "unix")
+MIN_SERVER_VERSION = (7, 0)
+
+
+def _load_script(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", name).read_text(encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    """The one place where driver exceptions become domain errors (chained, so the cause is kept)."""
+    try:
+        yield
+    except ResponseError as exc:
+        if str(exc).startswith("CMCORRUPT"):
+            raise StoreCorrupt(f"Redis holds data this version cannot read ({operation}): {exc}") from exc
+        raise StoreUnavailable(f"Redis refused {operation}: {exc}") from exc
+    except RedisError as exc:  # ConnectionError, TimeoutError and the rest of the driver's errors
+        raise StoreUnavailable(f"Redis did not answer {operation}: {exc}") from exc
+
+
+def _unpack_field(data: bytes) -> StoredField:
+    try:
+        return StoredField.unpack(data)
+    except ValueError as exc:
+        raise StoreCorrupt("a stored memory field cannot be read") from exc
+
+
+def _fields_from_flat(flat: Sequence[bytes]) -> dict[str, StoredField]:
+    """Fields from a script's flat ``name, packed, ...`` reply."""
+    return {flat[i].decode(): _unpack_field(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _token_from_hash(token_id: str, data: Mapping[bytes, bytes]) -> TokenRecord:
+    try:
+        return TokenRecord(
+            token_id=token_id,
+            project=data[b"project"].decode(),
+            role=data[b"role"].decode(),
+            secret_hash=data[b"secret_hash"],
+            created_at=int(data[b"created_at"]),
+            label=data.get(b"label", b"").decode(),
+        )
+    except (KeyError, ValueError) as exc:
+        raise StoreCorrupt(f"token {token_id} is stored in a form this version cannot read") from exc
+
+
+class RedisStore(Store):
+    """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float = 0.5,
+        socket_connect_timeout: float = 0.5,
+        max_connections: int = 64,
+        pool_timeout: float = 1.0,
+        health_check_interval: int = 30,
+    ) -> None:
+        scheme = urlsplit(url).scheme
+        if scheme not in SCHEMES:
+            raise ValueError(f"not a Redis store URL (expected one of {', '.join(SCHEMES)}): {scheme}://")
+        self._url = url
+        self._socket_timeout = socket_timeout
+        self._socket_connect_timeout = socket_connect_timeout
+        self._max_connections = max_connections
+        self._pool_timeout = pool_timeout
+        self._health_check_interval = health_check_interval
+        self._client: Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """The store for ``url``; ``options`` are the keyword arguments of the constructor."""
+        return cls(url, **options)
+
+    def _connect(self) -> Redis:
+        pool = BlockingConnectionPool.from_url(
+            self._url,
+            # Seconds, not the driver's 5 s default: a hung server must cost a request half a second (the
+            # SDK's read budget is small), not stall every request behind it.
+            socket_timeout=self._socket_timeout,
+            socket_connect_timeout=self._socket_connect_timeout,
+            # One immediate retry, on connection errors only. It hides a pooled connection that went stale
+            # (server restart, idle cut by a proxy). Timeouts are not retried: the server may be hung, a retry
+            # would double the stall, and the command may already have run (a conditional write retried
+            # after it landed would report a false precondition failure). redis-py 8 defaults to 10 retries
+            # with exponential backoff, i.e. seconds of stall on an outage.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            # PING a connection that sat idle this long before using it again.
+            health_check_interval=self._health_check_interval,
+            socket_keepalive=True,
+            decode_responses=False,
+            max_connections=self._max_connections,
+            # Waiting for a free connection is bounded too; beyond it the store is unavailable.
+            timeout=self._pool_timeout,
+        )
+        return Redis.from_pool(pool)
+
+    @property
+    def _redis(self) -> Redis:
+        if self._client is None:
+            raise StoreUnavailable("the Redis store is not open")
+        return self._client
+
+    async def open(self) -> None:
+        if self._client is not None:
+            return
+        client = self._connect()
+        try:
+            with _translated("open"):
+                await client.ping()
+                info = await client.info("server")
+            version = str(info.get("redis_version", "0"))
+            numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+            if numbers < MIN_SERVER_VERSION:
+                raise StoreUnavailable(
+                    f"Redis {version} is too old: version {'.'.join(map(str, MIN_SERVER_VERSION))} or newer"
+                    " is required"
+                )
+        except BaseException:
+            await client.aclose()
+            raise
+        self._scripts = {
+            name: client.register_script(_load_script(f"{name}.lua"))
+            for name in ("patch", "erase", "delete_token")
+        }
+        self._client = client
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def ping(self) -> None:
+        with _translated("ping"):
+            await self._redis.ping()
+
+    # Projects -----------------------------------------------------------------------------------------
+
+    async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:
+        with _translated("put_project"):
+            # SET ... GET replaces and tells whether something was there, in one atomic command.
+            previous = await self._redis.set(keys.project_key(project), document, get=True)
+        return previous is None
+
+    async def get_project(self, project: str) -> bytes | None:
+        with _translated("get_project"):
+            document = cast("bytes | None", await self._redis.get(keys.project_key(project)))
+        return document
+
+    # Tokens -------------------------------------------------------------------------------------------
+
+    async def put_token(self, token: TokenRecord) -> None:
+        with _translated("put_token"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(
+                    keys.token_key(token.token_id),
+                    mapping={
+                        "project": token.project,
+                        "role": token.role,
+                        "secret_hash": token.secret_hash,
+                        "created_at": token.created_at,
+                        "label": token.label,
+                    },
+                )
+                pipe.zadd(keys.project_tokens_key(token.project), {token.token_id: token.created_at})
+                await pipe.execute()
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        with _translated("get_token"):
+            data = cast("dict[bytes, bytes]", await self._redis.hgetall(keys.token_key(token_id)))
+        return _token_from_hash(token_id, data) if data else None
+
+    async def list_tokens(self, project: str) -> list[TokenRecord]:
+        with _translated("list_tokens"):
+            ids = cast("list[bytes]", await self._redis.zrange(keys.project_tokens_key(project), 0, -1))
+            if not ids:
+                return []
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for token_id in ids:
+                    pipe.hgetall(keys.token_key(token_id.decode()))
+                hashes: list[dict[bytes, bytes]] = await pipe.execute()
+        tokens = (_token_from_hash(i.decode(), h) for i, h in zip(ids, hashes, strict=True) if h)
+        return [t for t in tokens if t.project == project]
+
+    async def delete_token(self, project: str, token_id: str) -> bool:
+        with _translated("delete_token"):
+            deleted = await self._scripts["delete_token"](
+                keys=[keys.token_key(token_id), keys.project_tokens_key(project)], args=[project, token_id]
+            )
+        return bool(deleted)
+
+    # Caller memory ------------------------------------------------------------------------------------
+
+    async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+        with _translated("read_fields"):
+            data = cast("dict[bytes, bytes]", await self._redis.hgetall(keys.memory_key(project, subject)))
+        fields = {name.decode(): _unpack_field(packed) for name, packed in data.items()}
+        return {name: f for name, f in fields.items() if f.expires_at > now_ms}
+
+    async def patch_fields(
+        self,
+        project: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+        condition: WriteCondition | None = None,
+    ) -> PatchResult:
+        args: list[str | bytes | int] = [now_ms, keys.index_member(project, subject)]
+        if condition is None:
+            args += ["", 0, 0]
+        else:
+            args += ["*" if condition.any_existing else "=", len(condition.etags), *condition.etags]
+            args.append(len(condition.ttl_ms))
+            for name, ttl in condition.ttl_ms.items():
+                args += [name, ttl]
+        args.append(len(sets))
+        for name, stored in sets.items():
+            args += [name, stored.packed()]
+        args += deletes
+        with _translated("patch_fields"):
+            reply: list[Any] = await self._scripts["patch"](
+                keys=[keys.memory_key(project, subject), keys.caller_index_key(subject)], args=args
+            )
+        return PatchResult(applied=reply[0] == 1, fields=_fields_from_flat(reply[1:]))
+
+    async def erase_caller(self, project: str, subject: str) -> int:
+        with _translated("erase_caller"):
+            removed = await self._scripts["erase"](
+                keys=[keys.memory_key(project, subject), keys.caller_index_key(subject)],
+                args=[keys.index_member(project, subject)],
+            )
+        return int(removed)

@@ -1,0 +1,280 @@
+"""SQLite backend: the embedded default. One file, WAL mode, the same semantics as Redis.
+
+Writes run on one dedicated thread with one connection (SQLite has one writer at a time anyway), each in an
+``IMMEDIATE`` transaction so that read-modify-write is atomic. ``synchronous=FULL`` makes every
+acknowledged write durable (the WAL is fsynced before commit returns). Reads use their own connection on a
+second thread; WAL lets them proceed while a write is in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..domain.errors import StoreCorrupt, StoreUnavailable
+from ..domain.fields import StoredField, WriteCondition, live_fields
+from .base import PatchResult, Store, TokenRecord
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS projects (
+    project TEXT PRIMARY KEY,
+    document BLOB NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_id TEXT PRIMARY KEY,
+    project TEXT NOT NULL,
+    role TEXT NOT NULL,
+    secret_hash BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    label TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS tokens_by_project ON tokens (project, created_at);
+CREATE TABLE IF NOT EXISTS fields (
+    project TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value BLOB NOT NULL,
+    expires_at INTEGER NOT NULL,
+    written_at INTEGER NOT NULL,
+    PRIMARY KEY (project, subject, name)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fields_by_expiry ON fields (expires_at);
+"""
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+        self.path = Path(path)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._writer_pool: ThreadPoolExecutor | None = None
+        self._reader_pool: ThreadPoolExecutor | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SQLiteStore:
+        prefix = "sqlite:///"
+        if not url.startswith(prefix) or len(url) == len(prefix):
+            raise ValueError("a SQLite store URL is sqlite:///relative/path.db or sqlite:////absolute/path.db")
+        allowed = {k: v for k, v in options.items() if k in ("busy_timeout_ms",)}
+        return cls(url[len(prefix) :], **allowed)
+
+    # Plumbing -----------------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    async def _run(self, pool: ThreadPoolExecutor | None, fn: Callable[[], T]) -> T:
+        if pool is None:
+            raise StoreUnavailable("the SQLite store is not open")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):
+                raise StoreUnavailable(f"SQLite store error: {exc}") from exc
+            raise StoreCorrupt(f"the SQLite file {self.path} cannot be read: {exc}") from exc
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            assert self._writer is not None
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await self._run(self._writer_pool, run)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            assert self._reader is not None
+            return fn(self._reader)
+
+        return await self._run(self._reader_pool, run)
+
+    async def open(self) -> None:
+        if self._writer_pool is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="sqlite-writer")
+        self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="sqlite-reader")
+
+        def open_writer() -> None:
+            self._writer = self._connect()
+            check = self._writer.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check[0] if check else 'no answer'}")
+            self._writer.executescript(_SCHEMA)
+            row = self._writer.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                self._writer.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"schema version {row[0]} is newer than this release supports")
+
+        def open_reader() -> None:
+            self._reader = self._connect()
+
+        try:
+            await self._run(self._writer_pool, open_writer)
+            await self._run(self._reader_pool, open_reader)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        for pool, attr in ((self._reader_pool, "_reader"), (self._writer_pool, "_writer")):
+            if pool is None:
+                continue
+            conn: sqlite3.Connection | None = getattr(self, attr)
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(pool, conn.close)
+                setattr(self, attr, None)
+            pool.shutdown(wait=True)
+        self._reader_pool = self._writer_pool = None
+
+    async def ping(self) -> None:
+        await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    # Projects -----------------------------------------------------------------------------------------
+
+    async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            existed = conn.execute("SELECT 1 FROM projects WHERE project = ?", (project,)).fetchone()
+            conn.execute(
+                "INSERT INTO projects (project, document, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (project) DO UPDATE SET document = excluded.document, updated_at = excluded.updated_at",
+                (project, document, now_ms),
+            )
+            return existed is None
+
+        return await self._write(run)
+
+    async def get_project(self, project: str) -> bytes | None:
+        def run(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute("SELECT document FROM projects WHERE project = ?", (project,)).fetchone()
+            return bytes(row[0]) if row else None
+
+        return await self._read(run)
+
+    # Tokens -------------------------------------------------------------------------------------------
+
+    async def put_token(self, token: TokenRecord) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO tokens (token_id, project, role, secret_hash, created_at, label) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (token.token_id, token.project, token.role, token.secret_hash, token.created_at, token.label),
+            )
+
+        await self._write(run)
+
+    @staticmethod
+    def _token(row: tuple[Any, ...]) -> TokenRecord:
+        return TokenRecord(
+            token_id=row[0], project=row[1], role=row[2], secret_hash=bytes(row[3]), created_at=row[4], label=row[5]
+        )
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        def run(conn: sqlite3.Connection) -> TokenRecord | None:
+            row = conn.execute(
+                "SELECT token_id, project, role, secret_hash, created_at, label FROM tokens WHERE token_id = ?",
+                (token_id,),
+            ).fetchone()
+            return self._token(row) if row else None
+
+        return await self._read(run)
+
+    async def list_tokens(self, project: str) -> list[TokenRecord]:
+        def run(conn: sqlite3.Connection) -> list[TokenRecord]:
+            rows = conn.execute(
+                "SELECT token_id, project, role, secret_hash, created_at, label FROM tokens "
+                "WHERE project = ? ORDER BY created_at, token_id",
+                (project,),
+            ).fetchall()
+            return [self._token(row) for row in rows]
+
+        return await self._read(run)
+
+    async def delete_token(self, project: str, token_id: str) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM tokens WHERE token_id = ? AND project = ?", (token_id, project))
+            return cur.rowcount > 0
+
+        return await self._write(run)
+
+    # Caller memory ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _fields(conn: sqlite3.Connection, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+        rows = conn.execute(
+            "SELECT name, value, expires_at, written_at FROM fields "
+            "WHERE project = ? AND subject = ? AND expires_at > ?",
+            (project, subject, now_ms),
+        ).fetchall()
+        return {name: StoredField(bytes(value), expires, written) for name, value, expires, written in rows}
+
+    async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+        return await self._read(lambda conn: self._fields(conn, project, subject, now_ms))
+
+    async def patch_fields(
+        self,
+        project: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+        condition: WriteCondition | None = None,
+    ) -> PatchResult:
+        def run(conn: sqlite3.Connection) -> PatchResult:
+            current = self._fields(conn, project, subject, now_ms)
+            if condition is not None and not condition.holds(live_fields(current, condition.ttl_ms, now_ms)):
+                return PatchResult(applied=False, fields=current)
+            conn.execute(
+                "DELETE FROM fields WHERE project = ? AND subject = ? AND expires_at <= ?",
+                (project, subject, now_ms),
+            )
+            if deletes:
+                conn.executemany(
+                    "DELETE FROM fields WHERE project = ? AND subject = ? AND name = ?",
+                    [(project, subject, name) for name in deletes],
+                )
+            if sets:
+                conn.executemany(
+                    "INSERT INTO fields (project, subject, name, value, expires_at, written_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, subject, name) DO UPDATE SET "
+                    "value = excluded.value, expires_at = excluded.expires_at, written_at = excluded.written_at",
+                    [(project, subject, name, f.value, f.expires_at, f.written_at) for name, f in sets.items()],
+                )
+            for name in deletes:
+                current.pop(name, None)
+            current.update(sets)
+            return PatchResult(applied=True, fields={n: f for n, f in current.items() if f.expires_at > now_ms})
+
+        return await self._write(run)
+
+    async def erase_caller(self, project: str, subject: str) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            cur = conn.execute("DELETE FROM fields WHERE project = ? AND subject = ?", (project, subject))
+            return cur.rowcount
+
+        return await self._write(run)
