@@ -62,12 +62,11 @@ class SQLiteStore(Store):
         self._reader: sqlite3.Connection | None = None
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> SQLiteStore:
+    def from_url(cls, url: str) -> SQLiteStore:
         prefix = "sqlite:///"
         if not url.startswith(prefix) or len(url) == len(prefix):
             raise ValueError("a SQLite store URL is sqlite:///relative/path.db or sqlite:////absolute/path.db")
-        allowed = {k: v for k, v in options.items() if k in ("busy_timeout_ms",)}
-        return cls(url[len(prefix) :], **allowed)
+        return cls(url[len(prefix) :])
 
     # Plumbing -----------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ ARGV, in order:
   T, then T pairs         name, ttl_ms: the project's current TTLs, used only to evaluate the condition
                           (a field without an entry is not live; see fields.effective_expiry)
   S, then S pairs         name, packed: the fields to set, packed "<expires_at>|<written_at>|<json>"
-  the rest                names of the fields to delete (applied after the sets)
+  the rest                names of the fields to delete (applied before the sets)
 
 Returns a flat array: applied (1 or 0), then name, packed for every field whose stored expiry is after
 now_ms once the script is done (unchanged memory when applied is 0).
@@ -120,12 +120,16 @@ if mode ~= '' then
   end
 end
 
--- The memory after this write: stored fields minus the dead ones, plus the sets, minus the deletes.
+-- The memory after this write: stored fields minus the dead ones, minus the deletes, plus the sets (a name
+-- in both is set, as in the SQLite backend).
 local final = {}
 for name, f in pairs(stored) do
   if f[3] > now then
     final[name] = f
   end
+end
+for i = deletes_start, #ARGV do
+  final[ARGV[i]] = nil
 end
 for i = sets_start, deletes_start - 1, 2 do
   local f = parse(ARGV[i + 1])
@@ -137,9 +141,6 @@ for i = sets_start, deletes_start - 1, 2 do
   else
     final[ARGV[i]] = nil -- dead on arrival: nothing to keep
   end
-end
-for i = deletes_start, #ARGV do
-  final[ARGV[i]] = nil
 end
 
 -- Write only the difference. Chunked: unpack() is limited by the Lua C stack.

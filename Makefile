@@ -1,0 +1,41 @@
+# Caller Memory — the two commands a newcomer needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PORT   ?= 8080
+BIN    := $(VENV)/bin
+
+.PHONY: install install-test run test lint format redis-server clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# The service and its command line, editable, in a local virtualenv.
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+
+# Start the service on the embedded SQLite store (./caller-memory.db), port $(PORT).
+run: install
+	@PORT=$(PORT) VENV=$(VENV) ./scripts/run-dev
+
+# The tests need a real redis-server (Debian's package); install it when it is missing.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || ./scripts/install-redis
+
+lint: install-test
+	$(BIN)/ruff check service sdk tests
+	$(BIN)/ruff format --check service sdk tests
+	$(BIN)/mypy service sdk
+
+test: install-test redis-server lint
+	$(BIN)/pytest -q
+
+format: install-test
+	$(BIN)/ruff format service sdk tests
+	$(BIN)/ruff check --fix service sdk tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,124 @@
+"""Shared fixtures: a real HTTP server on a real socket, over a real SQLite file or a real redis-server."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+
+from caller_memory.service.app import create_app
+from caller_memory.service.config import Settings
+from caller_memory.service.domain.clock import FakeClock
+from caller_memory.service.http.access_log import RouteAccessLogger
+from tests.support.redis_server import RedisServer
+
+OPERATOR_TOKEN = "operator-token-for-tests-0123456789"
+PSEUDONYM_KEY = b"pseudonym-key-for-tests-0123456789abcdef"
+
+BACKENDS = ["sqlite", "redis"]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/memory.db"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.client().flushall()
+    return server.url
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: CIMultiDict[str]
+    body: Any
+    content_type: str
+
+
+@dataclass
+class Api:
+    """A client of the real server, with the operator token at hand."""
+
+    session: aiohttp.ClientSession
+    base_url: str
+    settings: Settings
+    clock: FakeClock
+    app: web.Application
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = None,
+        json: Any = None,
+        data: bytes | str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        sent = dict(headers or {})
+        if token is not None:
+            sent.setdefault("Authorization", f"Bearer {token}")
+        if json is not None:
+            data = orjson.dumps(json)
+            sent.setdefault("Content-Type", "application/json")
+        async with self.session.request(method, self.base_url + path, data=data, headers=sent) as resp:
+            raw = await resp.read()
+            ctype = resp.content_type
+            body: Any = orjson.loads(raw) if raw and ctype.endswith("json") else raw.decode()
+            return Reply(resp.status, resp.headers.copy(), body, ctype)
+
+    async def put_project(self, project: str, repeat_caller: dict[str, Any]) -> Reply:
+        return await self.call(
+            "PUT", f"/v1/projects/{project}", token=OPERATOR_TOKEN, json={"memory": {"repeat_caller": repeat_caller}}
+        )
+
+    async def mint(self, project: str, role: str) -> str:
+        reply = await self.call("POST", f"/v1/projects/{project}/tokens", token=OPERATOR_TOKEN, json={"role": role})
+        assert reply.status == 201, reply.body
+        token: str = reply.body["token"]
+        return token
+
+    async def project_with_tokens(self, project: str, repeat_caller: dict[str, Any]) -> dict[str, str]:
+        reply = await self.put_project(project, repeat_caller)
+        assert reply.status in (200, 201), reply.body
+        return {role: await self.mint(project, role) for role in ("agent", "analytics", "admin")}
+
+
+@pytest.fixture
+async def api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
+    settings = Settings(pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN)
+    app = create_app(settings, clock=clock)
+    runner = web.AppRunner(app, access_log_class=RouteAccessLogger)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    async with aiohttp.ClientSession() as session:
+        yield Api(session, f"http://127.0.0.1:{port}", settings, clock, app)
+    await runner.cleanup()
+
+
+@pytest.fixture
+def captured_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """Every log record at DEBUG and above, as the code emitted it (before the masking filter)."""
+    caplog.set_level(logging.DEBUG)
+    return caplog

@@ -1,0 +1,400 @@
+"""The Store contract: every test taking ``store`` runs identically against SQLite and Redis.
+
+Times are explicit ``now_ms`` values based on the real clock (Redis itself expires the hash at the latest
+field expiry in *its* time, so a base far in the past would let Redis delete data the test still expects).
+The Redis-only tests at the end look at the keys the backend leaves on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio
+from caller_memory.service.domain.errors import StoreCorrupt, StoreUnavailable
+from caller_memory.service.domain.fields import StoredField, WriteCondition, compute_etag, live_fields
+from caller_memory.service.storage import keys
+from caller_memory.service.storage.base import Store, TokenRecord
+from caller_memory.service.storage.redis import RedisStore
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.crc import key_slot
+
+from tests.support.redis_server import RedisServer
+
+PROJECT = "cheese-shop"
+TTL = 60_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_subject() -> str:
+    return uuid.uuid4().hex
+
+
+def field(value: Any, at: int, ttl: int = TTL) -> StoredField:
+    return StoredField(value=json.dumps(value).encode(), expires_at=at + ttl, written_at=at)
+
+
+def values(fields: dict[str, StoredField]) -> dict[str, Any]:
+    return {name: json.loads(f.value) for name, f in fields.items()}
+
+
+def token(token_id: str, project: str, created_at: int, role: str = "agent") -> TokenRecord:
+    # A secret hash with every awkward byte: it must come back exactly, not as text.
+    return TokenRecord(token_id, project, role, bytes(range(256))[::8] + b"\x00\xff|", created_at, "label é")
+
+
+# Projects ---------------------------------------------------------------------------------------------
+
+
+async def test_project_put_get_replace(store: Store) -> None:
+    t = now_ms()
+    assert await store.get_project(PROJECT) is None
+    assert await store.put_project(PROJECT, b'{"v": 1}', t) is True
+    assert await store.get_project(PROJECT) == b'{"v": 1}'
+    assert await store.put_project(PROJECT, b'{"v": 2}', t + 1) is False
+    assert await store.get_project(PROJECT) == b'{"v": 2}'
+    assert await store.get_project("other") is None
+
+
+# Tokens -----------------------------------------------------------------------------------------------
+
+
+async def test_tokens_put_get_list_delete(store: Store) -> None:
+    t = now_ms()
+    newer, older, same_time, theirs = (
+        token("tok-b", PROJECT, t + 10, "admin"),
+        token("tok-c", PROJECT, t),
+        token("tok-a", PROJECT, t + 10),
+        token("tok-z", "other", t),
+    )
+    for record in (newer, older, same_time, theirs):
+        await store.put_token(record)
+
+    assert await store.get_token("tok-b") == newer
+    assert await store.get_token("tok-z") == theirs
+    assert await store.get_token("missing") is None
+    # Oldest first; equal creation times by token id.
+    assert await store.list_tokens(PROJECT) == [older, same_time, newer]
+    assert await store.list_tokens("other") == [theirs]
+    assert await store.list_tokens("nobody") == []
+
+    assert await store.delete_token(PROJECT, "tok-z") is False  # another project's token
+    assert await store.get_token("tok-z") == theirs
+    assert await store.list_tokens("other") == [theirs]
+    assert await store.delete_token(PROJECT, "tok-b") is True
+    assert await store.get_token("tok-b") is None
+    assert await store.list_tokens(PROJECT) == [older, same_time]
+    assert await store.delete_token(PROJECT, "tok-b") is False
+
+
+# Caller memory ----------------------------------------------------------------------------------------
+
+
+async def test_unknown_caller_reads_empty(store: Store) -> None:
+    assert await store.read_fields(PROJECT, new_subject(), now_ms()) == {}
+
+
+async def test_patch_sets_and_returns_fields(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    sets = {"cheese_type": field("gouda", t), "visits": field({"n": 3, "tags": ["a|b"]}, t)}
+    result = await store.patch_fields(PROJECT, subject, sets, [], t)
+    assert result.applied is True
+    assert result.fields == sets
+    assert await store.read_fields(PROJECT, subject, t) == sets
+    assert await store.read_fields("other", subject, t) == {}  # projects do not share callers
+
+
+async def test_patch_is_a_merge(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"cheese_type": field("gouda", t)}, [], t)
+    result = await store.patch_fields(PROJECT, subject, {"booking_day": field("Friday", t + 5)}, [], t + 5)
+    assert values(result.fields) == {"cheese_type": "gouda", "booking_day": "Friday"}
+    assert values(await store.read_fields(PROJECT, subject, t + 5)) == {
+        "cheese_type": "gouda",
+        "booking_day": "Friday",
+    }
+
+
+async def test_latest_write_wins(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"booking_day": field("Friday", t)}, [], t)
+    await store.patch_fields(PROJECT, subject, {"booking_day": field("Monday", t + 1)}, [], t + 1)
+    assert await store.read_fields(PROJECT, subject, t + 1) == {"booking_day": field("Monday", t + 1)}
+
+
+async def test_deletes_remove_fields(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"a": field(1, t), "b": field(2, t)}, [], t)
+    result = await store.patch_fields(PROJECT, subject, {}, ["a", "never_there"], t + 1)
+    assert result.applied is True
+    assert values(result.fields) == {"b": 2}
+    assert values(await store.read_fields(PROJECT, subject, t + 1)) == {"b": 2}
+
+
+async def test_expired_fields_are_not_returned_and_go_on_next_write(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"short": field(1, t, 1_000), "long": field(2, t)}, [], t)
+    assert set(await store.read_fields(PROJECT, subject, t + 999)) == {"short", "long"}
+    # Dead at its expiry instant exactly, without any sweep.
+    assert set(await store.read_fields(PROJECT, subject, t + 1_000)) == {"long"}
+    assert set(await store.read_fields(PROJECT, subject, t + 1_001)) == {"long"}
+
+    # A write at the expiry instant: the field is dead then, so the write removes it.
+    result = await store.patch_fields(PROJECT, subject, {"new": field(3, t + 1_000)}, [], t + 1_000)
+    assert set(result.fields) == {"long", "new"}
+    # The dead field was physically removed by that write: erasure finds only two fields.
+    assert await store.erase_caller(PROJECT, subject) == 2
+
+
+async def test_rewriting_a_field_renews_it(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"a": field("x", t, 1_000)}, [], t)
+    await store.patch_fields(PROJECT, subject, {"a": field("x", t + 500, 1_000)}, [], t + 500)
+    assert await store.read_fields(PROJECT, subject, t + 1_200) == {"a": field("x", t + 500, 1_000)}
+    assert await store.read_fields(PROJECT, subject, t + 1_500) == {}
+
+
+async def test_all_fields_deleted_leaves_the_caller_gone(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"a": field(1, t), "b": field(2, t)}, [], t)
+    result = await store.patch_fields(PROJECT, subject, {}, ["a", "b"], t + 1)
+    assert result.applied is True
+    assert result.fields == {}
+    assert await store.read_fields(PROJECT, subject, t + 1) == {}
+    assert await store.erase_caller(PROJECT, subject) == 0
+
+
+async def test_erase_removes_everything_and_counts_fields(store: Store) -> None:
+    subject, other, t = new_subject(), new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"a": field(1, t, 1_000), "b": field(2, t)}, [], t)
+    await store.patch_fields(PROJECT, other, {"a": field(1, t)}, [], t)
+    # Dead fields not yet removed count too: erasure reports what it physically removed.
+    assert await store.erase_caller(PROJECT, subject) == 2
+    assert await store.read_fields(PROJECT, subject, t) == {}
+    assert await store.erase_caller(PROJECT, subject) == 0
+    assert values(await store.read_fields(PROJECT, other, t)) == {"a": 1}
+
+
+# Write conditions (If-Match) -------------------------------------------------------------------------
+
+# Names whose byte order differs from case-insensitive or locale-aware orders (the ETag sorts by code point).
+AWKWARD_NAMES = ["Zeta", "_under", "a_b", "ab", "alpha", "B"]
+TTLS = dict.fromkeys(AWKWARD_NAMES, TTL)
+
+
+async def test_matching_etag_applies(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    first = await store.patch_fields(PROJECT, subject, {n: field(n, t) for n in AWKWARD_NAMES}, [], t)
+    etag = compute_etag(live_fields(first.fields, TTLS, t + 1))
+    condition = WriteCondition(etags=('"0000"', etag), any_existing=False, ttl_ms=TTLS)
+    result = await store.patch_fields(PROJECT, subject, {"B": field("new", t + 1)}, [], t + 1, condition)
+    assert result.applied is True
+    assert values(result.fields)["B"] == "new"
+
+
+async def test_stale_etag_refuses_and_changes_nothing(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    first = await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
+    stale = compute_etag(live_fields(first.fields, TTLS, t))
+    second = await store.patch_fields(PROJECT, subject, {"ab": field(2, t + 1)}, [], t + 1)
+    condition = WriteCondition(etags=(stale,), any_existing=False, ttl_ms=TTLS)
+    refused = await store.patch_fields(PROJECT, subject, {"alpha": field(3, t + 2)}, ["ab"], t + 2, condition)
+    assert refused.applied is False
+    assert refused.fields == second.fields
+    assert await store.read_fields(PROJECT, subject, t + 2) == second.fields
+
+
+async def test_any_existing_condition(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    star = WriteCondition(etags=(), any_existing=True, ttl_ms=TTLS)
+    refused = await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t, star)
+    assert refused.applied is False
+    assert refused.fields == {}
+    assert await store.read_fields(PROJECT, subject, t) == {}
+    assert await store.erase_caller(PROJECT, subject) == 0  # nothing was created on the way
+
+    await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
+    applied = await store.patch_fields(PROJECT, subject, {"ab": field(2, t + 1)}, [], t + 1, star)
+    assert applied.applied is True
+    assert values(applied.fields) == {"ab": 2}
+
+
+async def test_condition_is_evaluated_under_the_current_ttls(store: Store) -> None:
+    """A field hidden by a shortened TTL (or dropped from state_keys) is not part of the ETag."""
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {n: field(n, t) for n in AWKWARD_NAMES}, [], t)
+    later = t + 2_000
+    shortened = {**TTLS, "Zeta": 1_000}
+    del shortened["alpha"]
+    stored = await store.read_fields(PROJECT, subject, later)
+    assert set(stored) == set(AWKWARD_NAMES)  # all still stored...
+    visible = live_fields(stored, shortened, later)
+    assert set(visible) == set(AWKWARD_NAMES) - {"Zeta", "alpha"}  # ...but two no longer live
+
+    with_hidden = WriteCondition(etags=(compute_etag(stored),), any_existing=False, ttl_ms=shortened)
+    refused = await store.patch_fields(PROJECT, subject, {"ab": field(0, later)}, [], later, with_hidden)
+    assert refused.applied is False
+
+    live_only = WriteCondition(etags=(compute_etag(visible),), any_existing=False, ttl_ms=shortened)
+    result = await store.patch_fields(PROJECT, subject, {"ab": field(0, later)}, [], later, live_only)
+    assert result.applied is True
+
+
+async def test_empty_etag_list_never_holds(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
+    nothing = WriteCondition(etags=(), any_existing=False, ttl_ms=TTLS)
+    assert (await store.patch_fields(PROJECT, subject, {}, ["ab"], t, nothing)).applied is False
+
+
+# Concurrency -----------------------------------------------------------------------------------------
+
+
+async def test_concurrent_patches_all_land(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    names = [f"f{i}" for i in range(50)]
+    await asyncio.gather(*(store.patch_fields(PROJECT, subject, {n: field(n, t)}, [], t) for n in names))
+    assert values(await store.read_fields(PROJECT, subject, t)) == {n: n for n in names}
+
+
+# Model-based: random patches against a dict --------------------------------------------------------
+
+NAMES = st.sampled_from(["a", "B", "_c", "d_e"])
+PATCHES = st.lists(
+    st.tuples(
+        st.dictionaries(NAMES, st.tuples(st.integers(0, 9), st.integers(1, 3_000)), max_size=3),
+        st.lists(NAMES, max_size=2),
+        st.integers(0, 2_000),  # how far the clock moves before the next step
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=PATCHES)
+async def test_random_patches_match_a_dict_model(store: Store, steps: list[Any]) -> None:
+    subject, t = new_subject(), now_ms()
+    model: dict[str, StoredField] = {}
+    for sets, deletes, advance in steps:
+        deletes = [n for n in deletes if n not in sets]  # a name in both is not something the API sends
+        stored = {name: field(v, t, ttl) for name, (v, ttl) in sets.items()}
+        result = await store.patch_fields(PROJECT, subject, stored, deletes, t)
+        model = {n: f for n, f in model.items() if f.expires_at > t and n not in deletes} | stored
+        assert result.applied is True
+        assert result.fields == model
+        t += advance
+        model = {n: f for n, f in model.items() if f.expires_at > t}
+        assert await store.read_fields(PROJECT, subject, t) == model
+
+
+# Redis only: what is left on the server --------------------------------------------------------------
+
+
+async def test_redis_hash_expiry_and_index_score(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    subject, t = new_subject(), now_ms()
+    hash_key, index_key = keys.memory_key(PROJECT, subject), keys.caller_index_key(subject)
+    member = keys.index_member(PROJECT, subject)
+    await redis_store.patch_fields(
+        PROJECT, subject, {"a": field(1, t, 5_000), "b": field(2, t, 90_000)}, [], t
+    )
+    assert await redis_client.pexpiretime(hash_key) == t + 90_000
+    assert await redis_client.zscore(index_key, member) == t + 5_000
+
+    await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t + 1, 120_000)}, ["b"], t + 1)
+    assert await redis_client.pexpiretime(hash_key) == t + 120_001
+    assert await redis_client.zscore(index_key, member) == t + 120_001
+
+
+async def test_redis_deleting_everything_leaves_no_key(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    subject, t = new_subject(), now_ms()
+    await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+    assert await redis_client.exists(keys.memory_key(PROJECT, subject)) == 1
+    await redis_store.patch_fields(PROJECT, subject, {}, ["a"], t + 1)
+    assert await redis_client.exists(keys.memory_key(PROJECT, subject)) == 0
+    assert (
+        await redis_client.zscore(keys.caller_index_key(subject), keys.index_member(PROJECT, subject)) is None
+    )
+    assert await redis_client.keys("*") == []
+
+
+async def test_redis_erase_leaves_no_key(redis_store: RedisStore, redis_client: redis.asyncio.Redis) -> None:
+    subject, t = new_subject(), now_ms()
+    await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+    assert await redis_store.erase_caller(PROJECT, subject) == 1
+    assert await redis_client.keys("*") == []
+
+
+def test_redis_keys_of_one_caller_share_a_slot() -> None:
+    for _ in range(200):
+        subject = new_subject()
+        bucket = keys.bucket_of(subject)
+        assert 0 <= bucket < keys.N_BUCKETS
+        assert key_slot(keys.memory_key(PROJECT, subject).encode()) == key_slot(
+            keys.caller_index_key(subject).encode()
+        )
+    assert keys.bucket_of("00001001" + "0" * 24) == 0x1001 % 4096 == 1
+
+
+async def test_redis_scripts_survive_a_script_flush(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    subject, t = new_subject(), now_ms()
+    await redis_client.script_flush()  # what a restarted or failed-over server looks like
+    result = await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+    assert values(result.fields) == {"a": 1}
+
+
+async def test_redis_unreadable_field_is_store_corrupt(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    subject, t = new_subject(), now_ms()
+    await redis_client.hset(keys.memory_key(PROJECT, subject), "a", b"not a packed field")
+    with pytest.raises(StoreCorrupt):
+        await redis_store.read_fields(PROJECT, subject, t)
+    with pytest.raises(StoreCorrupt):
+        await redis_store.patch_fields(PROJECT, subject, {"b": field(1, t)}, [], t)
+    assert await redis_client.hkeys(keys.memory_key(PROJECT, subject)) == [b"a"]  # nothing written
+
+
+async def test_redis_unreachable_and_hung_server_is_store_unavailable() -> None:
+    with RedisServer() as server:
+        store = RedisStore(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+        await store.open()
+        try:
+            os.kill(server.pid, signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as hung:
+                await store.read_fields(PROJECT, new_subject(), now_ms())
+            assert time.monotonic() - started < 2  # bounded by the socket timeout, not the driver's retries
+            assert isinstance(hung.value.__cause__, redis.RedisError)
+            os.kill(server.pid, signal.SIGCONT)
+            await store.ping()  # recovers once the server answers again
+
+            server.stop()
+            with pytest.raises(StoreUnavailable):
+                await store.ping()
+            server.start()
+            await store.ping()  # same port: the pool reconnects by itself
+        finally:
+            await store.close()
+            await store.close()  # closing twice is safe
+
+        server.stop()
+        closed = RedisStore(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+        with pytest.raises(StoreUnavailable):
+            await closed.open()

@@ -1,0 +1,138 @@
+"""The command line, run as a real process against a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import PSEUDONYM_KEY
+
+CONFIG = {"memory": {"repeat_caller": {"state_keys": ["caller_name"], "identifier_blacklist": ["+440000000000"]}}}
+
+
+def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {
+        **os.environ,
+        "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
+        "CALLER_MEMORY_STORE": f"sqlite:///{tmp_path}/cli.db",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "caller_memory.service", *args],
+        capture_output=True, text=True, env=full_env, cwd=tmp_path, timeout=30,
+    )
+
+
+def test_project_and_token_commands(tmp_path: Path) -> None:
+    config = tmp_path / "cheese-shop.json"
+    config.write_text(json.dumps(CONFIG))
+    applied = run_cli(tmp_path, "project", "apply", str(config))
+    assert applied.returncode == 0, applied.stderr
+    document = json.loads(applied.stdout)
+    assert document["memory"]["repeat_caller"]["state_keys"] == ["caller_name"]
+    assert "+440000000000" not in applied.stdout + applied.stderr
+    shown = run_cli(tmp_path, "project", "show", "cheese-shop")
+    assert json.loads(shown.stdout) == document
+
+    created = run_cli(tmp_path, "token", "create", "cheese-shop", "--role", "admin", "--label", "first admin")
+    assert created.returncode == 0, created.stderr
+    token = json.loads(created.stdout)
+    assert token["role"] == "admin" and token["token"].startswith(f"cm_{token['token_id']}_")
+    listed = json.loads(run_cli(tmp_path, "token", "list", "cheese-shop").stdout)
+    assert [t["token_id"] for t in listed["tokens"]] == [token["token_id"]]
+    assert token["token"] not in json.dumps(listed)
+    revoked = run_cli(tmp_path, "token", "revoke", "cheese-shop", token["token_id"])
+    assert revoked.returncode == 0
+    assert json.loads(run_cli(tmp_path, "token", "list", "cheese-shop").stdout) == {"tokens": []}
+
+
+def test_cli_errors_are_clear(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"memory": {"repeat_caller": {"retention": "P1D", "state_keys": ["a"], "field_ttls": {"a": "P2D"}}}}))
+    result = run_cli(tmp_path, "project", "apply", str(bad))
+    assert result.returncode == 1 and "memory.repeat_caller.field_ttls.a" in result.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{nope")
+    assert "not valid JSON" in run_cli(tmp_path, "project", "apply", str(broken)).stderr
+    assert "cannot read" in run_cli(tmp_path, "project", "apply", str(tmp_path / "missing.json")).stderr
+    missing = run_cli(tmp_path, "token", "create", "ghost", "--role", "agent")
+    assert missing.returncode == 1 and "project 'ghost' not found" in missing.stderr
+    no_key = run_cli(tmp_path, "project", "show", "x", env={"CALLER_MEMORY_PSEUDONYM_KEY": ""})
+    assert no_key.returncode == 2 and "CALLER_MEMORY_PSEUDONYM_KEY" in no_key.stderr
+    wrong_role = run_cli(tmp_path, "token", "create", "x", "--role", "root")
+    assert wrong_role.returncode == 2 and "invalid choice" in wrong_role.stderr
+    bad_store = run_cli(tmp_path, "project", "show", "x", env={"CALLER_MEMORY_STORE": "mongodb://x"})
+    assert bad_store.returncode != 0 and "unsupported store URL" in bad_store.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http(method: str, url: str, token: str, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Authorization": f"Bearer {token}"})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_serve_runs_the_service_and_logs_no_numbers(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
+        "CALLER_MEMORY_OPERATOR_TOKEN": "op-token-for-the-serve-test",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(port)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/readyz", timeout=1) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "service did not start"
+                time.sleep(0.1)
+        op = "op-token-for-the-serve-test"
+        assert http("PUT", f"{base}/v1/projects/shop", op, CONFIG)[0] == 201
+        status, body = http("PATCH", f"{base}/v1/projects/shop/callers/+14155550100/memory", op, {"caller_name": "Ada"})
+        assert status == 200 and body["fields"] == {"caller_name": "Ada"}
+        assert http("GET", f"{base}/v1/projects/shop/callers/+1415555010099999/memory", op)[0] == 422
+        assert (tmp_path / "caller-memory.db").exists()  # the default store: a SQLite file in the working directory
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, output
+    assert "listening on http://127.0.0.1" in output
+    assert "PATCH /v1/projects/{project}/callers/{identifier}/memory 200" in output
+    assert "4155550100" not in output
+
+
+@pytest.mark.parametrize("key", ["", "short"])
+def test_serve_refuses_to_start_without_a_pseudonym_key(tmp_path: Path, key: str) -> None:
+    result = run_cli(tmp_path, "serve", "--port", str(free_port()), env={"CALLER_MEMORY_PSEUDONYM_KEY": key})
+    assert result.returncode == 2 and "CALLER_MEMORY_PSEUDONYM_KEY" in result.stderr

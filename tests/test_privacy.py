@@ -1,0 +1,114 @@
+"""After a realistic run, no phone number in any form is in the store (every byte) or in the logs."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import OPERATOR_TOKEN, Api
+from tests.support.redis_server import RedisServer
+
+# (E.164, forms a number may be written in) for every number the run uses.
+NUMBERS = {
+    "+14155550100": ["(415) 555-0100", "+1 415 555 0100"],
+    "+447700900123": ["07700 900123", "+44 7700 900123"],
+    "+33612345678": ["+33 6 12 34 56 78"],
+    "+442079460000": ["020 7946 0000"],  # blacklisted
+    "+4915112345678": ["+49 151 12345678"],  # only ever sent in malformed requests
+}
+
+
+def forms(e164: str, written: list[str]) -> set[str]:
+    digits = e164[1:]
+    national = digits[2:] if e164.startswith("+44") or e164.startswith("+33") or e164.startswith("+49") else digits[1:]
+    out = {e164, digits, national, "0" + national, *written}
+    out |= {w.replace(" ", "") for w in written}
+    out |= {w.replace(" ", "%20").replace("+", "%2B") for w in written}
+    return out
+
+
+ALL_FORMS = sorted({f for e164, written in NUMBERS.items() for f in forms(e164, written)}, key=len, reverse=True)
+
+
+def find_numbers(blob: bytes) -> list[str]:
+    return [f for f in ALL_FORMS if f.encode() in blob]
+
+
+async def realistic_run(api: Api) -> None:
+    await api.put_project(
+        "cheese-shop",
+        {
+            "state_keys": ["caller_name", "booking_day", "phone_on_file", "verified"],
+            "field_ttls": {"verified": "PT1H"},
+            "identifier_blacklist": ["020 7946 0000"],
+            "default_region": "GB",
+        },
+    )
+    admin = await api.mint("cheese-shop", "admin")
+    agent = await api.mint("cheese-shop", "agent")
+    base = "/v1/projects/cheese-shop/callers"
+    for e164, written in NUMBERS.items():
+        if e164 == "+4915112345678":
+            continue
+        for i, form in enumerate([e164, *written]):
+            await api.call("PATCH", f"{base}/{form}/memory", token=admin, json={"caller_name": f"Caller {i}", "verified": True})
+            await api.call("GET", f"{base}/{form}/memory", token=agent)
+    await api.call("DELETE", f"{base}/+33612345678/memory/verified", token=admin)
+    await api.call("DELETE", f"{base}/+33 6 12 34 56 78", token=admin)
+    # Bad requests that carry numbers: too long, with an extension, unknown routes, wrong role, wrong key.
+    await api.call("GET", f"{base}/+4915112345678999999/memory", token=agent)
+    await api.call("GET", f"{base}/+49 151 12345678 ext. 12/memory", token=agent)
+    await api.call("GET", f"{base}/+49 151 12345678/nothing", token=agent)
+    await api.call("PATCH", f"{base}/+49 151 12345678/memory", token=agent, json={"caller_name": "x"})
+    await api.call("PATCH", f"{base}/+4915112345678/memory", token=admin, json={"not_allowed": "+4915112345678"})
+    await api.call("GET", f"{base}/+4915112345678/memory", token="cm_000000000000_+4915112345678")
+    await api.call("PUT", "/v1/projects/cheese-shop", token=OPERATOR_TOKEN,
+                   json={"memory": {"repeat_caller": {"identifier_blacklist": ["+49 151 12345678", "+4915112345678000000"]}}})
+
+
+async def test_no_phone_number_in_store_or_logs(api: Api, captured_logs: pytest.LogCaptureFixture, store_url: str,
+                                               request: pytest.FixtureRequest) -> None:
+    await realistic_run(api)
+    # The run really stored things, so the check below has something to look at.
+    stored_somewhere = False
+    if store_url.startswith("sqlite"):
+        path = Path(store_url.removeprefix("sqlite:///"))
+        conn = sqlite3.connect(path)
+        dump = "\n".join(conn.iterdump()).encode()
+        stored_somewhere = conn.execute("SELECT count(*) FROM fields").fetchone()[0] > 0
+        conn.close()
+        blobs = {"sql dump": dump}
+        for suffix in ("", "-wal", "-shm"):
+            file = Path(str(path) + suffix)
+            if file.exists():
+                blobs[file.name] = file.read_bytes()
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = server.client()
+        blobs = {}
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key).decode()
+            parts = [key, client.dump(key) or b""]
+            if kind == "hash":
+                parts += [b for kv in client.hgetall(key).items() for b in kv]
+                stored_somewhere = stored_somewhere or b":m:" in key
+            elif kind == "string":
+                parts.append(client.get(key) or b"")
+            elif kind == "zset":
+                parts += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+            blobs[key.decode()] = b"\n".join(parts)
+    assert stored_somewhere
+    for name, blob in blobs.items():
+        assert find_numbers(blob) == [], f"phone number found in {name}"
+    log_text = "\n".join(
+        r.getMessage() + (str(r.exc_info[1]) if r.exc_info else "") for r in captured_logs.records
+    ).encode()
+    assert b"/v1/projects/{project}/callers/{identifier}/memory" in log_text  # the access log was captured
+    assert find_numbers(log_text) == []
+
+
+def test_the_forms_catch_a_leak() -> None:
+    assert find_numbers(b"caller 4155550100 said") == ["4155550100"]
+    assert "+44 7700 900123" in find_numbers(b"+44 7700 900123")
