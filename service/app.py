@@ -34,7 +34,9 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     )
 
 
-def create_app(settings: Settings, *, clock: Clock | None = None, store: Store | None = None) -> web.Application:
+def create_app(
+    settings: Settings, *, clock: Clock | None = None, store: Store | None = None
+) -> web.Application:
     """Build the service. ``clock`` and ``store`` may be injected (tests); the store is opened on startup."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[problem_middleware])
     services = build_services(settings, clock=clock, store=store)

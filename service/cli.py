@@ -30,8 +30,12 @@ def redact_url(url: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="caller-memory", description="Repeat-caller memory for voice agents.")
-    parser.add_argument("--store", help="store URL (default: $CALLER_MEMORY_STORE or sqlite:///caller-memory.db)")
+    parser = argparse.ArgumentParser(
+        prog="caller-memory", description="Repeat-caller memory for voice agents."
+    )
+    parser.add_argument(
+        "--store", help="store URL (default: $CALLER_MEMORY_STORE or sqlite:///caller-memory.db)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the HTTP service")

@@ -11,12 +11,12 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from multidict import CIMultiDict
-
 from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.http.access_log import RouteAccessLogger
+from multidict import CIMultiDict
+
 from tests.support.redis_server import RedisServer
 
 OPERATOR_TOKEN = "operator-token-for-tests-0123456789"
@@ -41,7 +41,8 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/memory.db"
     server: RedisServer = request.getfixturevalue("redis_server")
-    server.client().flushall()
+    with server.client() as client:
+        client.flushall()
     return server.url
 
 
@@ -88,11 +89,16 @@ class Api:
 
     async def put_project(self, project: str, repeat_caller: dict[str, Any]) -> Reply:
         return await self.call(
-            "PUT", f"/v1/projects/{project}", token=OPERATOR_TOKEN, json={"memory": {"repeat_caller": repeat_caller}}
+            "PUT",
+            f"/v1/projects/{project}",
+            token=OPERATOR_TOKEN,
+            json={"memory": {"repeat_caller": repeat_caller}},
         )
 
     async def mint(self, project: str, role: str) -> str:
-        reply = await self.call("POST", f"/v1/projects/{project}/tokens", token=OPERATOR_TOKEN, json={"role": role})
+        reply = await self.call(
+            "POST", f"/v1/projects/{project}/tokens", token=OPERATOR_TOKEN, json={"role": role}
+        )
         assert reply.status == 201, reply.body
         token: str = reply.body["token"]
         return token

@@ -18,10 +18,14 @@ import pytest
 
 from tests.conftest import PSEUDONYM_KEY
 
-CONFIG = {"memory": {"repeat_caller": {"state_keys": ["caller_name"], "identifier_blacklist": ["+440000000000"]}}}
+CONFIG = {
+    "memory": {"repeat_caller": {"state_keys": ["caller_name"], "identifier_blacklist": ["+440000000000"]}}
+}
 
 
-def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {
         **os.environ,
         "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
@@ -30,7 +34,11 @@ def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> su
     }
     return subprocess.run(
         [sys.executable, "-m", "caller_memory.service", *args],
-        capture_output=True, text=True, env=full_env, cwd=tmp_path, timeout=30,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=tmp_path,
+        timeout=30,
     )
 
 
@@ -59,7 +67,15 @@ def test_project_and_token_commands(tmp_path: Path) -> None:
 
 def test_cli_errors_are_clear(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"memory": {"repeat_caller": {"retention": "P1D", "state_keys": ["a"], "field_ttls": {"a": "P2D"}}}}))
+    bad.write_text(
+        json.dumps(
+            {
+                "memory": {
+                    "repeat_caller": {"retention": "P1D", "state_keys": ["a"], "field_ttls": {"a": "P2D"}}
+                }
+            }
+        )
+    )
     result = run_cli(tmp_path, "project", "apply", str(bad))
     assert result.returncode == 1 and "memory.repeat_caller.field_ttls.a" in result.stderr
     broken = tmp_path / "broken.json"
@@ -104,7 +120,11 @@ def test_serve_runs_the_service_and_logs_no_numbers(tmp_path: Path) -> None:
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -119,10 +139,14 @@ def test_serve_runs_the_service_and_logs_no_numbers(tmp_path: Path) -> None:
                 time.sleep(0.1)
         op = "op-token-for-the-serve-test"
         assert http("PUT", f"{base}/v1/projects/shop", op, CONFIG)[0] == 201
-        status, body = http("PATCH", f"{base}/v1/projects/shop/callers/+14155550100/memory", op, {"caller_name": "Ada"})
+        status, body = http(
+            "PATCH", f"{base}/v1/projects/shop/callers/+14155550100/memory", op, {"caller_name": "Ada"}
+        )
         assert status == 200 and body["fields"] == {"caller_name": "Ada"}
         assert http("GET", f"{base}/v1/projects/shop/callers/+1415555010099999/memory", op)[0] == 422
-        assert (tmp_path / "caller-memory.db").exists()  # the default store: a SQLite file in the working directory
+        assert (
+            tmp_path / "caller-memory.db"
+        ).exists()  # the default store: a SQLite file in the working directory
     finally:
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=15)

@@ -22,14 +22,20 @@ NUMBERS = {
 
 def forms(e164: str, written: list[str]) -> set[str]:
     digits = e164[1:]
-    national = digits[2:] if e164.startswith("+44") or e164.startswith("+33") or e164.startswith("+49") else digits[1:]
+    national = (
+        digits[2:]
+        if e164.startswith("+44") or e164.startswith("+33") or e164.startswith("+49")
+        else digits[1:]
+    )
     out = {e164, digits, national, "0" + national, *written}
     out |= {w.replace(" ", "") for w in written}
     out |= {w.replace(" ", "%20").replace("+", "%2B") for w in written}
     return out
 
 
-ALL_FORMS = sorted({f for e164, written in NUMBERS.items() for f in forms(e164, written)}, key=len, reverse=True)
+ALL_FORMS = sorted(
+    {f for e164, written in NUMBERS.items() for f in forms(e164, written)}, key=len, reverse=True
+)
 
 
 def find_numbers(blob: bytes) -> list[str]:
@@ -53,7 +59,12 @@ async def realistic_run(api: Api) -> None:
         if e164 == "+4915112345678":
             continue
         for i, form in enumerate([e164, *written]):
-            await api.call("PATCH", f"{base}/{form}/memory", token=admin, json={"caller_name": f"Caller {i}", "verified": True})
+            await api.call(
+                "PATCH",
+                f"{base}/{form}/memory",
+                token=admin,
+                json={"caller_name": f"Caller {i}", "verified": True},
+            )
             await api.call("GET", f"{base}/{form}/memory", token=agent)
     await api.call("DELETE", f"{base}/+33612345678/memory/verified", token=admin)
     await api.call("DELETE", f"{base}/+33 6 12 34 56 78", token=admin)
@@ -62,43 +73,65 @@ async def realistic_run(api: Api) -> None:
     await api.call("GET", f"{base}/+49 151 12345678 ext. 12/memory", token=agent)
     await api.call("GET", f"{base}/+49 151 12345678/nothing", token=agent)
     await api.call("PATCH", f"{base}/+49 151 12345678/memory", token=agent, json={"caller_name": "x"})
-    await api.call("PATCH", f"{base}/+4915112345678/memory", token=admin, json={"not_allowed": "+4915112345678"})
+    await api.call(
+        "PATCH", f"{base}/+4915112345678/memory", token=admin, json={"not_allowed": "+4915112345678"}
+    )
     await api.call("GET", f"{base}/+4915112345678/memory", token="cm_000000000000_+4915112345678")
-    await api.call("PUT", "/v1/projects/cheese-shop", token=OPERATOR_TOKEN,
-                   json={"memory": {"repeat_caller": {"identifier_blacklist": ["+49 151 12345678", "+4915112345678000000"]}}})
+    await api.call(
+        "PUT",
+        "/v1/projects/cheese-shop",
+        token=OPERATOR_TOKEN,
+        json={
+            "memory": {
+                "repeat_caller": {"identifier_blacklist": ["+49 151 12345678", "+4915112345678000000"]}
+            }
+        },
+    )
 
 
-async def test_no_phone_number_in_store_or_logs(api: Api, captured_logs: pytest.LogCaptureFixture, store_url: str,
-                                               request: pytest.FixtureRequest) -> None:
-    await realistic_run(api)
-    # The run really stored things, so the check below has something to look at.
-    stored_somewhere = False
-    if store_url.startswith("sqlite"):
-        path = Path(store_url.removeprefix("sqlite:///"))
-        conn = sqlite3.connect(path)
-        dump = "\n".join(conn.iterdump()).encode()
-        stored_somewhere = conn.execute("SELECT count(*) FROM fields").fetchone()[0] > 0
-        conn.close()
-        blobs = {"sql dump": dump}
-        for suffix in ("", "-wal", "-shm"):
-            file = Path(str(path) + suffix)
-            if file.exists():
-                blobs[file.name] = file.read_bytes()
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        client = server.client()
-        blobs = {}
+def sqlite_blobs(path: Path) -> tuple[dict[str, bytes], bool]:
+    """A SQL dump of the database and the raw bytes of its files (main, WAL, shared memory)."""
+    conn = sqlite3.connect(path)
+    blobs = {"sql dump": "\n".join(conn.iterdump()).encode()}
+    stored = conn.execute("SELECT count(*) FROM fields").fetchone()[0] > 0
+    conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        file = Path(str(path) + suffix)
+        if file.exists():
+            blobs[file.name] = file.read_bytes()
+    return blobs, stored
+
+
+def redis_blobs(server: RedisServer) -> tuple[dict[str, bytes], bool]:
+    """Every key, its DUMP serialisation and its values as read back."""
+    blobs: dict[str, bytes] = {}
+    stored = False
+    with server.client() as client:
         for key in client.scan_iter(count=1000):
             kind = client.type(key).decode()
             parts = [key, client.dump(key) or b""]
             if kind == "hash":
                 parts += [b for kv in client.hgetall(key).items() for b in kv]
-                stored_somewhere = stored_somewhere or b":m:" in key
+                stored = stored or b":m:" in key
             elif kind == "string":
                 parts.append(client.get(key) or b"")
             elif kind == "zset":
                 parts += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
             blobs[key.decode()] = b"\n".join(parts)
+    return blobs, stored
+
+
+async def test_no_phone_number_in_store_or_logs(
+    api: Api, captured_logs: pytest.LogCaptureFixture, store_url: str, request: pytest.FixtureRequest
+) -> None:
+    await realistic_run(api)
+    # The run really stored things, so the check below has something to look at.
+    stored_somewhere = False
+    if store_url.startswith("sqlite"):
+        blobs, stored_somewhere = sqlite_blobs(Path(store_url.removeprefix("sqlite:///")))
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        blobs, stored_somewhere = redis_blobs(server)
     assert stored_somewhere
     for name, blob in blobs.items():
         assert find_numbers(blob) == [], f"phone number found in {name}"

@@ -69,7 +69,9 @@ class WriteCondition:
         header = header.strip()
         if header == "*":
             return cls(etags=(), any_existing=True, ttl_ms=ttl_ms)
-        return cls(etags=tuple(t.strip() for t in header.split(",") if t.strip()), any_existing=False, ttl_ms=ttl_ms)
+        return cls(
+            etags=tuple(t.strip() for t in header.split(",") if t.strip()), any_existing=False, ttl_ms=ttl_ms
+        )
 
     def holds(self, live: Mapping[str, StoredField]) -> bool:
         if self.any_existing:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -41,7 +41,6 @@ class ErasureReceipt:
     erased_at: int  # hour-rounded down
     fields_removed: int
     blacklisted: bool = False
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +81,22 @@ class MemoryService:
         subject = self._pseudonymizer.pseudonym(project.project_id, e164)
         return Caller(e164=e164, subject=subject, blacklisted=subject in project.blacklist)
 
-    def _view(self, project: Project, caller: Caller, stored: Mapping[str, StoredField], now: int) -> MemoryView:
+    def _view(
+        self, project: Project, caller: Caller, stored: Mapping[str, StoredField], now: int
+    ) -> MemoryView:
         live = live_fields(stored, project.ttl_ms, now)
         expires = max((effective_expiry(n, f, project.ttl_ms) for n, f in live.items()), default=None)
         return MemoryView(
             identifier=caller.e164,
-            fields={name: f.value for name, f in live.items()},
+            fields={name: live[name].value for name in sorted(live)},
             expires_at=ceil_hour_ms(expires) if expires is not None else None,
             etag=compute_etag(live),
         )
 
     def _empty(self, caller: Caller) -> MemoryView:
-        return MemoryView(identifier=caller.e164, fields={}, expires_at=None, etag=EMPTY_ETAG, blacklisted=True)
+        return MemoryView(
+            identifier=caller.e164, fields={}, expires_at=None, etag=EMPTY_ETAG, blacklisted=True
+        )
 
     async def read(self, project: Project, raw_identifier: str) -> MemoryView:
         caller = self.caller(project, raw_identifier)
@@ -113,7 +116,9 @@ class MemoryService:
         for name, value in patch.items():
             check_field_name(name, where=name)
             if name not in allowed:
-                raise InvalidInput(f"{name}: not in the project's state_keys, so it cannot be stored", field=name)
+                raise InvalidInput(
+                    f"{name}: not in the project's state_keys, so it cannot be stored", field=name
+                )
             if value is None:
                 deletes.append(name)
             else:

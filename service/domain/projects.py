@@ -179,7 +179,9 @@ class Project:
 def compile_project(project_id: str, config: ProjectConfig, pseudonymizer: Pseudonymizer) -> Project:
     rc = config.memory.repeat_caller
     retention_ms = int(rc.retention.total_seconds()) * 1000
-    ttl_ms = {name: int(rc.field_ttls.get(name, rc.retention).total_seconds()) * 1000 for name in rc.state_keys}
+    ttl_ms = {
+        name: int(rc.field_ttls.get(name, rc.retention).total_seconds()) * 1000 for name in rc.state_keys
+    }
     blacklist = set()
     for entry in rc.identifier_blacklist:
         if entry.startswith(PSEUDONYM_PREFIX):

@@ -13,11 +13,10 @@ import orjson
 
 from ..storage.base import Store
 from .clock import Clock
-from .errors import NotFound, StoreCorrupt
+from .errors import InvalidInput, NotFound, StoreCorrupt
 from .identifiers import Pseudonymizer
 from .limits import PROJECT_ID_RE
 from .projects import Project, ProjectConfig, compile_project, parse_config
-from .errors import InvalidInput
 
 
 def check_project_id(project_id: str) -> str:
@@ -30,7 +29,9 @@ def check_project_id(project_id: str) -> str:
 
 
 class ProjectRegistry:
-    def __init__(self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock, cache_seconds: float) -> None:
+    def __init__(
+        self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock, cache_seconds: float
+    ) -> None:
         self._store = store
         self._pseudonymizer = pseudonymizer
         self._clock = clock
@@ -57,7 +58,9 @@ class ProjectRegistry:
             try:
                 config = ProjectConfig.model_validate(orjson.loads(raw))
             except ValueError as exc:
-                raise StoreCorrupt(f"the stored configuration of project '{project_id}' is unreadable") from exc
+                raise StoreCorrupt(
+                    f"the stored configuration of project '{project_id}' is unreadable"
+                ) from exc
             project = compile_project(project_id, config, self._pseudonymizer)
         self._cache[project_id] = (time.monotonic(), project)
         return project

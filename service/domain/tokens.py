@@ -135,5 +135,7 @@ class TokenService:
         if prefix == TOKEN_PREFIX and len(token_id) == 12 and secret:
             record = await self._lookup(token_id)
             if record is not None and hmac.compare_digest(_hash(secret), record.secret_hash):
-                return Principal(operator=False, project=record.project, role=Role(record.role), token_id=token_id)
+                return Principal(
+                    operator=False, project=record.project, role=Role(record.role), token_id=token_id
+                )
         raise Unauthenticated("the token is not valid (unknown, revoked or mistyped)")

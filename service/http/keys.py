@@ -29,7 +29,9 @@ class Services:
         try:
             await asyncio.wait_for(self.store.ping(), self.settings.store_timeout)
         except TimeoutError as exc:
-            raise StoreUnavailable(f"the store did not answer within {self.settings.store_timeout} s") from exc
+            raise StoreUnavailable(
+                f"the store did not answer within {self.settings.store_timeout} s"
+            ) from exc
 
 
 SERVICES = web.AppKey("services", Services)

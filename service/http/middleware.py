@@ -51,7 +51,9 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem_response(exc.status, exc.reason, detail, slug=f"http-{exc.status}", headers=headers)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, _route(request))
-        return problem_response(500, "Internal error", "an unexpected error occurred; it has been logged", slug="internal")
+        return problem_response(
+            500, "Internal error", "an unexpected error occurred; it has been logged", slug="internal"
+        )
 
 
 def _route(request: web.Request) -> str:

@@ -19,7 +19,12 @@ def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | Non
 def problem_response(
     status: int, title: str, detail: str, *, slug: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> web.Response:
-    body = {"type": f"https://caller-memory.dev/problems/{slug}", "title": title, "status": status, "detail": detail}
+    body = {
+        "type": f"https://caller-memory.dev/problems/{slug}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
     body.update(extra)
     response = web.Response(body=orjson.dumps(body), status=status, headers=headers)
     response.content_type = PROBLEM_CONTENT_TYPE

@@ -38,7 +38,9 @@ async def read_json(request: web.Request) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(f"the request body is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+        raise MalformedRequest(
+            f"the request body is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+        ) from None
 
 
 async def authorize(request: web.Request, role: Role | None) -> tuple[Services, Principal]:
@@ -158,9 +160,15 @@ async def read_memory(request: web.Request) -> web.Response:
     project = await services.projects.get(request.match_info["project"])
     view = await services.memory.read(project, request.match_info["identifier"])
     if_none_match = request.headers.get("If-None-Match")
-    if if_none_match is not None and view.etag in (t.strip() for t in if_none_match.split(",")):
+    if if_none_match is not None and _none_match(if_none_match, view.etag):
         return web.Response(status=304, headers={"ETag": view.etag, "Cache-Control": "no-store"})
     return memory_response(view)
+
+
+def _none_match(header: str, etag: str) -> bool:
+    """``If-None-Match`` uses weak comparison (RFC 9110 13.1.2): ``W/"x"`` matches ``"x"``; ``*`` matches."""
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or etag in tags
 
 
 @routes.patch("/v1/projects/{project}/callers/{identifier}/memory")
@@ -179,7 +187,10 @@ async def delete_field(request: web.Request) -> web.Response:
     services, _ = await authorize(request, Role.ADMIN)
     project = await services.projects.get(request.match_info["project"])
     view = await services.memory.delete_field(
-        project, request.match_info["identifier"], request.match_info["field"], request.headers.get("If-Match")
+        project,
+        request.match_info["identifier"],
+        request.match_info["field"],
+        request.headers.get("If-Match"),
     )
     return memory_response(view)
 

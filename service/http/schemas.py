@@ -13,4 +13,6 @@ class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["agent", "analytics", "admin"]
-    label: str = Field(default="", max_length=100, description="A note for people, e.g. 'cheese-shop agent prod'")
+    label: str = Field(
+        default="", max_length=100, description="A note for people, e.g. 'cheese-shop agent prod'"
+    )

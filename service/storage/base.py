@@ -106,11 +106,15 @@ class Store(ABC):
         now_ms: int,
         condition: WriteCondition | None = None,
     ) -> PatchResult:
-        """Atomically set ``sets`` and delete ``deletes``, then return the caller's not-expired fields.
+        """Atomically delete ``deletes`` and then set ``sets``, and return the caller's not-expired fields.
 
-        If ``condition`` is given, it is evaluated against the caller's live fields (under
-        ``condition.ttl_ms``) first, and nothing is written unless it holds. Dead fields of the caller are
-        removed on the way. The caller's data as a whole is kept no longer than its latest field expiry.
+        A name in both is set. Every field in ``sets`` expires after ``now_ms`` (the domain guarantees it).
+        If ``condition`` is given, it is evaluated against the caller's live fields under
+        ``condition.ttl_ms`` (which must list every state key: a field without an entry is not live) before
+        anything else, and nothing is written unless it holds. Dead fields of the caller are removed on the
+        way. The caller's data as a whole is kept no longer than its latest field expiry.
+
+        The returned fields are filtered by stored expiry only; the domain applies the current TTLs.
         """
 
     @abstractmethod

@@ -150,8 +150,7 @@ class RedisStore(Store):
             await client.aclose()
             raise
         self._scripts = {
-            name: client.register_script(_load_script(f"{name}.lua"))
-            for name in ("patch", "erase", "delete_token")
+            name: client.register_script(_load_script(f"{name}.lua")) for name in ("patch", "erase")
         }
         self._client = client
 
@@ -180,20 +179,21 @@ class RedisStore(Store):
     # Tokens -------------------------------------------------------------------------------------------
 
     async def put_token(self, token: TokenRecord) -> None:
+        # A token's hash and its project's index live in different cluster slots, so no MULTI or script
+        # spans them. The order makes every intermediate state safe: the index entry comes first (a dangling
+        # entry is skipped by list_tokens) and the hash, which makes the token usable, last.
         with _translated("put_token"):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(
-                    keys.token_key(token.token_id),
-                    mapping={
-                        "project": token.project,
-                        "role": token.role,
-                        "secret_hash": token.secret_hash,
-                        "created_at": token.created_at,
-                        "label": token.label,
-                    },
-                )
-                pipe.zadd(keys.project_tokens_key(token.project), {token.token_id: token.created_at})
-                await pipe.execute()
+            await self._redis.zadd(keys.project_tokens_key(token.project), {token.token_id: token.created_at})
+            await self._redis.hset(
+                keys.token_key(token.token_id),
+                mapping={
+                    "project": token.project,
+                    "role": token.role,
+                    "secret_hash": token.secret_hash,
+                    "created_at": token.created_at,
+                    "label": token.label,
+                },
+            )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
         with _translated("get_token"):
@@ -213,11 +213,15 @@ class RedisStore(Store):
         return [t for t in tokens if t.project == project]
 
     async def delete_token(self, project: str, token_id: str) -> bool:
+        # Revocation first (the hash is what authenticates), then the index entry; see put_token.
+        token_key = keys.token_key(token_id)
         with _translated("delete_token"):
-            deleted = await self._scripts["delete_token"](
-                keys=[keys.token_key(token_id), keys.project_tokens_key(project)], args=[project, token_id]
-            )
-        return bool(deleted)
+            owner = cast("bytes | None", await self._redis.hget(token_key, "project"))
+            if owner is None or owner.decode() != project:
+                return False
+            deleted = int(await self._redis.delete(token_key))
+            await self._redis.zrem(keys.project_tokens_key(project), token_id)
+        return deleted > 0
 
     # Caller memory ------------------------------------------------------------------------------------
 

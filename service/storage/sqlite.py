@@ -65,7 +65,9 @@ class SQLiteStore(Store):
     def from_url(cls, url: str) -> SQLiteStore:
         prefix = "sqlite:///"
         if not url.startswith(prefix) or len(url) == len(prefix):
-            raise ValueError("a SQLite store URL is sqlite:///relative/path.db or sqlite:////absolute/path.db")
+            raise ValueError(
+                "a SQLite store URL is sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            )
         return cls(url[len(prefix) :])
 
     # Plumbing -----------------------------------------------------------------------------------------
@@ -190,7 +192,12 @@ class SQLiteStore(Store):
     @staticmethod
     def _token(row: tuple[Any, ...]) -> TokenRecord:
         return TokenRecord(
-            token_id=row[0], project=row[1], role=row[2], secret_hash=bytes(row[3]), created_at=row[4], label=row[5]
+            token_id=row[0],
+            project=row[1],
+            role=row[2],
+            secret_hash=bytes(row[3]),
+            created_at=row[4],
+            label=row[5],
         )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
@@ -262,12 +269,17 @@ class SQLiteStore(Store):
                     "INSERT INTO fields (project, subject, name, value, expires_at, written_at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, subject, name) DO UPDATE SET "
                     "value = excluded.value, expires_at = excluded.expires_at, written_at = excluded.written_at",
-                    [(project, subject, name, f.value, f.expires_at, f.written_at) for name, f in sets.items()],
+                    [
+                        (project, subject, name, f.value, f.expires_at, f.written_at)
+                        for name, f in sets.items()
+                    ],
                 )
             for name in deletes:
                 current.pop(name, None)
             current.update(sets)
-            return PatchResult(applied=True, fields={n: f for n, f in current.items() if f.expires_at > now_ms})
+            return PatchResult(
+                applied=True, fields={n: f for n, f in current.items() if f.expires_at > now_ms}
+            )
 
         return await self._write(run)
 

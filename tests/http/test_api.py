@@ -88,9 +88,15 @@ async def test_defaults_for_an_empty_configuration(api: Api) -> None:
     ("repeat_caller", "field"),
     [
         ({"state_keys": ["a"], "colour": "blue"}, "memory.repeat_caller.colour"),
-        ({"state_keys": ["a"], "field_ttls": {"a": "P100D"}, "retention": "P90D"}, "memory.repeat_caller.field_ttls.a"),
+        (
+            {"state_keys": ["a"], "field_ttls": {"a": "P100D"}, "retention": "P90D"},
+            "memory.repeat_caller.field_ttls.a",
+        ),
         ({"state_keys": ["a"], "field_ttls": {"b": "PT1H"}}, "memory.repeat_caller.field_ttls.b"),
-        ({"identifier_blacklist": ["+14155550100", "not a number"]}, "memory.repeat_caller.identifier_blacklist[1]"),
+        (
+            {"identifier_blacklist": ["+14155550100", "not a number"]},
+            "memory.repeat_caller.identifier_blacklist[1]",
+        ),
         ({"identifier_blacklist": ["07700 900123"]}, "memory.repeat_caller.identifier_blacklist[0]"),
         ({"identifier_blacklist": ["pseudonym:xyz"]}, "memory.repeat_caller.identifier_blacklist[0]"),
         ({"retention": "forever"}, "memory.repeat_caller.retention"),
@@ -116,25 +122,57 @@ async def test_invalid_configuration_is_refused_naming_the_field_and_changes_not
 
 async def test_configuration_body_errors(api: Api) -> None:
     path = "/v1/projects/cheese-shop"
-    assert_problem(await api.call("PUT", path, token=OPERATOR_TOKEN, data=b"{not json", headers={"Content-Type": "application/json"}), 400, mentions="not valid JSON")
-    assert_problem(await api.call("PUT", path, token=OPERATOR_TOKEN, data=b"", headers={"Content-Type": "application/json"}), 400, mentions="empty")
-    assert_problem(await api.call("PUT", path, token=OPERATOR_TOKEN, json=[1, 2]), 422, mentions="JSON object")
-    assert_problem(await api.call("PUT", path, token=OPERATOR_TOKEN, data=b"{}", headers={"Content-Type": "text/plain"}), 415)
+    assert_problem(
+        await api.call(
+            "PUT", path, token=OPERATOR_TOKEN, data=b"{not json", headers={"Content-Type": "application/json"}
+        ),
+        400,
+        mentions="not valid JSON",
+    )
+    assert_problem(
+        await api.call(
+            "PUT", path, token=OPERATOR_TOKEN, data=b"", headers={"Content-Type": "application/json"}
+        ),
+        400,
+        mentions="empty",
+    )
+    assert_problem(
+        await api.call("PUT", path, token=OPERATOR_TOKEN, json=[1, 2]), 422, mentions="JSON object"
+    )
+    assert_problem(
+        await api.call("PUT", path, token=OPERATOR_TOKEN, data=b"{}", headers={"Content-Type": "text/plain"}),
+        415,
+    )
     huge = b'{"memory": {"repeat_caller": {"state_keys": ["' + b"a" * 70_000 + b'"]}}}'
-    assert_problem(await api.call("PUT", path, token=OPERATOR_TOKEN, data=huge, headers={"Content-Type": "application/json"}), 413)
-    assert_problem(await api.call("PUT", "/v1/projects/Bad_Project!", token=OPERATOR_TOKEN, json={}), 422, mentions="project id")
+    assert_problem(
+        await api.call(
+            "PUT", path, token=OPERATOR_TOKEN, data=huge, headers={"Content-Type": "application/json"}
+        ),
+        413,
+    )
+    assert_problem(
+        await api.call("PUT", "/v1/projects/Bad_Project!", token=OPERATOR_TOKEN, json={}),
+        422,
+        mentions="project id",
+    )
     assert (await api.call("GET", path, token=OPERATOR_TOKEN)).status == 404
 
 
 async def test_only_the_operator_may_put_a_project(api: Api, shop: dict[str, str]) -> None:
     for role in ("agent", "analytics", "admin"):
-        assert_problem(await api.call("PUT", "/v1/projects/cheese-shop", token=shop[role], json={}), 403, mentions="operator")
+        assert_problem(
+            await api.call("PUT", "/v1/projects/cheese-shop", token=shop[role], json={}),
+            403,
+            mentions="operator",
+        )
     assert_problem(await api.call("PUT", "/v1/projects/cheese-shop", json={}), 401, mentions="Authorization")
 
 
 async def test_reading_configuration_needs_admin(api: Api, shop: dict[str, str]) -> None:
     assert (await api.call("GET", "/v1/projects/cheese-shop", token=shop["admin"])).status == 200
-    assert_problem(await api.call("GET", "/v1/projects/cheese-shop", token=shop["agent"]), 403, mentions="admin")
+    assert_problem(
+        await api.call("GET", "/v1/projects/cheese-shop", token=shop["agent"]), 403, mentions="admin"
+    )
     assert_problem(await api.call("GET", "/v1/projects/cheese-shop", token=shop["analytics"]), 403)
 
 
@@ -145,7 +183,9 @@ async def test_reading_configuration_needs_admin(api: Api, shop: dict[str, str])
     "authorization",
     [None, "Bearer", "Basic dXNlcjpwYXNz", "Bearer nope", "Bearer cm_000000000000_wrongsecret", "Token abc"],
 )
-async def test_missing_or_bad_credentials_are_401(api: Api, shop: dict[str, str], authorization: str | None) -> None:
+async def test_missing_or_bad_credentials_are_401(
+    api: Api, shop: dict[str, str], authorization: str | None
+) -> None:
     headers = {"Authorization": authorization} if authorization else {}
     reply = await api.call("GET", memory_path("cheese-shop"), headers=headers)
     assert_problem(reply, 401)
@@ -181,7 +221,10 @@ async def test_another_projects_token_sees_nothing(api: Api, shop: dict[str, str
     assert missing.body["detail"] == "project 'nowhere' not found"
     still = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert still.body["fields"] == {"caller_name": "Ada"}
-    assert len((await api.call("GET", "/v1/projects/cheese-shop/tokens", token=shop["admin"])).body["tokens"]) == 3
+    assert (
+        len((await api.call("GET", "/v1/projects/cheese-shop/tokens", token=shop["admin"])).body["tokens"])
+        == 3
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,7 +255,10 @@ async def test_roles(api: Api, shop: dict[str, str], method: str, path: str, all
 
 async def test_token_lifecycle(api: Api, shop: dict[str, str]) -> None:
     minted = await api.call(
-        "POST", "/v1/projects/cheese-shop/tokens", token=shop["admin"], json={"role": "agent", "label": "prod agent"}
+        "POST",
+        "/v1/projects/cheese-shop/tokens",
+        token=shop["admin"],
+        json={"role": "agent", "label": "prod agent"},
     )
     assert minted.status == 201 and minted.headers["Cache-Control"] == "no-store"
     secret = minted.body["token"]
@@ -226,43 +272,71 @@ async def test_token_lifecycle(api: Api, shop: dict[str, str]) -> None:
     revoked = await api.call("DELETE", f"/v1/projects/cheese-shop/tokens/{token_id}", token=shop["admin"])
     assert revoked.status == 204
     assert_problem(await api.call("GET", memory_path("cheese-shop"), token=secret), 401)
-    assert_problem(await api.call("DELETE", f"/v1/projects/cheese-shop/tokens/{token_id}", token=shop["admin"]), 404)
+    assert_problem(
+        await api.call("DELETE", f"/v1/projects/cheese-shop/tokens/{token_id}", token=shop["admin"]), 404
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "field"),
-    [({"role": "superuser"}, "role"), ({}, "role"), ({"role": "agent", "scope": "all"}, "scope"),
-     ({"role": "agent", "label": "x" * 101}, "label")],
+    [
+        ({"role": "superuser"}, "role"),
+        ({}, "role"),
+        ({"role": "agent", "scope": "all"}, "scope"),
+        ({"role": "agent", "label": "x" * 101}, "label"),
+    ],
 )
-async def test_bad_token_requests(api: Api, shop: dict[str, str], body: dict[str, object], field: str) -> None:
+async def test_bad_token_requests(
+    api: Api, shop: dict[str, str], body: dict[str, object], field: str
+) -> None:
     reply = await api.call("POST", "/v1/projects/cheese-shop/tokens", token=shop["admin"], json=body)
     assert_problem(reply, 422, mentions=field)
     assert reply.body["errors"][0]["field"] == field
-    assert len((await api.call("GET", "/v1/projects/cheese-shop/tokens", token=shop["admin"])).body["tokens"]) == 3
+    assert (
+        len((await api.call("GET", "/v1/projects/cheese-shop/tokens", token=shop["admin"])).body["tokens"])
+        == 3
+    )
 
 
 async def test_tokens_of_a_missing_project(api: Api) -> None:
-    assert_problem(await api.call("POST", "/v1/projects/ghost/tokens", token=OPERATOR_TOKEN, json={"role": "admin"}), 404)
+    assert_problem(
+        await api.call("POST", "/v1/projects/ghost/tokens", token=OPERATOR_TOKEN, json={"role": "admin"}), 404
+    )
 
 
 # Memory -------------------------------------------------------------------------------------------------
 
 
 async def test_patch_is_a_merge_and_null_deletes(api: Api, shop: dict[str, str]) -> None:
-    first = await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": "gouda"})
+    first = await api.call(
+        "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": "gouda"}
+    )
     assert first.status == 200 and first.body["fields"] == {"cheese_type": "gouda"}
-    second = await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"booking_day": "Friday"})
+    second = await api.call(
+        "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"booking_day": "Friday"}
+    )
     assert second.body["fields"] == {"cheese_type": "gouda", "booking_day": "Friday"}
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert read.body == second.body and read.headers["ETag"] == second.headers["ETag"]
-    latest = await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": "brie"})
+    latest = await api.call(
+        "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": "brie"}
+    )
     assert latest.body["fields"]["cheese_type"] == "brie"
-    deleted = await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": None})
+    deleted = await api.call(
+        "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": None}
+    )
     assert deleted.body["fields"] == {"booking_day": "Friday"}
 
 
 async def test_structured_values_round_trip(api: Api, shop: dict[str, str]) -> None:
-    profile = {"allergies": ["nuts"], "vip": True, "visits": 3, "note": "ünïcødé ☎", "score": 1.5, "none": None}
+    profile = {
+        "allergies": ["nuts"],
+        "vip": True,
+        "visits": 3,
+        "note": "ünïcødé ☎",
+        "score": 1.5,
+        "none": None,
+    }
     await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"profile": profile})
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert read.body["fields"]["profile"] == profile
@@ -270,7 +344,12 @@ async def test_structured_values_round_trip(api: Api, shop: dict[str, str]) -> N
 
 async def test_identifier_forms_are_one_caller(api: Api) -> None:
     tokens = await api.project_with_tokens("us-shop", {"state_keys": ["caller_name"], "default_region": "US"})
-    await api.call("PATCH", memory_path("us-shop", "+1 (415) 555-0100"), token=tokens["admin"], json={"caller_name": "Ada"})
+    await api.call(
+        "PATCH",
+        memory_path("us-shop", "+1 (415) 555-0100"),
+        token=tokens["admin"],
+        json={"caller_name": "Ada"},
+    )
     for form in ("+14155550100", "(415) 555-0100", "415-555-0100", "%2B1%20415%20555%200100"):
         read = await api.call("GET", memory_path("us-shop", form), token=tokens["agent"])
         assert read.body["fields"] == {"caller_name": "Ada"}, form
@@ -283,10 +362,17 @@ async def test_national_number_without_region_is_refused(api: Api) -> None:
     assert_problem(reply, 422, mentions="default_region")
 
 
-@pytest.mark.parametrize("identifier", ["hello", "12", "+999999999", "+1415555010000000", "anonymous", "1" * 80, "+14155550100%20ext.%205"])
+@pytest.mark.parametrize(
+    "identifier",
+    ["hello", "12", "+999999999", "+1415555010000000", "anonymous", "1" * 80, "+14155550100%20ext.%205"],
+)
 async def test_bad_identifiers_are_422_without_echo(api: Api, shop: dict[str, str], identifier: str) -> None:
     for method, body in (("GET", None), ("PATCH", {"caller_name": "Ada"}), ("DELETE", None)):
-        path = memory_path("cheese-shop", identifier) if method != "DELETE" else f"/v1/projects/cheese-shop/callers/{identifier}"
+        path = (
+            memory_path("cheese-shop", identifier)
+            if method != "DELETE"
+            else f"/v1/projects/cheese-shop/callers/{identifier}"
+        )
         reply = await api.call(method, path, token=shop["admin"], json=body)
         assert_problem(reply, 422, mentions="identifier")
         assert reply.body["errors"][0]["field"] == "identifier"
@@ -296,7 +382,12 @@ async def test_bad_identifiers_are_422_without_echo(api: Api, shop: dict[str, st
 async def test_unknown_caller_has_empty_memory(api: Api, shop: dict[str, str]) -> None:
     read = await api.call("GET", memory_path("cheese-shop", "+447700900123"), token=shop["agent"])
     assert read.status == 200
-    assert read.body == {"identifier": "+447700900123", "fields": {}, "expires_at": None, "blacklisted": False}
+    assert read.body == {
+        "identifier": "+447700900123",
+        "fields": {},
+        "expires_at": None,
+        "blacklisted": False,
+    }
 
 
 @pytest.mark.parametrize(
@@ -324,24 +415,50 @@ async def test_patch_body_errors(api: Api, shop: dict[str, str]) -> None:
     path = memory_path("cheese-shop")
     json_type = {"Content-Type": "application/json"}
     assert_problem(await api.call("PATCH", path, token=shop["admin"], data=b'{"a": ', headers=json_type), 400)
-    assert_problem(await api.call("PATCH", path, token=shop["admin"], json=["caller_name"]), 422, mentions="JSON object")
+    assert_problem(
+        await api.call("PATCH", path, token=shop["admin"], json=["caller_name"]), 422, mentions="JSON object"
+    )
     assert_problem(await api.call("PATCH", path, token=shop["admin"], json="Ada"), 422)
-    assert_problem(await api.call("PATCH", path, token=shop["admin"], data=b"caller_name=Ada",
-                                  headers={"Content-Type": "application/x-www-form-urlencoded"}), 415)
+    assert_problem(
+        await api.call(
+            "PATCH",
+            path,
+            token=shop["admin"],
+            data=b"caller_name=Ada",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        ),
+        415,
+    )
     big = {"caller_name": "x" * 70_000}
     assert_problem(await api.call("PATCH", path, token=shop["admin"], json=big), 413)
-    merge = await api.call("PATCH", path, token=shop["admin"], data=b'{"caller_name": "Ada"}',
-                           headers={"Content-Type": "application/merge-patch+json"})
+    merge = await api.call(
+        "PATCH",
+        path,
+        token=shop["admin"],
+        data=b'{"caller_name": "Ada"}',
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     assert merge.status == 200 and merge.body["fields"] == {"caller_name": "Ada"}
 
 
 async def test_field_ttl_expiry_and_renewal(api: Api, shop: dict[str, str]) -> None:
-    await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"verified": True, "caller_name": "Ada"})
+    await api.call(
+        "PATCH",
+        memory_path("cheese-shop"),
+        token=shop["admin"],
+        json={"verified": True, "caller_name": "Ada"},
+    )
     api.clock.advance(3599)
-    assert (await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])).body["fields"]["verified"] is True
-    await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"verified": True})  # renews
+    assert (await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])).body["fields"][
+        "verified"
+    ] is True
+    await api.call(
+        "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"verified": True}
+    )  # renews
     api.clock.advance(3599)
-    assert "verified" in (await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])).body["fields"]
+    assert (
+        "verified" in (await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])).body["fields"]
+    )
     api.clock.advance(2)
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert read.body["fields"] == {"caller_name": "Ada"}
@@ -358,7 +475,12 @@ async def test_shortening_retention_applies_to_stored_fields_at_once(api: Api, s
     assert read.body["fields"] == {}
 
     await api.put_project("cheese-shop", CONFIG)
-    await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"booking_day": "Friday", "caller_name": "Bo"})
+    await api.call(
+        "PATCH",
+        memory_path("cheese-shop"),
+        token=shop["admin"],
+        json={"booking_day": "Friday", "caller_name": "Bo"},
+    )
     await api.put_project("cheese-shop", {**CONFIG, "state_keys": ["booking_day"], "field_ttls": {}})
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert read.body["fields"] == {"booking_day": "Friday"}
@@ -367,19 +489,28 @@ async def test_shortening_retention_applies_to_stored_fields_at_once(api: Api, s
 async def test_expires_at_is_hour_rounded(api: Api, shop: dict[str, str]) -> None:
     api.clock.advance(1234.567)
     written_at = api.clock.now_ms()
-    reply = await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"caller_name": "Ada"})
+    reply = await api.call(
+        "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"caller_name": "Ada"}
+    )
     expires = reply.body["expires_at"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:00:00Z", expires)
     from datetime import datetime
 
-    expires_ms = int(datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=__import__("datetime").UTC).timestamp() * 1000)
+    expires_ms = int(
+        datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ")
+        .replace(tzinfo=__import__("datetime").UTC)
+        .timestamp()
+        * 1000
+    )
     exact = written_at + 30 * 86400 * 1000
     assert exact <= expires_ms < exact + 3_600_000
 
 
 async def test_blacklisted_callers_read_empty_and_writes_are_dropped(api: Api, shop: dict[str, str]) -> None:
     for form in ("+440000000000", "0000000000", "+442079460000", "020 7946 0000"):
-        reply = await api.call("PATCH", memory_path("cheese-shop", form), token=shop["admin"], json={"caller_name": "Test"})
+        reply = await api.call(
+            "PATCH", memory_path("cheese-shop", form), token=shop["admin"], json={"caller_name": "Test"}
+        )
         assert reply.status == 200 and reply.body["blacklisted"] is True and reply.body["fields"] == {}, form
         read = await api.call("GET", memory_path("cheese-shop", form), token=shop["agent"])
         assert read.body["fields"] == {} and read.body["blacklisted"] is True
@@ -389,7 +520,9 @@ async def test_blacklisted_callers_read_empty_and_writes_are_dropped(api: Api, s
     assert read.body == {"identifier": "+44000000000", "fields": {}, "expires_at": None, "blacklisted": False}
     # Bad input is still refused for blacklisted callers.
     await api.put_project("cheese-shop", CONFIG)
-    reply = await api.call("PATCH", memory_path("cheese-shop", "+440000000000"), token=shop["admin"], json={"nope": 1})
+    reply = await api.call(
+        "PATCH", memory_path("cheese-shop", "+440000000000"), token=shop["admin"], json={"nope": 1}
+    )
     assert_problem(reply, 422)
 
 
@@ -399,47 +532,87 @@ async def test_etag_if_none_match_and_if_match(api: Api, shop: dict[str, str]) -
     etag0 = empty.headers["ETag"]
     assert re.fullmatch(r'"[0-9a-f]{20}"', etag0)
     assert (await api.call("GET", path, token=shop["agent"], headers={"If-None-Match": etag0})).status == 304
-    assert_problem(await api.call("PATCH", path, token=shop["admin"], json={"caller_name": "Ada"}, headers={"If-Match": "*"}), 412)
-    written = await api.call("PATCH", path, token=shop["admin"], json={"caller_name": "Ada"}, headers={"If-Match": etag0})
+    assert_problem(
+        await api.call(
+            "PATCH", path, token=shop["admin"], json={"caller_name": "Ada"}, headers={"If-Match": "*"}
+        ),
+        412,
+    )
+    written = await api.call(
+        "PATCH", path, token=shop["admin"], json={"caller_name": "Ada"}, headers={"If-Match": etag0}
+    )
     assert written.status == 200
     etag1 = written.headers["ETag"]
     assert etag1 != etag0
-    stale = await api.call("PATCH", path, token=shop["admin"], json={"caller_name": "Eve"}, headers={"If-Match": etag0})
+    stale = await api.call(
+        "PATCH", path, token=shop["admin"], json={"caller_name": "Eve"}, headers={"If-Match": etag0}
+    )
     assert_problem(stale, 412, mentions="changed")
     assert stale.headers["ETag"] == etag1
     assert (await api.call("GET", path, token=shop["agent"])).body["fields"] == {"caller_name": "Ada"}
     not_modified = await api.call("GET", path, token=shop["agent"], headers={"If-None-Match": etag1})
     assert not_modified.status == 304 and not_modified.headers["ETag"] == etag1
-    listed = await api.call("PATCH", path, token=shop["admin"], json={"booking_day": "Friday"},
-                            headers={"If-Match": f'"0000", {etag1}'})
+    weak = await api.call("GET", path, token=shop["agent"], headers={"If-None-Match": f'"abc", W/{etag1}'})
+    assert weak.status == 304
+    assert (await api.call("GET", path, token=shop["agent"], headers={"If-None-Match": etag0})).status == 200
+    listed = await api.call(
+        "PATCH",
+        path,
+        token=shop["admin"],
+        json={"booking_day": "Friday"},
+        headers={"If-Match": f'"0000", {etag1}'},
+    )
     assert listed.status == 200
-    assert (await api.call("PATCH", path, token=shop["admin"], json={"caller_name": "Bo"}, headers={"If-Match": "*"})).status == 200
+    assert (
+        await api.call(
+            "PATCH", path, token=shop["admin"], json={"caller_name": "Bo"}, headers={"If-Match": "*"}
+        )
+    ).status == 200
 
 
 async def test_expiry_changes_the_etag(api: Api, shop: dict[str, str]) -> None:
     path = memory_path("cheese-shop")
-    written = await api.call("PATCH", path, token=shop["admin"], json={"verified": True, "caller_name": "Ada"})
+    written = await api.call(
+        "PATCH", path, token=shop["admin"], json={"verified": True, "caller_name": "Ada"}
+    )
     api.clock.advance(3601)
-    read = await api.call("GET", path, token=shop["agent"], headers={"If-None-Match": written.headers["ETag"]})
+    read = await api.call(
+        "GET", path, token=shop["agent"], headers={"If-None-Match": written.headers["ETag"]}
+    )
     assert read.status == 200 and read.body["fields"] == {"caller_name": "Ada"}
 
 
 async def test_delete_one_field(api: Api, shop: dict[str, str]) -> None:
     path = memory_path("cheese-shop")
-    written = await api.call("PATCH", path, token=shop["admin"], json={"caller_name": "Ada", "booking_day": "Friday"})
-    stale = await api.call("DELETE", path + "/caller_name", token=shop["admin"], headers={"If-Match": '"0123"'})
+    written = await api.call(
+        "PATCH", path, token=shop["admin"], json={"caller_name": "Ada", "booking_day": "Friday"}
+    )
+    stale = await api.call(
+        "DELETE", path + "/caller_name", token=shop["admin"], headers={"If-Match": '"0123"'}
+    )
     assert_problem(stale, 412)
-    reply = await api.call("DELETE", path + "/caller_name", token=shop["admin"], headers={"If-Match": written.headers["ETag"]})
+    reply = await api.call(
+        "DELETE", path + "/caller_name", token=shop["admin"], headers={"If-Match": written.headers["ETag"]}
+    )
     assert reply.status == 200 and reply.body["fields"] == {"booking_day": "Friday"}
     again = await api.call("DELETE", path + "/caller_name", token=shop["admin"])
     assert again.status == 200 and again.body["fields"] == {"booking_day": "Friday"}
-    assert_problem(await api.call("DELETE", path + "/bad-name", token=shop["admin"]), 422, mentions="field names")
+    assert_problem(
+        await api.call("DELETE", path + "/bad-name", token=shop["admin"]), 422, mentions="field names"
+    )
 
 
 async def test_erase_caller(api: Api, shop: dict[str, str]) -> None:
-    await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"caller_name": "Ada", "booking_day": "Friday"})
+    await api.call(
+        "PATCH",
+        memory_path("cheese-shop"),
+        token=shop["admin"],
+        json={"caller_name": "Ada", "booking_day": "Friday"},
+    )
     other = "+447700900123"
-    await api.call("PATCH", memory_path("cheese-shop", other), token=shop["admin"], json={"caller_name": "Bo"})
+    await api.call(
+        "PATCH", memory_path("cheese-shop", other), token=shop["admin"], json={"caller_name": "Bo"}
+    )
     receipt = await api.call("DELETE", f"/v1/projects/cheese-shop/callers/{CALLER}", token=shop["admin"])
     assert receipt.status == 200
     assert re.fullmatch(r"[0-9a-f]{32}", receipt.body["receipt_id"])
@@ -447,7 +620,9 @@ async def test_erase_caller(api: Api, shop: dict[str, str]) -> None:
     assert receipt.body["erased_at"].endswith(":00:00Z")
     assert CALLER not in str(receipt.body) and "4155550100" not in str(receipt.body)
     assert (await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])).body["fields"] == {}
-    assert (await api.call("GET", memory_path("cheese-shop", other), token=shop["agent"])).body["fields"] == {"caller_name": "Bo"}
+    assert (await api.call("GET", memory_path("cheese-shop", other), token=shop["agent"])).body["fields"] == {
+        "caller_name": "Bo"
+    }
     again = await api.call("DELETE", f"/v1/projects/cheese-shop/callers/{CALLER}", token=shop["admin"])
     assert again.body["removed"] == {"fields": 0}
 
@@ -456,9 +631,12 @@ async def test_concurrent_writers_lose_no_field(api: Api, shop: dict[str, str]) 
     import asyncio
 
     await api.put_project("cheese-shop", {"state_keys": [f"k{i}" for i in range(40)]})
-    replies = await asyncio.gather(*(
-        api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={f"k{i}": i}) for i in range(40)
-    ))
+    replies = await asyncio.gather(
+        *(
+            api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={f"k{i}": i})
+            for i in range(40)
+        )
+    )
     assert all(r.status == 200 for r in replies)
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert read.body["fields"] == {f"k{i}": i for i in range(40)}
