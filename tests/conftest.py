@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -109,18 +110,27 @@ class Api:
         return {role: await self.mint(project, role) for role in ("agent", "analytics", "admin")}
 
 
-@pytest.fixture
-async def api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
+@contextlib.asynccontextmanager
+async def running_api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
+    """The service on a real socket (an ephemeral port) over ``store_url``, and a client for it."""
     settings = Settings(pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN)
     app = create_app(settings, clock=clock)
     runner = web.AppRunner(app, access_log_class=RouteAccessLogger)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    async with aiohttp.ClientSession() as session:
-        yield Api(session, f"http://127.0.0.1:{port}", settings, clock, app)
-    await runner.cleanup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession() as session:
+            yield Api(session, f"http://127.0.0.1:{port}", settings, clock, app)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
+    async with running_api(store_url, clock) as api:
+        yield api
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Project configurations: applied through here, and cached in-process for the hot path.
 
 Each process keeps compiled projects for ``cache_seconds``. A change made through this process is visible
-to it at once; other processes (replicas) see it within ``cache_seconds``.
+to it at once; other processes (replicas) see it within ``cache_seconds``. A new project is visible to all
+at once (missing projects are not cached).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class ProjectRegistry:
         self._pseudonymizer = pseudonymizer
         self._clock = clock
         self._cache_seconds = cache_seconds
-        self._cache: dict[str, tuple[float, Project | None]] = {}
+        self._cache: dict[str, tuple[float, Project]] = {}
 
     async def apply(self, project_id: str, document: Any) -> tuple[Project, bool]:
         """Validate and store a configuration. Returns the compiled project and whether it was created."""
@@ -62,7 +63,7 @@ class ProjectRegistry:
                     f"the stored configuration of project '{project_id}' is unreadable"
                 ) from exc
             project = compile_project(project_id, config, self._pseudonymizer)
-        self._cache[project_id] = (time.monotonic(), project)
+            self._cache[project_id] = (time.monotonic(), project)
         return project
 
     async def get(self, project_id: str) -> Project:

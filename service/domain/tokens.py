@@ -2,7 +2,8 @@
 
 A project token reads ``cm_<token_id>_<secret>``. The store keeps the token id, project, role and the
 SHA-256 of the secret; the secret is shown once when minted. Lookups are cached briefly per process, so a
-revocation made through another replica takes effect within ``cache_seconds``.
+revocation made through another replica takes effect within ``cache_seconds``. Only real tokens (and
+revocations made here) are cached, so the cache is bounded by the number of tokens minted.
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ class TokenService:
         if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
             return cached[1]
         record = await self._store.get_token(token_id)
-        self._cache[token_id] = (time.monotonic(), record)
+        # Only tokens that exist are cached: ids made up by a caller must not grow the cache.
+        if record is not None:
+            self._cache[token_id] = (time.monotonic(), record)
         return record
 
     async def authenticate(self, authorization: str | None) -> Principal:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
+import time
+from datetime import UTC, datetime
 
 import pytest
+from caller_memory.service.domain.clock import FakeClock
 
-from tests.conftest import OPERATOR_TOKEN, Api
+from tests.conftest import OPERATOR_TOKEN, Api, running_api
+from tests.support.redis_server import RedisServer
 
 CALLER = "+14155550100"
 CONFIG = {
@@ -494,14 +501,7 @@ async def test_expires_at_is_hour_rounded(api: Api, shop: dict[str, str]) -> Non
     )
     expires = reply.body["expires_at"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:00:00Z", expires)
-    from datetime import datetime
-
-    expires_ms = int(
-        datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ")
-        .replace(tzinfo=__import__("datetime").UTC)
-        .timestamp()
-        * 1000
-    )
+    expires_ms = int(datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() * 1000)
     exact = written_at + 30 * 86400 * 1000
     assert exact <= expires_ms < exact + 3_600_000
 
@@ -628,8 +628,6 @@ async def test_erase_caller(api: Api, shop: dict[str, str]) -> None:
 
 
 async def test_concurrent_writers_lose_no_field(api: Api, shop: dict[str, str]) -> None:
-    import asyncio
-
     await api.put_project("cheese-shop", {"state_keys": [f"k{i}" for i in range(40)]})
     replies = await asyncio.gather(
         *(
@@ -640,3 +638,26 @@ async def test_concurrent_writers_lose_no_field(api: Api, shop: dict[str, str]) 
     assert all(r.status == 200 for r in replies)
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert read.body["fields"] == {f"k{i}": i for i in range(40)}
+
+
+async def test_a_hung_redis_gives_503_quickly_and_recovers(
+    redis_server: RedisServer, clock: FakeClock
+) -> None:
+    with redis_server.client() as client:
+        client.flushall()
+    async with running_api(redis_server.url, clock) as api:
+        shop = await api.project_with_tokens("cheese-shop", CONFIG)
+        path = memory_path("cheese-shop")
+        await api.call("PATCH", path, token=shop["admin"], json={"caller_name": "Ada"})
+        os.kill(redis_server.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            reply = await api.call("GET", path, token=shop["agent"])
+            elapsed = time.monotonic() - started
+            assert_problem(reply, 503, mentions="Redis")
+            assert elapsed < 2.0, elapsed
+            assert (await api.call("GET", "/readyz")).status == 503
+        finally:
+            os.kill(redis_server.pid, signal.SIGCONT)
+        assert (await api.call("GET", "/readyz")).status == 200
+        assert (await api.call("GET", path, token=shop["agent"])).body["fields"] == {"caller_name": "Ada"}
