@@ -118,7 +118,12 @@ def _serve(settings: Settings) -> None:
     if settings.operator_token is None:
         log.warning("CALLER_MEMORY_OPERATOR_TOKEN is not set: operator endpoints will refuse every request")
     log.info("store: %s", redact_url(settings.store_url))
-    log.info("listening on http://%s:%d (API description at /openapi.json)", settings.host, settings.port)
+
+    async def announce(app: web.Application) -> None:
+        # Runs after the store has been opened (cleanup contexts start first).
+        log.info("listening on http://%s:%d (API description at /openapi.json)", settings.host, settings.port)
+
+    app.on_startup.append(announce)
     web.run_app(
         app,
         host=settings.host,

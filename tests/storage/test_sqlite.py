@@ -1,0 +1,47 @@
+"""SQLite-specific behaviour: a damaged file is refused, never served as an empty store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from caller_memory.service.domain.errors import StoreCorrupt
+from caller_memory.service.domain.fields import StoredField
+from caller_memory.service.storage.sqlite import SQLiteStore
+
+
+async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    path.write_bytes(b"this is not a SQLite database, just some text " * 100)
+    store = SQLiteStore(path)
+    with pytest.raises(StoreCorrupt, match="cannot be read"):
+        await store.open()
+    assert path.read_bytes().startswith(b"this is not")  # left as it was, for the operator to inspect
+
+
+async def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    store = SQLiteStore(path)
+    await store.open()
+    for i in range(300):
+        field = StoredField(value=b'"%d"' % i, expires_at=2**42, written_at=1)
+        await store.patch_fields("p", f"{i:032x}", {"name": field}, [], 0)
+    await store.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(StoreCorrupt):
+        await SQLiteStore(path).open()
+
+
+async def test_reopening_keeps_the_data(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    store = SQLiteStore(path)
+    await store.open()
+    field = StoredField(value=b'"Ada"', expires_at=2**42, written_at=1)
+    await store.patch_fields("p", "a" * 32, {"caller_name": field}, [], 0)
+    await store.close()
+    again = SQLiteStore(path)
+    await again.open()
+    assert await again.read_fields("p", "a" * 32, 0) == {"caller_name": field}
+    await again.close()
