@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from caller_memory.service.domain.errors import StoreCorrupt
 from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.storage.sqlite import SQLiteStore
