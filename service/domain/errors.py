@@ -30,9 +30,9 @@ class InvalidInput(CallerMemoryError, ValueError):
     def __init__(self, detail: str, *, field: str | None = None, errors: list[dict[str, str]] | None = None):
         super().__init__(detail)
         self.field = field
-        self.errors = (
-            errors if errors is not None else ([{"field": field, "message": detail}] if field else [])
-        )
+        if errors is None:
+            errors = [{"field": field, "message": detail.removeprefix(f"{field}: ")}] if field else []
+        self.errors = errors
 
 
 class MalformedRequest(CallerMemoryError, ValueError):

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any
 
 import orjson
 import phonenumbers
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from .errors import InvalidConfiguration, InvalidIdentifier, InvalidInput
 from .identifiers import PSEUDONYM_RE, Pseudonymizer, normalize
@@ -37,7 +46,24 @@ def _check_duration(value: timedelta) -> timedelta:
     return value
 
 
-Duration = Annotated[timedelta, AfterValidator(_check_duration)]
+DURATION_HELP = "must be an ISO 8601 duration such as 'P90D' or 'PT12H', or a whole number of seconds"
+_ISO_DURATION = re.compile(
+    r"^P(?=\d|T\d)(?:\d+Y)?(?:\d+M)?(?:\d+W)?(?:\d+D)?(?:T(?=\d)(?:\d+H)?(?:\d+M)?(?:\d+(?:\.\d+)?S)?)?$"
+)
+
+
+def _duration_input(value: Any) -> Any:
+    """Only the two documented forms; pydantic alone would also take '90 days', '12:00:00' or even true."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(DURATION_HELP)
+    if isinstance(value, str) and not _ISO_DURATION.match(value):
+        raise ValueError(DURATION_HELP)
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration_input), AfterValidator(_check_duration)]
 
 
 class RepeatCallerConfig(BaseModel):
@@ -103,6 +129,11 @@ def validation_problem(
     for err in exc.errors(include_input=False, include_url=False):
         where = _location(tuple(err["loc"]))
         message = err["msg"].removeprefix("Value error, ")
+        if (
+            err["type"] == "string_pattern_mismatch"
+            and (err.get("ctx") or {}).get("pattern") == FIELD_NAME_PATTERN
+        ):
+            message = "field names are a letter or '_' then letters, digits or '_', 64 characters at most"
         field = where or "body"
         errors.append({"field": field, "message": message})
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)

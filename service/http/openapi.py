@@ -45,8 +45,8 @@ AUTH_TEXT = (
     "`Authorization: Bearer <token>`. The **operator token** is set in the service's environment "
     "(`CALLER_MEMORY_OPERATOR_TOKEN`); it manages projects and may do anything a project admin may do in "
     "every project (so it can mint a project's first admin token). **Project tokens** "
-    "(`cm_<token_id>_<secret>`) are minted per project and carry one role: `agent` (read memory, end "
-    "conversations), `analytics` (read analytics and the dashboard) or `admin` (everything in the project). "
+    "(`cm_<token_id>_<secret>`) are minted per project and carry one role: `agent` (read memory), "
+    "`analytics` (for the analytics endpoints) or `admin` (everything in the project). "
     "A project token sees nothing of another project: that project is reported as not found (404)."
 )
 

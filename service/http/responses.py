@@ -7,6 +7,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..logs import mask_text
+
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
 
@@ -19,6 +21,8 @@ def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | Non
 def problem_response(
     status: int, title: str, detail: str, *, slug: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> web.Response:
+    """A problem document. Anything shaped like a phone number in it is masked: error messages may quote
+    what the client sent (a field name, a project id), and what it sent may be a number."""
     body = {
         "type": f"https://caller-memory.dev/problems/{slug}",
         "title": title,
@@ -26,6 +30,7 @@ def problem_response(
         "detail": detail,
     }
     body.update(extra)
-    response = web.Response(body=orjson.dumps(body), status=status, headers=headers)
+    encoded = mask_text(orjson.dumps(body).decode()).encode()
+    response = web.Response(body=encoded, status=status, headers=headers)
     response.content_type = PROBLEM_CONTENT_TYPE
     return response

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable
 from ..domain.memory import ErasureReceipt, MemoryView
 from ..domain.projects import validation_problem
+from ..domain.registry import check_project_id
 from ..domain.tokens import Principal, Role
 from ..storage.base import TokenRecord
 from .keys import SERVICES, Services
@@ -46,6 +47,8 @@ async def read_json(request: web.Request) -> Any:
 async def authorize(request: web.Request, role: Role | None) -> tuple[Services, Principal]:
     """Authenticate the caller and check it may act on the path's project with ``role`` (None: operator)."""
     services = request.app[SERVICES]
+    if "project" in request.match_info:
+        check_project_id(request.match_info["project"])
     principal = await services.tokens.authenticate(request.headers.get("Authorization"))
     if role is None:
         principal.require_operator()

@@ -107,6 +107,10 @@ async def test_defaults_for_an_empty_configuration(api: Api) -> None:
         ({"identifier_blacklist": ["07700 900123"]}, "memory.repeat_caller.identifier_blacklist[0]"),
         ({"identifier_blacklist": ["pseudonym:xyz"]}, "memory.repeat_caller.identifier_blacklist[0]"),
         ({"retention": "forever"}, "memory.repeat_caller.retention"),
+        ({"retention": "90 days"}, "memory.repeat_caller.retention"),
+        ({"retention": True}, "memory.repeat_caller.retention"),
+        ({"retention": "12:00:00"}, "memory.repeat_caller.retention"),
+        ({"retention": 1.5}, "memory.repeat_caller.retention"),
         ({"retention": "PT0.5S"}, "memory.repeat_caller.retention"),
         ({"retention": "-P1D"}, "memory.repeat_caller.retention"),
         ({"state_keys": ["ok", "not-ok"]}, "memory.repeat_caller.state_keys[1]"),
@@ -416,6 +420,21 @@ async def test_refused_patches_change_nothing(
     assert reply.body["errors"][0]["field"] == field
     after = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
     assert after.body == before.body and after.headers["ETag"] == before.headers["ETag"]
+
+
+async def test_error_messages_never_repeat_a_number(api: Api, shop: dict[str, str]) -> None:
+    reply = await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"+14155550100": 1})
+    assert_problem(reply, 422, mentions="field names")
+    assert "4155550100" not in str(reply.body)
+    missing = await api.call("GET", "/v1/projects/4155550100", token=OPERATOR_TOKEN)
+    assert_problem(missing, 404)
+    assert "4155550100" not in str(missing.body)
+
+
+async def test_a_malformed_project_id_is_422_everywhere(api: Api, shop: dict[str, str]) -> None:
+    for method, path in (("GET", "/v1/projects/Cheese-Shop"), ("GET", memory_path("Cheese-Shop"))):
+        for token in (OPERATOR_TOKEN, shop["admin"]):
+            assert_problem(await api.call(method, path, token=token), 422, mentions="project id")
 
 
 async def test_patch_body_errors(api: Api, shop: dict[str, str]) -> None:
