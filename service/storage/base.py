@@ -13,6 +13,7 @@ Conventions for all backends:
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,31 @@ class TokenRecord:
     secret_hash: bytes
     created_at: int
     label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    """What is kept about an ended conversation so that a retry is recognised.
+
+    ``fingerprint`` identifies the request body (a hash: no caller data); ``extra`` is what the first
+    application computed and a replay must return unchanged (JSON bytes, e.g. repeat-caller metrics).
+    """
+
+    fingerprint: str
+    extra: bytes
+    expires_at: int
+
+
+class EndStatus(enum.Enum):
+    APPLIED = "applied"  # first time: the fields were written and the record stored
+    REPLAYED = "replayed"  # the same conversation with the same body: nothing written
+    CONFLICT = "conflict"  # the same conversation id with another body: nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    status: EndStatus
+    record: ConversationRecord | None  # the stored record when REPLAYED
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +146,23 @@ class Store(ABC):
     @abstractmethod
     async def erase_caller(self, project: str, subject: str) -> int:
         """Remove everything stored about the caller. Returns how many fields (live or dead) were removed."""
+
+    @abstractmethod
+    async def end_conversation(
+        self,
+        project: str,
+        conversation_id: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+        record: ConversationRecord,
+    ) -> EndResult:
+        """Apply the end of a conversation exactly once.
+
+        If a live record (``expires_at`` after ``now_ms``) exists for ``(project, conversation_id)``: when it
+        was stored for the same ``subject`` with the same fingerprint, nothing is written and the stored
+        record is returned (REPLAYED); otherwise nothing is written (CONFLICT). Without one, ``sets`` and
+        ``deletes`` are applied as by :meth:`patch_fields` (no condition) and ``record`` is stored, both
+        atomically with respect to the caller's memory (APPLIED).
+        """

@@ -8,6 +8,10 @@ Layout (all keys start with ``cm:``)::
     cm:p:<project>                        string    the project's configuration document (JSON bytes)
     cm:p:<project>:tokens                 zset      token ids of the project, scored by created_at
     cm:t:<token_id>                       hash      project, role, secret_hash (raw bytes), created_at, label
+    cm:{<bucket>}:c:<project>:<conv_id>   hash      an ended conversation (subject, fingerprint, extra), in its
+                                                    caller's bucket; expires by itself
+    cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was
+                                                    ended for; cbucket is a hash of the conversation id
 
 ``bucket = int(subject[:8], 16) % N_BUCKETS``. The ``{bucket}`` hash tag puts a caller's hash and its
 bucket's expiry index in one Redis Cluster slot, so one Lua script may touch both. Sweeps walk the expiry
@@ -20,6 +24,8 @@ become unreachable (there is no migration). Project ids (``[a-z0-9][a-z0-9_-]*``
 """
 
 from __future__ import annotations
+
+import hashlib
 
 #: Number of expiry-index buckets. NEVER change it: keys of existing data depend on it.
 N_BUCKETS = 4096
@@ -72,3 +78,17 @@ def project_tokens_key(project: str) -> str:
 def token_key(token_id: str) -> str:
     """The hash describing one token."""
     return f"{_PREFIX}t:{token_id}"
+
+
+def conversation_record_key(project: str, subject: str, conversation_id: str) -> str:
+    """The record of an ended conversation, in its caller's slot (written by the same script as the memory)."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:c:{project}:{conversation_id}"
+
+
+def conversation_claim_key(project: str, conversation_id: str) -> str:
+    """Which caller a conversation id belongs to; in the slot of the conversation id itself, so that reusing
+    an id for another caller is caught whatever that caller's slot."""
+    bucket = (
+        int(hashlib.sha1(conversation_id.encode(), usedforsecurity=False).hexdigest()[:8], 16) % N_BUCKETS
+    )
+    return f"{_PREFIX}{{{bucket}}}:cc:{project}:{conversation_id}"

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition
 from . import keys
-from .base import PatchResult, Store, TokenRecord
+from .base import ConversationRecord, EndResult, EndStatus, PatchResult, Store, TokenRecord
 
 SCHEMES = ("redis", "rediss", "unix")
 MIN_SERVER_VERSION = (7, 0)
@@ -240,7 +240,7 @@ class RedisStore(Store):
         now_ms: int,
         condition: WriteCondition | None = None,
     ) -> PatchResult:
-        args: list[str | bytes | int] = [now_ms, keys.index_member(project, subject)]
+        args: list[str | bytes | int] = [now_ms, keys.index_member(project, subject), ""]
         if condition is None:
             args += ["", 0, 0]
         else:
@@ -257,6 +257,62 @@ class RedisStore(Store):
                 keys=[keys.memory_key(project, subject), keys.caller_index_key(subject)], args=args
             )
         return PatchResult(applied=reply[0] == 1, fields=_fields_from_flat(reply[1:]))
+
+    async def end_conversation(
+        self,
+        project: str,
+        conversation_id: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+        record: ConversationRecord,
+    ) -> EndResult:
+        claim = keys.conversation_claim_key(project, conversation_id)
+        args: list[str | bytes | int] = [
+            now_ms,
+            keys.index_member(project, subject),
+            "R",
+            subject,
+            record.fingerprint,
+            record.extra,
+            record.expires_at,
+            "",
+            0,
+            0,
+            len(sets),
+        ]
+        for name, stored in sets.items():
+            args += [name, stored.packed()]
+        args += deletes
+        with _translated("end_conversation"):
+            # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
+            claimed = f"{subject}|{record.expires_at}"
+            previous = cast(
+                "bytes | None",
+                await self._redis.set(claim, claimed, nx=True, pxat=record.expires_at, get=True),
+            )
+            if previous is not None:
+                owner, _, until = previous.decode().partition("|")
+                if owner != subject:
+                    if int(until or 0) > now_ms:
+                        return EndResult(EndStatus.CONFLICT, None)
+                    # Expired by the service's clock (Redis's may lag behind it): the id is free again.
+                    await self._redis.set(claim, claimed, pxat=record.expires_at)
+            reply: list[Any] = await self._scripts["patch"](
+                keys=[
+                    keys.memory_key(project, subject),
+                    keys.caller_index_key(subject),
+                    keys.conversation_record_key(project, subject, conversation_id),
+                ],
+                args=args,
+            )
+        if reply[0] == 2:
+            seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
+            return EndResult(EndStatus.REPLAYED, seen)
+        if reply[0] == 3:
+            return EndResult(EndStatus.CONFLICT, None)
+        return EndResult(EndStatus.APPLIED, None)
 
     async def erase_caller(self, project: str, subject: str) -> int:
         with _translated("erase_caller"):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition, live_fields
-from .base import PatchResult, Store, TokenRecord
+from .base import ConversationRecord, EndResult, EndStatus, PatchResult, Store, TokenRecord
 
 T = TypeVar("T")
 
@@ -49,6 +49,16 @@ CREATE TABLE IF NOT EXISTS fields (
     PRIMARY KEY (project, subject, name)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS fields_by_expiry ON fields (expires_at);
+CREATE TABLE IF NOT EXISTS conversations (
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    extra BLOB NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, conversation_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS conversations_by_expiry ON conversations (expires_at);
 """
 
 
@@ -242,6 +252,33 @@ class SQLiteStore(Store):
     async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
         return await self._read(lambda conn: self._fields(conn, project, subject, now_ms))
 
+    @classmethod
+    def _apply(
+        cls,
+        conn: sqlite3.Connection,
+        project: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+    ) -> None:
+        conn.execute(
+            "DELETE FROM fields WHERE project = ? AND subject = ? AND expires_at <= ?",
+            (project, subject, now_ms),
+        )
+        if deletes:
+            conn.executemany(
+                "DELETE FROM fields WHERE project = ? AND subject = ? AND name = ?",
+                [(project, subject, name) for name in deletes],
+            )
+        if sets:
+            conn.executemany(
+                "INSERT INTO fields (project, subject, name, value, expires_at, written_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, subject, name) DO UPDATE SET "
+                "value = excluded.value, expires_at = excluded.expires_at, written_at = excluded.written_at",
+                [(project, subject, name, f.value, f.expires_at, f.written_at) for name, f in sets.items()],
+            )
+
     async def patch_fields(
         self,
         project: str,
@@ -255,31 +292,42 @@ class SQLiteStore(Store):
             current = self._fields(conn, project, subject, now_ms)
             if condition is not None and not condition.holds(live_fields(current, condition.ttl_ms, now_ms)):
                 return PatchResult(applied=False, fields=current)
-            conn.execute(
-                "DELETE FROM fields WHERE project = ? AND subject = ? AND expires_at <= ?",
-                (project, subject, now_ms),
-            )
-            if deletes:
-                conn.executemany(
-                    "DELETE FROM fields WHERE project = ? AND subject = ? AND name = ?",
-                    [(project, subject, name) for name in deletes],
-                )
-            if sets:
-                conn.executemany(
-                    "INSERT INTO fields (project, subject, name, value, expires_at, written_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, subject, name) DO UPDATE SET "
-                    "value = excluded.value, expires_at = excluded.expires_at, written_at = excluded.written_at",
-                    [
-                        (project, subject, name, f.value, f.expires_at, f.written_at)
-                        for name, f in sets.items()
-                    ],
-                )
+            self._apply(conn, project, subject, sets, deletes, now_ms)
             for name in deletes:
                 current.pop(name, None)
             current.update(sets)
-            return PatchResult(
-                applied=True, fields={n: f for n, f in current.items() if f.expires_at > now_ms}
+            return PatchResult(applied=True, fields=current)
+
+        return await self._write(run)
+
+    async def end_conversation(
+        self,
+        project: str,
+        conversation_id: str,
+        subject: str,
+        sets: Mapping[str, StoredField],
+        deletes: Sequence[str],
+        now_ms: int,
+        record: ConversationRecord,
+    ) -> EndResult:
+        def run(conn: sqlite3.Connection) -> EndResult:
+            row = conn.execute(
+                "SELECT subject, fingerprint, extra, expires_at FROM conversations "
+                "WHERE project = ? AND conversation_id = ? AND expires_at > ?",
+                (project, conversation_id, now_ms),
+            ).fetchone()
+            if row is not None:
+                if row[0] == subject and row[1] == record.fingerprint:
+                    stored = ConversationRecord(fingerprint=row[1], extra=bytes(row[2]), expires_at=row[3])
+                    return EndResult(EndStatus.REPLAYED, stored)
+                return EndResult(EndStatus.CONFLICT, None)
+            self._apply(conn, project, subject, sets, deletes, now_ms)
+            conn.execute(
+                "INSERT OR REPLACE INTO conversations "
+                "(project, conversation_id, subject, fingerprint, extra, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (project, conversation_id, subject, record.fingerprint, record.extra, record.expires_at),
             )
+            return EndResult(EndStatus.APPLIED, None)
 
         return await self._write(run)
 

@@ -20,7 +20,7 @@ import redis.asyncio
 from caller_memory.service.domain.errors import StoreCorrupt, StoreUnavailable
 from caller_memory.service.domain.fields import StoredField, WriteCondition, compute_etag, live_fields
 from caller_memory.service.storage import keys
-from caller_memory.service.storage.base import Store, TokenRecord
+from caller_memory.service.storage.base import ConversationRecord, EndStatus, Store, TokenRecord
 from caller_memory.service.storage.redis import RedisStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -265,6 +265,97 @@ async def test_concurrent_patches_all_land(store: Store) -> None:
     names = [f"f{i}" for i in range(50)]
     await asyncio.gather(*(store.patch_fields(PROJECT, subject, {n: field(n, t)}, [], t) for n in names))
     assert values(await store.read_fields(PROJECT, subject, t)) == {n: n for n in names}
+
+
+# Ended conversations --------------------------------------------------------------------------------
+
+
+def conv_record(fingerprint: str, at: int, extra: bytes = b"{}") -> ConversationRecord:
+    return ConversationRecord(fingerprint=fingerprint, extra=extra, expires_at=at + TTL)
+
+
+async def test_end_applies_once_and_replays(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    record = conv_record("fp-1", t, b'{"first": true}')
+    first = await store.end_conversation(PROJECT, "conv-1", subject, {"a": field("x", t)}, [], t, record)
+    assert first.status is EndStatus.APPLIED and first.record is None
+    assert values(await store.read_fields(PROJECT, subject, t)) == {"a": "x"}
+    await store.patch_fields(PROJECT, subject, {"a": field("newer", t + 1)}, [], t + 1)
+    # A retry writes nothing (the newer value stays) and returns what was stored the first time.
+    again = await store.end_conversation(
+        PROJECT, "conv-1", subject, {"a": field("x", t + 2)}, [], t + 2, conv_record("fp-1", t + 2, b"{}")
+    )
+    assert again.status is EndStatus.REPLAYED
+    assert again.record is not None
+    assert (again.record.fingerprint, again.record.extra, again.record.expires_at) == (
+        "fp-1",
+        b'{"first": true}',
+        t + TTL,
+    )
+    assert values(await store.read_fields(PROJECT, subject, t + 2)) == {"a": "newer"}
+
+
+async def test_end_with_another_body_or_caller_is_a_conflict(store: Store) -> None:
+    subject, other, t = new_subject(), new_subject(), now_ms()
+    await store.end_conversation(
+        PROJECT, "conv-1", subject, {"a": field(1, t)}, [], t, conv_record("fp-1", t)
+    )
+    changed = await store.end_conversation(
+        PROJECT, "conv-1", subject, {"a": field(2, t)}, [], t, conv_record("fp-2", t)
+    )
+    assert changed.status is EndStatus.CONFLICT
+    elsewhere = await store.end_conversation(
+        PROJECT, "conv-1", other, {"a": field(3, t)}, [], t, conv_record("fp-1", t)
+    )
+    assert elsewhere.status is EndStatus.CONFLICT
+    assert values(await store.read_fields(PROJECT, subject, t)) == {"a": 1}
+    assert await store.read_fields(PROJECT, other, t) == {}
+    # The same id in another project is another conversation.
+    assert (
+        await store.end_conversation("bakery", "conv-1", other, {}, [], t, conv_record("fp-9", t))
+    ).status is EndStatus.APPLIED
+
+
+async def test_end_deletes_and_expired_records(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    await store.patch_fields(PROJECT, subject, {"a": field(1, t), "b": field(2, t)}, [], t)
+    short = ConversationRecord(fingerprint="fp", extra=b"{}", expires_at=t + 1_500)
+    applied = await store.end_conversation(PROJECT, "conv-2", subject, {}, ["a"], t, short)
+    assert applied.status is EndStatus.APPLIED
+    assert values(await store.read_fields(PROJECT, subject, t)) == {"b": 2}
+    # Once its record has expired, the id can be used again (it is a new conversation then).
+    later = t + 2_000
+    again = await store.end_conversation(
+        PROJECT, "conv-2", subject, {"a": field(5, later)}, [], later, conv_record("other", later)
+    )
+    assert again.status is EndStatus.APPLIED
+    assert values(await store.read_fields(PROJECT, subject, later)) == {"a": 5, "b": 2}
+
+
+async def test_an_expired_conversation_id_is_free_for_another_caller(store: Store) -> None:
+    subject, other, t = new_subject(), new_subject(), now_ms()
+    short = ConversationRecord(fingerprint="fp", extra=b"{}", expires_at=t + 1_000)
+    await store.end_conversation(PROJECT, "conv-4", subject, {}, [], t, short)
+    later = t + 1_000
+    reused = await store.end_conversation(
+        PROJECT, "conv-4", other, {"a": field(1, later)}, [], later, conv_record("fp", later)
+    )
+    assert reused.status is EndStatus.APPLIED
+    assert values(await store.read_fields(PROJECT, other, later)) == {"a": 1}
+
+
+async def test_concurrent_identical_ends_apply_once(store: Store) -> None:
+    subject, t = new_subject(), now_ms()
+    results = await asyncio.gather(
+        *(
+            store.end_conversation(
+                PROJECT, "conv-3", subject, {"n": field(1, t)}, [], t, conv_record("fp", t)
+            )
+            for _ in range(20)
+        )
+    )
+    statuses = sorted(r.status.value for r in results)
+    assert statuses == ["applied"] + ["replayed"] * 19
 
 
 # Model-based: random patches against a dict --------------------------------------------------------

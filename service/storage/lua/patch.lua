@@ -3,10 +3,13 @@ patch.lua: one atomic write to one caller's memory (Store.patch_fields). Redis 7
 
 KEYS[1]  the caller's memory hash        cm:{<bucket>}:m:<project>:<subject>
 KEYS[2]  the bucket's expiry index       cm:{<bucket>}:x   (same slot: the {bucket} hash tag)
+KEYS[3]  (end of a conversation only) the conversation record, cm:{<bucket>}:c:<project>:<conversation_id>
 
 ARGV, in order:
   now_ms                  the service's clock (integer ms since the epoch)
   member                  the caller's member in the expiry index, "<project>:<subject>"
+  record                  "" for a plain patch; for the end of a conversation "R", followed by
+                          subject, fingerprint, extra, expires_at (ms) of the conversation record
   mode                    ""  no condition
                           "*" If-Match: *  (holds when at least one field is live)
                           "=" If-Match: etag list (holds when the current ETag is one of them)
@@ -16,8 +19,11 @@ ARGV, in order:
   S, then S pairs         name, packed: the fields to set, packed "<expires_at>|<written_at>|<json>"
   the rest                names of the fields to delete (applied before the sets)
 
-Returns a flat array: applied (1 or 0), then name, packed for every field whose stored expiry is after
-now_ms once the script is done (unchanged memory when applied is 0).
+Returns a flat array: status, then name, packed for every field whose stored expiry is after now_ms once
+the script is done (unchanged memory unless status is 1). Status: 1 applied, 0 condition failed,
+2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict.
+
+The conversation record is a hash {subject, fingerprint, extra, expires_at}, also expiring by itself then.
 
 Errors: "CMCORRUPT ..." when a stored field cannot be read; "CMBADARG ..." when a packed argument is malformed.
 
@@ -28,9 +34,17 @@ ETag = '"' .. first 20 hex of sha1(concat over live names in byte order of name 
 local hash, index = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
 local member = ARGV[2]
-local mode = ARGV[3]
 
-local pos = 4
+local pos = 3
+local record = nil
+if ARGV[pos] == 'R' then
+  record = {subject = ARGV[pos + 1], fingerprint = ARGV[pos + 2], extra = ARGV[pos + 3], expires_at = ARGV[pos + 4]}
+  pos = pos + 5
+else
+  pos = pos + 1
+end
+local mode = ARGV[pos]
+pos = pos + 1
 local etags = {}
 local count = tonumber(ARGV[pos])
 pos = pos + 1
@@ -90,6 +104,17 @@ local function byte_less(a, b)
     end
   end
   return #a < #b
+end
+
+if record then
+  -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
+  local seen = redis.call('HMGET', KEYS[3], 'subject', 'fingerprint', 'extra', 'expires_at')
+  if seen[1] and tonumber(seen[4]) > now then
+    if seen[1] == record.subject and seen[2] == record.fingerprint then
+      return {2, seen[2], seen[3], seen[4]}
+    end
+    return {3}
+  end
 end
 
 if mode ~= '' then
@@ -178,5 +203,10 @@ else
   -- The whole hash dies at its latest field expiry even if no sweeper ever runs.
   redis.call('PEXPIREAT', hash, max_f[2])
   redis.call('ZADD', index, min_f[2], member)
+end
+if record then
+  redis.call('HSET', KEYS[3], 'subject', record.subject, 'fingerprint', record.fingerprint, 'extra', record.extra,
+    'expires_at', record.expires_at)
+  redis.call('PEXPIREAT', KEYS[3], record.expires_at)
 end
 return not_expired_reply(1, final)
