@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .config import Settings
 from .domain.clock import Clock, SystemClock
+from .domain.conversations import ConversationService
 from .domain.identifiers import Pseudonymizer
 from .domain.limits import MAX_BODY_BYTES
 from .domain.memory import MemoryService
@@ -24,13 +25,15 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     clock = clock or SystemClock()
     store = store or open_store(settings.store_url, timeout=settings.store_timeout)
     pseudonymizer = Pseudonymizer(settings.pseudonym_key)
+    memory = MemoryService(store, pseudonymizer, clock)
     return Services(
         settings=settings,
         clock=clock,
         store=store,
         projects=ProjectRegistry(store, pseudonymizer, clock, settings.config_cache_seconds),
         tokens=TokenService(store, clock, settings.operator_token, settings.token_cache_seconds),
-        memory=MemoryService(store, pseudonymizer, clock),
+        memory=memory,
+        conversations=ConversationService(store, memory, clock),
     )
 
 

@@ -25,3 +25,11 @@ MIN_TTL_SECONDS = 1
 MAX_TTL_SECONDS = 10 * 366 * 86400
 #: Largest raw identifier accepted before parsing (a phone number written with spaces and punctuation).
 MAX_IDENTIFIER_CHARS = 64
+
+#: Conversation ids, as voice platforms make them (UUIDs, "conv-123", "CA1234:leg-2").
+CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+CONVERSATION_ID_RE = re.compile(CONVERSATION_ID_PATTERN)
+#: Most keys in the ``state`` of one ended conversation (persisted and ignored together).
+MAX_STATE_ENTRIES = 256
+#: Longest outcome value (qa, handoff_reason, handoff_to) and channel name.
+MAX_OUTCOME_CHARS = 128

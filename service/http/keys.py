@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ..config import Settings
 from ..domain.clock import Clock
+from ..domain.conversations import ConversationService
 from ..domain.errors import StoreUnavailable
 from ..domain.memory import MemoryService
 from ..domain.registry import ProjectRegistry
@@ -24,6 +25,7 @@ class Services:
     projects: ProjectRegistry
     tokens: TokenService
     memory: MemoryService
+    conversations: ConversationService
 
     async def ping(self) -> None:
         try:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from ..domain.limits import (
+    CONVERSATION_ID_PATTERN,
     FIELD_NAME_PATTERN,
     MAX_BODY_BYTES,
     MAX_IDENTIFIER_CHARS,
@@ -25,7 +26,7 @@ from ..domain.limits import (
 )
 from ..domain.projects import PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.tokens import Role
-from .schemas import TokenCreate
+from .schemas import EndRequest, TokenCreate
 
 Json = dict[str, Any]
 
@@ -173,6 +174,30 @@ def _schemas() -> dict[str, Json]:
     return {
         **_config_schemas(),
         **_model_schemas(TokenCreate),
+        **_model_schemas(EndRequest),
+        "ConversationEnded": _object(
+            {
+                "conversation_id": {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
+                "persisted": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "State keys written (or deleted, for null) in the caller's memory.",
+                },
+                "ignored": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "State keys not in the project's state_keys: not stored.",
+                },
+                "blacklisted": {
+                    "type": "boolean",
+                    "description": "The caller is blacklisted: nothing was stored.",
+                },
+                "repeat_caller": {
+                    "type": "object",
+                    "description": "Repeat-caller metrics of the caller's first interaction (empty until analytics).",
+                },
+            }
+        ),
         "Problem": _object(
             problem, optional=("errors",), closed=False, description="RFC 9457 problem details."
         ),
@@ -219,6 +244,11 @@ def _parameters() -> dict[str, Json]:
         ),
         "field": path("field", "A field name.", {"type": "string", "pattern": FIELD_NAME_PATTERN}),
         "token_id": path("token_id", "A token id.", {"type": "string", "pattern": TOKEN_ID_PATTERN}),
+        "conversation_id": path(
+            "conversation_id",
+            "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
+            {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
+        ),
         "If-Match": header(
             "If-Match",
             "Write only if the memory's ETag is one of these (`*`: if it has live fields); else 412.",
@@ -234,6 +264,10 @@ def _headers() -> dict[str, Json]:
         "ETag": {"description": "Strong ETag of the caller's live memory.", "schema": {"type": "string"}},
         "Cache-Control": {"description": "`no-store`.", "schema": {"type": "string", "const": "no-store"}},
         "WWW-Authenticate": {"description": '`Bearer realm="caller-memory"`.', "schema": {"type": "string"}},
+        "Idempotent-Replayed": {
+            "description": "`true` when this answers a retry: nothing was applied again.",
+            "schema": {"type": "string", "enum": ["true", "false"]},
+        },
     }
 
 
@@ -256,6 +290,7 @@ def _authenticated() -> dict[str, Json | None]:
         "401": _problem("Missing, malformed or unknown bearer token.", "WWW-Authenticate"),
         "403": _problem("The token's role does not allow this operation."),
         "404": _problem("No such project, or the token belongs to another project."),
+        "422": _problem("The project id is malformed."),
         "500": _problem("Unexpected error (logged), or the store holds data this version cannot read."),
         "503": _problem("The store did not answer in time."),
     }
@@ -425,12 +460,37 @@ def _operations() -> dict[tuple[str, str], Json]:
                 "422": _problem(f"{BAD_CALLER}."),
             },
         ),
+        ("post", "/v1/projects/{project}/conversations/{conversation_id}/end"): _op(
+            "end_conversation",
+            "agent",
+            "End a conversation: persist its state and record its outcome",
+            {
+                "200": _response(
+                    "What was persisted and ignored; a retry gets the same answer.",
+                    "ConversationEnded",
+                    "Idempotent-Replayed",
+                ),
+                "409": _problem("This conversation id was already ended with a different request."),
+                "422": _problem(
+                    "Malformed conversation id, caller that is not a possible phone number, invalid state key "
+                    "or value, or unknown member; `errors` names the field."
+                ),
+                **_body_errors(),
+            },
+            body=_body(
+                "EndRequest",
+                "The caller, the conversation's state (`conv.state`), its outcome and channel.",
+            ),
+            description="Idempotent on the conversation id: a retry with the same body applies nothing twice.",
+        ),
     }
 
 
 def _tag(path: str) -> str:
     if not path.startswith("/v1/"):
         return "service"
+    if "/conversations/" in path:
+        return "conversation"
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"
 
 

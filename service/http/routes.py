@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from ..domain.conversations import Outcome
 from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable
 from ..domain.memory import ErasureReceipt, MemoryView
 from ..domain.projects import validation_problem
@@ -17,7 +18,7 @@ from ..domain.tokens import Principal, Role
 from ..storage.base import TokenRecord
 from .keys import SERVICES, Services
 from .responses import json_response
-from .schemas import TokenCreate
+from .schemas import EndRequest, TokenCreate
 
 JSON_TYPES = frozenset({"application/json", "application/merge-patch+json"})
 
@@ -204,6 +205,32 @@ async def erase_caller(request: web.Request) -> web.Response:
     project = await services.projects.get(request.match_info["project"])
     receipt = await services.memory.erase(project, request.match_info["identifier"])
     return json_response(receipt_body(receipt))
+
+
+# Conversations --------------------------------------------------------------------------------------------
+
+
+@routes.post("/v1/projects/{project}/conversations/{conversation_id}/end")
+async def end_conversation(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, Role.AGENT)
+    project = await services.projects.get(request.match_info["project"])
+    document = await read_json(request)
+    try:
+        spec = EndRequest.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc, what="end of conversation", error=InvalidInput) from None
+    outcome = Outcome(spec.outcome.qa, spec.outcome.handoff_reason, spec.outcome.handoff_to)
+    ended = await services.conversations.end(
+        project, request.match_info["conversation_id"], spec.caller, spec.state, outcome, spec.channel
+    )
+    body = {
+        "conversation_id": ended.conversation_id,
+        "persisted": ended.persisted,
+        "ignored": ended.ignored,
+        "blacklisted": ended.blacklisted,
+        "repeat_caller": ended.repeat_caller,
+    }
+    return json_response(body, headers={"Idempotent-Replayed": "true" if ended.replayed else "false"})
 
 
 @routes.get("/openapi.json")

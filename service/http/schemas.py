@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..domain.limits import MAX_IDENTIFIER_CHARS, MAX_OUTCOME_CHARS, MAX_STATE_ENTRIES
 
 
 class TokenCreate(BaseModel):
@@ -16,3 +18,30 @@ class TokenCreate(BaseModel):
     label: str = Field(
         default="", max_length=100, description="A note for people, e.g. 'cheese-shop agent prod'"
     )
+
+
+class OutcomeIn(BaseModel):
+    """How the conversation ended; recorded for repeat-caller analytics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    qa: str | None = Field(
+        default=None, max_length=MAX_OUTCOME_CHARS, description="QA outcome, e.g. 'resolved'"
+    )
+    handoff_reason: str | None = Field(default=None, max_length=MAX_OUTCOME_CHARS)
+    handoff_to: str | None = Field(default=None, max_length=MAX_OUTCOME_CHARS)
+
+
+class EndRequest(BaseModel):
+    """``POST /v1/projects/{project}/conversations/{conversation_id}/end``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    caller: str = Field(max_length=MAX_IDENTIFIER_CHARS, description="the caller's phone number")
+    state: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_STATE_ENTRIES,
+        description="conv.state: keys in state_keys are persisted (null deletes), others are reported as ignored",
+    )
+    outcome: OutcomeIn = Field(default_factory=OutcomeIn)
+    channel: str | None = Field(default=None, max_length=MAX_OUTCOME_CHARS, description="e.g. 'voice'")

@@ -1,0 +1,114 @@
+"""Ending a conversation: persist the allowed ``state`` keys of a call, exactly once per conversation id."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..storage.base import ConversationRecord, EndStatus, Store
+from .clock import Clock
+from .errors import Conflict, InvalidIdentifier, InvalidInput
+from .fields import StoredField
+from .limits import CONVERSATION_ID_RE
+from .memory import MemoryService, check_field_name, encode_value
+from .projects import Project
+
+#: How long a conversation id is remembered, so that a retry is recognised (never longer than retention).
+IDEMPOTENCY_WINDOW_MS = 7 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    qa: str | None = None
+    handoff_reason: str | None = None
+    handoff_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationEnd:
+    """What the end of a conversation reports. The same request always gets the same report."""
+
+    conversation_id: str
+    persisted: list[str]
+    ignored: list[str]
+    blacklisted: bool
+    repeat_caller: dict[str, Any]
+    replayed: bool
+
+
+class ConversationService:
+    def __init__(self, store: Store, memory: MemoryService, clock: Clock) -> None:
+        self._store = store
+        self._memory = memory
+        self._clock = clock
+
+    async def end(
+        self,
+        project: Project,
+        conversation_id: str,
+        caller: str,
+        state: dict[str, Any],
+        outcome: Outcome,
+        channel: str | None,
+    ) -> ConversationEnd:
+        if not CONVERSATION_ID_RE.match(conversation_id):
+            raise InvalidInput(
+                "conversation id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+                field="conversation_id",
+            )
+        try:
+            who = self._memory.caller(project, caller)
+        except InvalidIdentifier as exc:
+            raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
+        sets: dict[str, bytes] = {}
+        deletes: list[str] = []
+        ignored: list[str] = []
+        for name, value in state.items():
+            check_field_name(name, where=f"state.{name}")
+            if name not in project.ttl_ms:
+                ignored.append(name)
+            elif value is None:
+                deletes.append(name)
+            else:
+                sets[name] = encode_value(f"state.{name}", value)
+        persisted = sorted([*sets, *deletes])
+        if who.blacklisted:
+            # Nothing is read, written or counted for a blacklisted caller; a retry is as harmless.
+            return ConversationEnd(conversation_id, [], sorted(state), True, {}, False)
+        now = self._clock.now_ms()
+        fingerprint = hashlib.sha256(
+            orjson.dumps(
+                [who.subject, state, [outcome.qa, outcome.handoff_reason, outcome.handoff_to], channel],
+                option=orjson.OPT_SORT_KEYS,
+            )
+        ).hexdigest()
+        record = ConversationRecord(
+            fingerprint=fingerprint,
+            extra=orjson.dumps({}),
+            expires_at=now + min(IDEMPOTENCY_WINDOW_MS, project.retention_ms),
+        )
+        stored = {
+            name: StoredField(value=value, expires_at=now + project.ttl_ms[name], written_at=now)
+            for name, value in sets.items()
+        }
+        result = await self._store.end_conversation(
+            project.project_id, conversation_id, who.subject, stored, deletes, now, record
+        )
+        if result.status is EndStatus.CONFLICT:
+            raise Conflict(
+                f"conversation '{conversation_id}' was already ended with a different request; "
+                "a retry must send the same caller, state, outcome and channel"
+            )
+        extra = result.record.extra if result.record is not None else record.extra
+        metrics: dict[str, Any] = orjson.loads(extra)
+        return ConversationEnd(
+            conversation_id=conversation_id,
+            persisted=persisted,
+            ignored=sorted(ignored),
+            blacklisted=False,
+            repeat_caller=metrics,
+            replayed=result.status is EndStatus.REPLAYED,
+        )
