@@ -1,3 +1,53 @@
-"""Caller Memory Python SDK (see the SDK issue; the client arrives there)."""
+"""Caller Memory Python SDK: ``conv.memory`` (read-only, cached per turn) and ``conv.state`` (written at the
+end of the call) for voice agent code.
 
-__all__: list[str] = []
+::
+
+    from caller_memory.sdk import MemoryClient
+
+    async with MemoryClient(url, token=AGENT_TOKEN, project="cheese-shop") as client:
+        conv = client.conversation("conv-123", caller="+14155550100")
+        await conv.begin_turn()
+        name = conv.memory.get("caller_name")
+        conv.state["booking_day"] = "Friday"
+        await conv.end(qa="resolved")
+
+Exceptions are described in :mod:`caller_memory.sdk.errors`.
+"""
+
+from .client import CircuitBreaker, FlushReport, MemoryClient, RetryPolicy
+from .conversation import Conversation, EndResult
+from .errors import (
+    AuthenticationError,
+    CallerMemoryError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionFailedError,
+    ServiceError,
+    ServiceUnavailableError,
+)
+from .memory import Memory
+from .outbox import Outbox, default_outbox_path
+
+__all__ = [
+    "AuthenticationError",
+    "CallerMemoryError",
+    "CircuitBreaker",
+    "ConflictError",
+    "Conversation",
+    "EndResult",
+    "FlushReport",
+    "InvalidRequestError",
+    "Memory",
+    "MemoryClient",
+    "NotFoundError",
+    "Outbox",
+    "PermissionDeniedError",
+    "PreconditionFailedError",
+    "RetryPolicy",
+    "ServiceError",
+    "ServiceUnavailableError",
+    "default_outbox_path",
+]

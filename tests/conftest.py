@@ -16,6 +16,7 @@ from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.http.access_log import RouteAccessLogger
+from caller_memory.service.http.middleware import Handler
 from multidict import CIMultiDict
 
 from tests.support.redis_server import RedisServer
@@ -65,6 +66,15 @@ class Api:
     clock: FakeClock
     app: web.Application
     tokens: dict[str, str] = field(default_factory=dict)
+    #: (method, route template, status) of every request the server handled, as seen by the server.
+    requests: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def count(self, method: str, route_suffix: str, status: int | None = None) -> int:
+        return sum(
+            1
+            for m, route, st in self.requests
+            if m == method and route.endswith(route_suffix) and (status is None or st == status)
+        )
 
     async def call(
         self,
@@ -115,6 +125,17 @@ async def running_api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
     """The service on a real socket (an ephemeral port) over ``store_url``, and a client for it."""
     settings = Settings(pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN)
     app = create_app(settings, clock=clock)
+    seen: list[tuple[str, str, int]] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "<unmatched>"
+        response = await handler(request)  # outside the problem middleware: errors are responses here
+        seen.append((request.method, route, response.status))
+        return response
+
+    app.middlewares.insert(0, record)
     runner = web.AppRunner(app, access_log_class=RouteAccessLogger)
     await runner.setup()
     try:
@@ -122,7 +143,7 @@ async def running_api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
         await site.start()
         port = runner.addresses[0][1]
         async with aiohttp.ClientSession() as session:
-            yield Api(session, f"http://127.0.0.1:{port}", settings, clock, app)
+            yield Api(session, f"http://127.0.0.1:{port}", settings, clock, app, requests=seen)
     finally:
         await runner.cleanup()
 

@@ -1,0 +1,69 @@
+"""The read-only view of a caller's memory that agent code sees as ``conv.memory``."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+class Memory(Mapping[str, Any]):
+    """A caller's memory as fetched at the start of the turn. Read-only: it cannot be assigned to.
+
+    ``available`` is False when the memory could not be fetched (the service was slow, down, or refused);
+    the mapping is then empty and ``reason`` says why. Agent code can treat the caller as new.
+    Values are the JSON values stored; a structured value is shared with this snapshot, so treat it as
+    read-only too (``fields()`` returns a deep copy).
+    """
+
+    __slots__ = ("_fields", "available", "blacklisted", "etag", "expires_at", "reason")
+
+    _fields: dict[str, Any]
+    available: bool
+    reason: str | None
+    etag: str | None
+    expires_at: str | None
+    blacklisted: bool
+
+    def __init__(
+        self,
+        fields: Mapping[str, Any],
+        *,
+        available: bool = True,
+        reason: str | None = None,
+        etag: str | None = None,
+        expires_at: str | None = None,
+        blacklisted: bool = False,
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "_fields", dict(fields))
+        set_(self, "available", available)
+        set_(self, "reason", reason)
+        set_(self, "etag", etag)
+        set_(self, "expires_at", expires_at)
+        set_(self, "blacklisted", blacklisted)
+
+    @classmethod
+    def unavailable(cls, reason: str) -> Memory:
+        return cls({}, available=False, reason=reason)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def fields(self) -> dict[str, Any]:
+        """A copy of every stored field (changing it changes nothing stored)."""
+        return copy.deepcopy(self._fields)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("conv.memory is read-only; put values to remember in conv.state")
+
+    def __repr__(self) -> str:
+        if not self.available:
+            return f"<Memory unavailable: {self.reason}>"
+        return f"<Memory {sorted(self._fields)}>"

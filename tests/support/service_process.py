@@ -1,0 +1,106 @@
+"""The service as a real OS process (``python -m caller_memory.service serve``), for fault tests.
+
+with ServiceProcess(store_url) as service:
+    service.pause(); service.resume()     # SIGSTOP / SIGCONT
+    service.kill(); service.start()       # SIGKILL, then a new process on the same port and store
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY
+
+START_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServiceProcess:
+    def __init__(self, store_url: str, workdir: Path, port: int | None = None) -> None:
+        self.store_url = store_url
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / f"service-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
+            "CALLER_MEMORY_OPERATOR_TOKEN": OPERATOR_TOKEN,
+            "CALLER_MEMORY_STORE": self.store_url,
+        }
+        log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(self.port)],
+            cwd=self.workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"the service exited with {self._proc.returncode}: {self.log_path.read_text()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not become ready: {self.log_path.read_text()}")
+            time.sleep(0.05)
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(10)
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(10)
+
+    def __enter__(self) -> ServiceProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
