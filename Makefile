@@ -26,16 +26,16 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || ./scripts/install-redis
 
 lint: install-test
-	$(BIN)/ruff check service sdk tests
-	$(BIN)/ruff format --check service sdk tests
+	$(BIN)/ruff check service sdk tests examples
+	$(BIN)/ruff format --check service sdk tests examples
 	$(BIN)/mypy service sdk
 
 test: install-test redis-server lint
 	$(BIN)/pytest -q
 
 format: install-test
-	$(BIN)/ruff format service sdk tests
-	$(BIN)/ruff check --fix service sdk tests
+	$(BIN)/ruff format service sdk tests examples
+	$(BIN)/ruff check --fix service sdk tests examples
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
