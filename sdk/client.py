@@ -110,6 +110,9 @@ class MemoryClient:
         self._session = session
         self._owns_session = session is None
         self._background: set[asyncio.Task[Any]] = set()
+        #: Whether the outbox may hold entries of ours (unknown at start); saves a file access per call.
+        self._outbox_may_have_entries = True
+        self._queued = 0  # entries this client added to the outbox, ever
 
     # Lifecycle ----------------------------------------------------------------------------------------
 
@@ -237,9 +240,12 @@ class MemoryClient:
             except ServiceUnavailableError as exc:
                 last = exc
                 continue
-            self._spawn(self._flush_quietly())  # the service is back: deliver anything queued earlier
+            if self._outbox_may_have_entries:
+                self._spawn(self._flush_quietly())  # the service is back: deliver what was queued earlier
             return result
         await self.outbox.add(conversation_id, encoded)
+        self._queued += 1
+        self._outbox_may_have_entries = True
         log.warning(
             "end of conversation could not be delivered after %d attempts (%s); kept in the outbox %s",
             self.retry.attempts,
@@ -253,6 +259,7 @@ class MemoryClient:
     async def flush_outbox(self) -> FlushReport:
         """Deliver queued ends of conversations, oldest first; stops at the first transient failure."""
         delivered = rejected = 0
+        queued_before = self._queued
         for entry in await self.outbox.pending():
             try:
                 await self._post_end(entry.conversation_id, entry.body)
@@ -270,6 +277,8 @@ class MemoryClient:
             await self.outbox.delivered(entry.id)
             delivered += 1
         remaining = len(await self.outbox.pending())
+        # Unless something was queued meanwhile (it may have missed the count above).
+        self._outbox_may_have_entries = remaining > 0 or self._queued != queued_before
         return FlushReport(delivered=delivered, remaining=remaining, rejected=rejected)
 
     async def _flush_quietly(self) -> None:
