@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..domain.conversations import Outcome
 from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable
 from ..domain.memory import ErasureReceipt, MemoryView
-from ..domain.projects import validation_problem
+from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
 from ..domain.tokens import Principal, Role
 from ..storage.base import TokenRecord
@@ -23,6 +23,7 @@ from .schemas import EndRequest, TokenCreate
 JSON_TYPES = frozenset({"application/json", "application/merge-patch+json"})
 
 routes = web.RouteTableDef()
+M = TypeVar("M", bound=BaseModel)
 
 
 def iso(ms: int | None) -> str | None:
@@ -45,6 +46,15 @@ async def read_json(request: web.Request) -> Any:
         ) from None
 
 
+async def read_model(request: web.Request, model: type[M], what: str) -> M:
+    """The JSON body validated as ``model``; errors name each offending field."""
+    document = await read_json(request)
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc, what=what, error=InvalidInput) from None
+
+
 async def authorize(request: web.Request, role: Role | None) -> tuple[Services, Principal]:
     """Authenticate the caller and check it may act on the path's project with ``role`` (None: operator)."""
     services = request.app[SERVICES]
@@ -56,6 +66,12 @@ async def authorize(request: web.Request, role: Role | None) -> tuple[Services, 
     else:
         principal.require(request.match_info["project"], role)
     return services, principal
+
+
+async def project_for(request: web.Request, role: Role) -> tuple[Services, Project]:
+    """Authorize ``role`` on the path's project and load it (404 if it does not exist)."""
+    services, _ = await authorize(request, role)
+    return services, await services.projects.get(request.match_info["project"])
 
 
 def memory_body(view: MemoryView) -> dict[str, Any]:
@@ -120,20 +136,14 @@ async def put_project(request: web.Request) -> web.Response:
 
 @routes.get("/v1/projects/{project}")
 async def get_project(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
+    _, project = await project_for(request, Role.ADMIN)
     return json_response(project.stored_document())
 
 
 @routes.post("/v1/projects/{project}/tokens")
 async def create_token(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
-    document = await read_json(request)
-    try:
-        spec = TokenCreate.model_validate(document)
-    except ValidationError as exc:
-        raise validation_problem(exc, what="token request", error=InvalidInput) from None
+    services, project = await project_for(request, Role.ADMIN)
+    spec = await read_model(request, TokenCreate, "token request")
     minted = await services.tokens.mint(project.project_id, spec.role, spec.label)
     body = token_body(minted.record) | {"token": minted.secret}
     return json_response(body, status=201, headers={"Cache-Control": "no-store"})
@@ -141,16 +151,14 @@ async def create_token(request: web.Request) -> web.Response:
 
 @routes.get("/v1/projects/{project}/tokens")
 async def list_tokens(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
+    services, project = await project_for(request, Role.ADMIN)
     records = await services.tokens.list(project.project_id)
     return json_response({"tokens": [token_body(r) for r in records]})
 
 
 @routes.delete("/v1/projects/{project}/tokens/{token_id}")
 async def revoke_token(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
+    services, project = await project_for(request, Role.ADMIN)
     await services.tokens.revoke(project.project_id, request.match_info["token_id"])
     return web.Response(status=204)
 
@@ -160,8 +168,7 @@ async def revoke_token(request: web.Request) -> web.Response:
 
 @routes.get("/v1/projects/{project}/callers/{identifier}/memory")
 async def read_memory(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.AGENT)
-    project = await services.projects.get(request.match_info["project"])
+    services, project = await project_for(request, Role.AGENT)
     view = await services.memory.read(project, request.match_info["identifier"])
     if_none_match = request.headers.get("If-None-Match")
     if if_none_match is not None and _none_match(if_none_match, view.etag):
@@ -177,8 +184,7 @@ def _none_match(header: str, etag: str) -> bool:
 
 @routes.patch("/v1/projects/{project}/callers/{identifier}/memory")
 async def patch_memory(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
+    services, project = await project_for(request, Role.ADMIN)
     identifier = request.match_info["identifier"]
     services.memory.caller(project, identifier)  # a bad identifier is reported before the body
     patch = await read_json(request)
@@ -188,8 +194,7 @@ async def patch_memory(request: web.Request) -> web.Response:
 
 @routes.delete("/v1/projects/{project}/callers/{identifier}/memory/{field}")
 async def delete_field(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
+    services, project = await project_for(request, Role.ADMIN)
     view = await services.memory.delete_field(
         project,
         request.match_info["identifier"],
@@ -201,8 +206,7 @@ async def delete_field(request: web.Request) -> web.Response:
 
 @routes.delete("/v1/projects/{project}/callers/{identifier}")
 async def erase_caller(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.ADMIN)
-    project = await services.projects.get(request.match_info["project"])
+    services, project = await project_for(request, Role.ADMIN)
     receipt = await services.memory.erase(project, request.match_info["identifier"])
     return json_response(receipt_body(receipt))
 
@@ -212,13 +216,8 @@ async def erase_caller(request: web.Request) -> web.Response:
 
 @routes.post("/v1/projects/{project}/conversations/{conversation_id}/end")
 async def end_conversation(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, Role.AGENT)
-    project = await services.projects.get(request.match_info["project"])
-    document = await read_json(request)
-    try:
-        spec = EndRequest.model_validate(document)
-    except ValidationError as exc:
-        raise validation_problem(exc, what="end of conversation", error=InvalidInput) from None
+    services, project = await project_for(request, Role.AGENT)
+    spec = await read_model(request, EndRequest, "end of conversation")
     outcome = Outcome(spec.outcome.qa, spec.outcome.handoff_reason, spec.outcome.handoff_to)
     ended = await services.conversations.end(
         project, request.match_info["conversation_id"], spec.caller, spec.state, outcome, spec.channel
