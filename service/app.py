@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from .config import Settings
+from .domain.analytics import AnalyticsService
 from .domain.clock import Clock, SystemClock
 from .domain.conversations import ConversationService
 from .domain.identifiers import Pseudonymizer
@@ -26,6 +27,7 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     store = store or open_store(settings.store_url, timeout=settings.store_timeout)
     pseudonymizer = Pseudonymizer(settings.pseudonym_key)
     memory = MemoryService(store, pseudonymizer, clock)
+    analytics = AnalyticsService(store)
     return Services(
         settings=settings,
         clock=clock,
@@ -33,7 +35,8 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         projects=ProjectRegistry(store, pseudonymizer, clock, settings.config_cache_seconds),
         tokens=TokenService(store, clock, settings.operator_token, settings.token_cache_seconds),
         memory=memory,
-        conversations=ConversationService(store, memory, clock),
+        analytics=analytics,
+        conversations=ConversationService(store, memory, analytics, clock),
     )
 
 

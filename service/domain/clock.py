@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Protocol
 
 HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+WEEK_MS = 7 * DAY_MS
+#: 1970-01-01 was a Thursday: weeks start on Mondays (ISO 8601), 4 days later, in UTC.
+_WEEK_OFFSET_MS = 4 * DAY_MS
+BUCKET_MS = {"hour": HOUR_MS, "day": DAY_MS, "week": WEEK_MS}
 
 
 class Clock(Protocol):
@@ -42,3 +48,20 @@ def floor_hour_ms(ms: int) -> int:
 def ceil_hour_ms(ms: int) -> int:
     """Round an expiry time up to the hour: the data is gone by then at the latest."""
     return -(-ms // HOUR_MS) * HOUR_MS
+
+
+def bucket_start(kind: str, ms: int) -> int:
+    """Start of the hour, day or ISO week (Monday 00:00 UTC) that holds ``ms``."""
+    if kind == "week":
+        return ms - (ms - _WEEK_OFFSET_MS) % WEEK_MS
+    return ms - ms % BUCKET_MS[kind]
+
+
+def bucket_starts(kind: str, first: int, last: int) -> list[int]:
+    """Every bucket start of ``kind`` from the bucket holding ``first`` to the one holding ``last``."""
+    return list(range(bucket_start(kind, first), bucket_start(kind, last) + 1, BUCKET_MS[kind]))
+
+
+def iso_utc(ms: int) -> str:
+    """``2026-11-30T14:00:00Z``: how the API writes times (whole seconds, UTC)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

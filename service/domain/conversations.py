@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from ..storage.base import ConversationRecord, EndStatus, Store
+from .analytics import AnalyticsService, metrics
 from .clock import Clock
 from .errors import Conflict, InvalidIdentifier, InvalidInput
 from .fields import StoredField
@@ -40,9 +41,12 @@ class ConversationEnd:
 
 
 class ConversationService:
-    def __init__(self, store: Store, memory: MemoryService, clock: Clock) -> None:
+    def __init__(
+        self, store: Store, memory: MemoryService, analytics: AnalyticsService, clock: Clock
+    ) -> None:
         self._store = store
         self._memory = memory
+        self._analytics = analytics
         self._clock = clock
 
     async def end(
@@ -94,21 +98,38 @@ class ConversationService:
             name: StoredField(value=value, expires_at=now + project.ttl_ms[name], written_at=now)
             for name, value in sets.items()
         }
-        result = await self._store.end_conversation(
-            project.project_id, conversation_id, who.subject, stored, deletes, now, record
+        analytics = (
+            AnalyticsService.input_for(project, now, outcome.qa, outcome.handoff_reason, outcome.handoff_to)
+            if project.analytics_enabled
+            else None
         )
-        if result.status is EndStatus.CONFLICT:
+        result = await self._store.end_conversation(
+            project.project_id, conversation_id, who.subject, stored, deletes, now, record, analytics
+        )
+        if result.status is EndStatus.CONFLICT or result.record is None:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
                 "a retry must send the same caller, state, outcome and channel"
             )
-        extra = result.record.extra if result.record is not None else record.extra
-        metrics: dict[str, Any] = orjson.loads(extra)
+        repeat_caller: dict[str, Any] = {}
+        extra = orjson.loads(result.record.extra)
+        if "hour" in extra:  # analytics were on when the conversation was first applied
+            entry = await self._analytics.record(
+                project,
+                conversation_id,
+                channel,
+                outcome.qa,
+                outcome.handoff_reason,
+                outcome.handoff_to,
+                extra,
+                now,
+            )
+            repeat_caller = metrics(entry.first)
         return ConversationEnd(
             conversation_id=conversation_id,
             persisted=persisted,
             ignored=sorted(ignored),
             blacklisted=False,
-            repeat_caller=metrics,
+            repeat_caller=repeat_caller,
             replayed=result.status is EndStatus.REPLAYED,
         )

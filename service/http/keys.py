@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..config import Settings
+from ..domain.analytics import AnalyticsService
 from ..domain.clock import Clock
 from ..domain.conversations import ConversationService
 from ..domain.errors import StoreUnavailable
@@ -25,6 +26,7 @@ class Services:
     projects: ProjectRegistry
     tokens: TokenService
     memory: MemoryService
+    analytics: AnalyticsService
     conversations: ConversationService
 
     async def ping(self) -> None:

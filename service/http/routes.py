@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from ..domain.clock import iso_utc
 from ..domain.conversations import Outcome
 from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable
 from ..domain.memory import ErasureReceipt, MemoryView
@@ -27,9 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if ms is None else iso_utc(ms)
 
 
 async def read_json(request: web.Request) -> Any:

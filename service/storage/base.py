@@ -13,10 +13,13 @@ Conventions for all backends:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import orjson
 
 from ..domain.fields import StoredField, WriteCondition
 
@@ -44,6 +47,74 @@ class ConversationRecord:
     fingerprint: str
     extra: bytes
     expires_at: int
+
+
+#: Bucket kinds of analytics counters.
+BUCKET_KINDS = ("hour", "day", "week")
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticsInput:
+    """What the end of a conversation gives analytics: no caller data, times already hour-rounded.
+
+    ``first_expires_at`` is when a first-interaction record created now expires (exact: now + retention).
+    """
+
+    hour: int
+    day: int
+    week: int
+    qa: str | None
+    handoff_reason: str | None
+    handoff_to: str | None
+    first_expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationEntry:
+    """One ended conversation as analytics lists it (no caller data; times hour-rounded)."""
+
+    conversation_id: str
+    hour: int
+    channel: str | None
+    qa: str | None
+    handoff_reason: str | None
+    handoff_to: str | None
+    #: The caller's first interaction inside the retention window, when this is a repeat call.
+    first: FirstInteraction | None
+
+    @property
+    def sort_key(self) -> str:
+        """Listing order: by hour, then by conversation id (stable, the same on every backend)."""
+        return f"{self.hour:013d}:{self.conversation_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class FirstInteraction:
+    conversation_id: str
+    hour: int
+    qa: str | None
+    handoff_reason: str | None
+    handoff_to: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Aggregates of one time bucket: ``kind`` (hour, day, week), its start, and name -> count."""
+
+    kind: str
+    bucket: int
+    values: Mapping[str, int]
+
+
+def encode_entry(entry: ConversationEntry) -> bytes:
+    """The stored form of a listed conversation (the same bytes on every backend)."""
+    return orjson.dumps(dataclasses.asdict(entry))
+
+
+def decode_entry(data: bytes) -> ConversationEntry:
+    raw = orjson.loads(data)
+    first = raw.pop("first")
+    return ConversationEntry(**raw, first=FirstInteraction(**first) if first is not None else None)
 
 
 class EndStatus(enum.Enum):
@@ -157,6 +228,7 @@ class Store(ABC):
         deletes: Sequence[str],
         now_ms: int,
         record: ConversationRecord,
+        analytics: AnalyticsInput | None = None,
     ) -> EndResult:
         """Apply the end of a conversation exactly once.
 
@@ -165,4 +237,48 @@ class Store(ABC):
         record is returned (REPLAYED); otherwise nothing is written (CONFLICT). Without one, ``sets`` and
         ``deletes`` are applied as by :meth:`patch_fields` (no condition) and ``record`` is stored, both
         atomically with respect to the caller's memory (APPLIED).
+
+        With ``analytics``, the same atomic step looks up the caller's first-interaction record: a live
+        one (``expires_at`` after ``now_ms``) makes this a repeat call; otherwise a new one is created from
+        this conversation (hour-rounded, expiring at ``analytics.first_expires_at``). It also notes which of
+        the hour, day and week buckets see this caller for the first time. The stored ``record.extra`` is
+        then the JSON ``{"hour": analytics.hour, "first": null | {"conversation_id", "hour", "qa",
+        "handoff_reason", "handoff_to"}, "new": "hour,day,week"}`` (the buckets new to the caller) ("first" null on a first
+        interaction), built by the store, and returned in ``EndResult.record`` (APPLIED and REPLAYED alike).
         """
+
+    @abstractmethod
+    async def record_conversation(
+        self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+    ) -> bool:
+        """Add an ended conversation to the project's analytics, once per conversation id.
+
+        Lists the entry and adds each of ``increments`` to the counters of its bucket. Returns False,
+        changing nothing, if the conversation id was already recorded. What is written expires at
+        ``expires_at`` (a bucket lives as long as its latest conversation).
+        """
+
+    @abstractmethod
+    async def list_conversations(
+        self,
+        project: str,
+        *,
+        start: str,
+        stop: str,
+        repeat: bool | None,
+        after: str | None,
+        limit: int,
+        descending: bool,
+        now_ms: int,
+    ) -> list[ConversationEntry]:
+        """Recorded conversations whose sort key is in ``[start, stop)``, in sort-key order (or reverse).
+
+        ``repeat`` filters repeat (True) or first (False) conversations; ``after`` is the sort key of the
+        last entry of the previous page (exclusive, in the direction of travel). Expired entries are not
+        returned.
+        """
+
+    @abstractmethod
+    async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
+        """The non-empty, unexpired counter buckets of ``kind`` (hour, day, week) from ``first`` to ``last``
+        (bucket start times, inclusive), in time order."""

@@ -10,6 +10,12 @@ Layout (all keys start with ``cm:``)::
     cm:t:<token_id>                       hash      project, role, secret_hash (raw bytes), created_at, label
     cm:{<bucket>}:c:<project>:<conv_id>   hash      an ended conversation (subject, fingerprint, extra), in its
                                                     caller's bucket; expires by itself
+    cm:{<bucket>}:f:<project>:<subject>   hash      the caller's first interaction (analytics), in the caller's
+                                                    bucket; expires with the retention period
+    cm:{a:<project>}:e:<conv_id>          string    "<expires_at>|<json>": a conversation as analytics lists it
+    cm:{a:<project>}:i:all|repeat|first   zset      listing indexes, all scores 0, member "<sort key>"
+                                                    ("<hour, 13 digits>:<conv_id>"), ranged BYLEX
+    cm:{a:<project>}:k:<kind>:<start>     hash      counters of one hour, day or week (and "_expires_at")
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was
                                                     ended for; cbucket is a hash of the conversation id
 
@@ -92,3 +98,27 @@ def conversation_claim_key(project: str, conversation_id: str) -> str:
         int(hashlib.sha1(conversation_id.encode(), usedforsecurity=False).hexdigest()[:8], 16) % N_BUCKETS
     )
     return f"{_PREFIX}{{{bucket}}}:cc:{project}:{conversation_id}"
+
+
+def first_interaction_key(project: str, subject: str) -> str:
+    """The caller's first interaction, in the caller's slot (written with the memory, atomically)."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:f:{project}:{subject}"
+
+
+def _analytics(project: str) -> str:
+    # One hash tag per project: a project's analytics live in one slot, so one script updates them all.
+    return f"{_PREFIX}{{a:{project}}}"
+
+
+def analytics_entry_key(project: str, conversation_id: str) -> str:
+    return f"{_analytics(project)}:e:{conversation_id}"
+
+
+def analytics_index_key(project: str, repeat: bool | None) -> str:
+    """The listing index of all conversations (None), of repeat ones (True) or first ones (False)."""
+    kind = "all" if repeat is None else "repeat" if repeat else "first"
+    return f"{_analytics(project)}:i:{kind}"
+
+
+def analytics_counter_key(project: str, kind: str, start: int) -> str:
+    return f"{_analytics(project)}:k:{kind}:{start}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from importlib import resources
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -20,10 +21,23 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
+from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition
 from . import keys
-from .base import ConversationRecord, EndResult, EndStatus, PatchResult, Store, TokenRecord
+from .base import (
+    AnalyticsInput,
+    ConversationEntry,
+    ConversationRecord,
+    Counters,
+    EndResult,
+    EndStatus,
+    PatchResult,
+    Store,
+    TokenRecord,
+    decode_entry,
+    encode_entry,
+)
 
 SCHEMES = ("redis", "rediss", "unix")
 MIN_SERVER_VERSION = (7, 0)
@@ -44,6 +58,11 @@ def _translated(operation: str) -> Iterator[None]:
         raise StoreUnavailable(f"Redis refused {operation}: {exc}") from exc
     except RedisError as exc:  # ConnectionError, TimeoutError and the rest of the driver's errors
         raise StoreUnavailable(f"Redis did not answer {operation}: {exc}") from exc
+
+
+def _optional(value: str | None) -> str:
+    """An optional string as the scripts take it: "" for none, else "=" and the value."""
+    return "" if value is None else "=" + value
 
 
 def _unpack_field(data: bytes) -> StoredField:
@@ -150,7 +169,7 @@ class RedisStore(Store):
             await client.aclose()
             raise
         self._scripts = {
-            name: client.register_script(_load_script(f"{name}.lua")) for name in ("patch", "erase")
+            name: client.register_script(_load_script(f"{name}.lua")) for name in ("patch", "erase", "record")
         }
         self._client = client
 
@@ -240,7 +259,7 @@ class RedisStore(Store):
         now_ms: int,
         condition: WriteCondition | None = None,
     ) -> PatchResult:
-        args: list[str | bytes | int] = [now_ms, keys.index_member(project, subject), ""]
+        args: list[str | bytes | int] = [now_ms, keys.index_member(project, subject), "", ""]
         if condition is None:
             args += ["", 0, 0]
         else:
@@ -267,8 +286,14 @@ class RedisStore(Store):
         deletes: Sequence[str],
         now_ms: int,
         record: ConversationRecord,
+        analytics: AnalyticsInput | None = None,
     ) -> EndResult:
         claim = keys.conversation_claim_key(project, conversation_id)
+        script_keys = [
+            keys.memory_key(project, subject),
+            keys.caller_index_key(subject),
+            keys.conversation_record_key(project, subject, conversation_id),
+        ]
         args: list[str | bytes | int] = [
             now_ms,
             keys.index_member(project, subject),
@@ -277,11 +302,23 @@ class RedisStore(Store):
             record.fingerprint,
             record.extra,
             record.expires_at,
-            "",
-            0,
-            0,
-            len(sets),
+            conversation_id,
         ]
+        if analytics is None:
+            args.append("")
+        else:
+            script_keys.append(keys.first_interaction_key(project, subject))
+            args += [
+                "A",
+                analytics.hour,
+                analytics.day,
+                analytics.week,
+                _optional(analytics.qa),
+                _optional(analytics.handoff_reason),
+                _optional(analytics.handoff_to),
+                analytics.first_expires_at,
+            ]
+        args += ["", 0, 0, len(sets)]
         for name, stored in sets.items():
             args += [name, stored.packed()]
         args += deletes
@@ -299,20 +336,105 @@ class RedisStore(Store):
                         return EndResult(EndStatus.CONFLICT, None)
                     # Expired by the service's clock (Redis's may lag behind it): the id is free again.
                     await self._redis.set(claim, claimed, pxat=record.expires_at)
-            reply: list[Any] = await self._scripts["patch"](
-                keys=[
-                    keys.memory_key(project, subject),
-                    keys.caller_index_key(subject),
-                    keys.conversation_record_key(project, subject, conversation_id),
-                ],
-                args=args,
-            )
+            reply: list[Any] = await self._scripts["patch"](keys=script_keys, args=args)
         if reply[0] == 2:
             seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
             return EndResult(EndStatus.REPLAYED, seen)
         if reply[0] == 3:
             return EndResult(EndStatus.CONFLICT, None)
-        return EndResult(EndStatus.APPLIED, None)
+        return EndResult(EndStatus.APPLIED, replace(record, extra=reply[1]))
+
+    # Analytics ----------------------------------------------------------------------------------------
+
+    async def record_conversation(
+        self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+    ) -> bool:
+        repeat = entry.first is not None
+        script_keys = [
+            keys.analytics_entry_key(project, entry.conversation_id),
+            keys.analytics_index_key(project, None),
+            keys.analytics_index_key(project, repeat),
+        ]
+        args: list[str | bytes | int] = [
+            b"%d|" % expires_at + encode_entry(entry),
+            entry.sort_key,
+            expires_at,
+        ]
+        for counters in increments:
+            script_keys.append(keys.analytics_counter_key(project, counters.kind, counters.bucket))
+            pairs = [(name, amount) for name, amount in counters.values.items() if amount]
+            args.append(len(pairs))
+            for name, amount in pairs:
+                args += [name, amount]
+        with _translated("record_conversation"):
+            recorded = await self._scripts["record"](keys=script_keys, args=args)
+        return bool(recorded)
+
+    async def list_conversations(
+        self,
+        project: str,
+        *,
+        start: str,
+        stop: str,
+        repeat: bool | None,
+        after: str | None,
+        limit: int,
+        descending: bool,
+        now_ms: int,
+    ) -> list[ConversationEntry]:
+        index = keys.analytics_index_key(project, repeat)
+        low, high = "[" + start, "(" + stop
+        if after is not None and descending and after < stop:
+            high = "(" + after
+        if after is not None and not descending and after >= start:
+            low = "(" + after
+        entries: list[ConversationEntry] = []
+        with _translated("list_conversations"):
+            while len(entries) < limit:
+                want = limit - len(entries)
+                if descending:
+                    found = await self._redis.zrange(
+                        index, high, low, desc=True, bylex=True, offset=0, num=want
+                    )
+                else:
+                    found = await self._redis.zrange(index, low, high, bylex=True, offset=0, num=want)
+                members = cast("list[bytes]", found)
+                if not members:
+                    break
+                ids = [m.decode().split(":", 1)[1] for m in members]
+                values = cast(
+                    "list[bytes | None]",
+                    await self._redis.mget([keys.analytics_entry_key(project, i) for i in ids]),
+                )
+                for value in values:
+                    if value is None:
+                        continue  # expired, not swept from the index yet
+                    expires, _, data = value.partition(b"|")
+                    if int(expires) > now_ms:
+                        entries.append(decode_entry(data))
+                last = members[-1].decode()
+                if descending:
+                    high = "(" + last
+                else:
+                    low = "(" + last
+                if len(members) < want:
+                    break
+        return entries[:limit]
+
+    async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
+        starts = bucket_starts(kind, first, last)
+        with _translated("counters"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for start in starts:
+                    pipe.hgetall(keys.analytics_counter_key(project, kind, start))
+                hashes: list[dict[bytes, bytes]] = await pipe.execute()
+        out = []
+        for start, data in zip(starts, hashes, strict=True):
+            if not data or int(data.get(b"_expires_at", b"0")) <= now_ms:
+                continue
+            values = {k.decode(): int(v) for k, v in data.items() if k != b"_expires_at"}
+            out.append(Counters(kind, start, values))
+        return out
 
     async def erase_caller(self, project: str, subject: str) -> int:
         with _translated("erase_caller"):

@@ -12,12 +12,28 @@ import asyncio
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition, live_fields
-from .base import ConversationRecord, EndResult, EndStatus, PatchResult, Store, TokenRecord
+from .base import (
+    BUCKET_KINDS,
+    AnalyticsInput,
+    ConversationEntry,
+    ConversationRecord,
+    Counters,
+    EndResult,
+    EndStatus,
+    PatchResult,
+    Store,
+    TokenRecord,
+    decode_entry,
+    encode_entry,
+)
 
 T = TypeVar("T")
 
@@ -59,6 +75,43 @@ CREATE TABLE IF NOT EXISTS conversations (
     PRIMARY KEY (project, conversation_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS conversations_by_expiry ON conversations (expires_at);
+CREATE TABLE IF NOT EXISTS first_interactions (
+    project TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    hour INTEGER NOT NULL,
+    qa TEXT,
+    handoff_reason TEXT,
+    handoff_to TEXT,
+    expires_at INTEGER NOT NULL,
+    seen_hour INTEGER NOT NULL,
+    seen_day INTEGER NOT NULL,
+    seen_week INTEGER NOT NULL,
+    PRIMARY KEY (project, subject)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS first_interactions_by_expiry ON first_interactions (expires_at);
+CREATE TABLE IF NOT EXISTS analytics_conversations (
+    project TEXT NOT NULL,
+    sort_key TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    entry BLOB NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, sort_key)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS analytics_conversations_by_id ON analytics_conversations (project, conversation_id);
+CREATE INDEX IF NOT EXISTS analytics_conversations_by_kind ON analytics_conversations (project, repeat, sort_key);
+CREATE INDEX IF NOT EXISTS analytics_conversations_by_expiry ON analytics_conversations (expires_at);
+CREATE TABLE IF NOT EXISTS analytics_counters (
+    project TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    bucket INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, kind, bucket, name)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS analytics_counters_by_expiry ON analytics_counters (expires_at);
 """
 
 
@@ -309,6 +362,7 @@ class SQLiteStore(Store):
         deletes: Sequence[str],
         now_ms: int,
         record: ConversationRecord,
+        analytics: AnalyticsInput | None = None,
     ) -> EndResult:
         def run(conn: sqlite3.Connection) -> EndResult:
             row = conn.execute(
@@ -322,14 +376,145 @@ class SQLiteStore(Store):
                     return EndResult(EndStatus.REPLAYED, stored)
                 return EndResult(EndStatus.CONFLICT, None)
             self._apply(conn, project, subject, sets, deletes, now_ms)
+            if analytics is not None:
+                record_ = replace(
+                    record,
+                    extra=self._first_interaction(conn, project, subject, conversation_id, analytics, now_ms),
+                )
+            else:
+                record_ = record
             conn.execute(
                 "INSERT OR REPLACE INTO conversations "
                 "(project, conversation_id, subject, fingerprint, extra, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (project, conversation_id, subject, record.fingerprint, record.extra, record.expires_at),
+                (project, conversation_id, subject, record_.fingerprint, record_.extra, record_.expires_at),
             )
-            return EndResult(EndStatus.APPLIED, None)
+            return EndResult(EndStatus.APPLIED, record_)
 
         return await self._write(run)
+
+    @staticmethod
+    def _first_interaction(
+        conn: sqlite3.Connection,
+        project: str,
+        subject: str,
+        conversation_id: str,
+        a: AnalyticsInput,
+        now_ms: int,
+    ) -> bytes:
+        """Look up (or start) the caller's first interaction; see Store.end_conversation."""
+        row = conn.execute(
+            "SELECT conversation_id, hour, qa, handoff_reason, handoff_to, seen_hour, seen_day, seen_week "
+            "FROM first_interactions WHERE project = ? AND subject = ? AND expires_at > ?",
+            (project, subject, now_ms),
+        ).fetchone()
+        if row is None:
+            first = None
+            seen: tuple[int | None, ...] = (None, None, None)
+            conn.execute(
+                "INSERT OR REPLACE INTO first_interactions (project, subject, conversation_id, hour, qa, "
+                "handoff_reason, handoff_to, expires_at, seen_hour, seen_day, seen_week) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    project, subject, conversation_id, a.hour, a.qa, a.handoff_reason, a.handoff_to,
+                    a.first_expires_at, a.hour, a.day, a.week,
+                ),
+            )  # fmt: skip
+        else:
+            first = {
+                "conversation_id": row[0],
+                "hour": row[1],
+                "qa": row[2],
+                "handoff_reason": row[3],
+                "handoff_to": row[4],
+            }
+            seen = (row[5], row[6], row[7])
+            conn.execute(
+                "UPDATE first_interactions SET seen_hour = ?, seen_day = ?, seen_week = ? "
+                "WHERE project = ? AND subject = ?",
+                (a.hour, a.day, a.week, project, subject),
+            )
+        current = (a.hour, a.day, a.week)
+        new = [kind for kind, last, now in zip(BUCKET_KINDS, seen, current, strict=True) if last != now]
+        return orjson.dumps({"hour": a.hour, "first": first, "new": ",".join(new)})
+
+    async def record_conversation(
+        self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+    ) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO analytics_conversations "
+                "(project, sort_key, conversation_id, repeat, entry, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    project,
+                    entry.sort_key,
+                    entry.conversation_id,
+                    entry.first is not None,
+                    encode_entry(entry),
+                    expires_at,
+                ),
+            )
+            if cur.rowcount == 0:
+                return False
+            conn.executemany(
+                "INSERT INTO analytics_counters (project, kind, bucket, name, count, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, kind, bucket, name) DO UPDATE SET "
+                "count = count + excluded.count, expires_at = max(expires_at, excluded.expires_at)",
+                [
+                    (project, c.kind, c.bucket, name, amount, expires_at)
+                    for c in increments
+                    for name, amount in c.values.items()
+                    if amount
+                ],
+            )
+            return True
+
+        return await self._write(run)
+
+    async def list_conversations(
+        self,
+        project: str,
+        *,
+        start: str,
+        stop: str,
+        repeat: bool | None,
+        after: str | None,
+        limit: int,
+        descending: bool,
+        now_ms: int,
+    ) -> list[ConversationEntry]:
+        def run(conn: sqlite3.Connection) -> list[ConversationEntry]:
+            where = ["project = ?", "sort_key >= ?", "sort_key < ?", "expires_at > ?"]
+            params: list[object] = [project, start, stop, now_ms]
+            if repeat is not None:
+                where.append("repeat = ?")
+                params.append(int(repeat))
+            if after is not None:
+                where.append("sort_key < ?" if descending else "sort_key > ?")
+                params.append(after)
+            order = "DESC" if descending else "ASC"
+            rows = conn.execute(
+                f"SELECT entry FROM analytics_conversations WHERE {' AND '.join(where)} "
+                f"ORDER BY sort_key {order} LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+            return [decode_entry(bytes(row[0])) for row in rows]
+
+        return await self._read(run)
+
+    async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
+        def run(conn: sqlite3.Connection) -> list[Counters]:
+            rows = conn.execute(
+                "SELECT bucket, name, count FROM analytics_counters "
+                "WHERE project = ? AND kind = ? AND bucket >= ? AND bucket <= ? AND expires_at > ? "
+                "ORDER BY bucket",
+                (project, kind, first, last, now_ms),
+            ).fetchall()
+            out: dict[int, dict[str, int]] = {}
+            for bucket, name, count in rows:
+                out.setdefault(bucket, {})[name] = count
+            return [Counters(kind, bucket, values) for bucket, values in out.items()]
+
+        return await self._read(run)
 
     async def erase_caller(self, project: str, subject: str) -> int:
         def run(conn: sqlite3.Connection) -> int:

@@ -278,7 +278,7 @@ async def test_end_applies_once_and_replays(store: Store) -> None:
     subject, t = new_subject(), now_ms()
     record = conv_record("fp-1", t, b'{"first": true}')
     first = await store.end_conversation(PROJECT, "conv-1", subject, {"a": field("x", t)}, [], t, record)
-    assert first.status is EndStatus.APPLIED and first.record is None
+    assert first.status is EndStatus.APPLIED and first.record == record
     assert values(await store.read_fields(PROJECT, subject, t)) == {"a": "x"}
     await store.patch_fields(PROJECT, subject, {"a": field("newer", t + 1)}, [], t + 1)
     # A retry writes nothing (the newer value stays) and returns what was stored the first time.

@@ -4,12 +4,17 @@ patch.lua: one atomic write to one caller's memory (Store.patch_fields). Redis 7
 KEYS[1]  the caller's memory hash        cm:{<bucket>}:m:<project>:<subject>
 KEYS[2]  the bucket's expiry index       cm:{<bucket>}:x   (same slot: the {bucket} hash tag)
 KEYS[3]  (end of a conversation only) the conversation record, cm:{<bucket>}:c:<project>:<conversation_id>
+KEYS[4]  (end of a conversation with analytics only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject>
 
 ARGV, in order:
   now_ms                  the service's clock (integer ms since the epoch)
   member                  the caller's member in the expiry index, "<project>:<subject>"
   record                  "" for a plain patch; for the end of a conversation "R", followed by
-                          subject, fingerprint, extra, expires_at (ms) of the conversation record
+                          subject, fingerprint, extra, expires_at (ms) of the conversation record, and
+                          the conversation id
+  analytics               "" or, with a record, "A" followed by hour, day, week (bucket starts, ms), qa,
+                          handoff_reason, handoff_to (each "" for none or "=" and the value) and the
+                          expiry of a first-interaction record created now
   mode                    ""  no condition
                           "*" If-Match: *  (holds when at least one field is live)
                           "=" If-Match: etag list (holds when the current ETag is one of them)
@@ -21,9 +26,13 @@ ARGV, in order:
 
 Returns a flat array: status, then name, packed for every field whose stored expiry is after now_ms once
 the script is done (unchanged memory unless status is 1). Status: 1 applied, 0 condition failed,
-2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict.
+2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict;
+the end of a conversation, once applied, returns {1, extra} only.
 
 The conversation record is a hash {subject, fingerprint, extra, expires_at}, also expiring by itself then.
+With analytics, extra is built here (see Store.end_conversation): {"hour", "first": null | {...}, "new"}.
+The first-interaction record is a hash {conversation_id, hour, qa, handoff_reason, handoff_to, expires_at,
+seen_hour, seen_day, seen_week}.
 
 Errors: "CMCORRUPT ..." when a stored field cannot be read; "CMBADARG ..." when a packed argument is malformed.
 
@@ -38,8 +47,29 @@ local member = ARGV[2]
 local pos = 3
 local record = nil
 if ARGV[pos] == 'R' then
-  record = {subject = ARGV[pos + 1], fingerprint = ARGV[pos + 2], extra = ARGV[pos + 3], expires_at = ARGV[pos + 4]}
-  pos = pos + 5
+  record = {
+    subject = ARGV[pos + 1],
+    fingerprint = ARGV[pos + 2],
+    extra = ARGV[pos + 3],
+    expires_at = ARGV[pos + 4],
+    conversation_id = ARGV[pos + 5],
+  }
+  pos = pos + 6
+else
+  pos = pos + 1
+end
+local analytics = nil
+if ARGV[pos] == 'A' then
+  analytics = {
+    hour = ARGV[pos + 1],
+    day = ARGV[pos + 2],
+    week = ARGV[pos + 3],
+    qa = ARGV[pos + 4],
+    handoff_reason = ARGV[pos + 5],
+    handoff_to = ARGV[pos + 6],
+    first_expires_at = ARGV[pos + 7],
+  }
+  pos = pos + 8
 else
   pos = pos + 1
 end
@@ -204,9 +234,54 @@ else
   redis.call('PEXPIREAT', hash, max_f[2])
   redis.call('ZADD', index, min_f[2], member)
 end
+-- An optional string travels as "" (none) or "=" and the value.
+local function optional(v)
+  if v == nil or v == false or v == '' then
+    return cjson.null
+  end
+  return string.sub(v, 2)
+end
+
+if record and analytics then
+  local f = redis.call('HMGET', KEYS[4], 'conversation_id', 'hour', 'qa', 'handoff_reason', 'handoff_to',
+    'expires_at', 'seen_hour', 'seen_day', 'seen_week')
+  local first = cjson.null
+  local seen = {false, false, false}
+  if f[1] and tonumber(f[6]) > now then
+    first = {
+      conversation_id = f[1],
+      hour = tonumber(f[2]),
+      qa = optional(f[3]),
+      handoff_reason = optional(f[4]),
+      handoff_to = optional(f[5]),
+    }
+    seen = {f[7], f[8], f[9]}
+    redis.call('HSET', KEYS[4], 'seen_hour', analytics.hour, 'seen_day', analytics.day, 'seen_week', analytics.week)
+  else
+    redis.call('DEL', KEYS[4])
+    redis.call('HSET', KEYS[4], 'conversation_id', record.conversation_id, 'hour', analytics.hour,
+      'qa', analytics.qa, 'handoff_reason', analytics.handoff_reason, 'handoff_to', analytics.handoff_to,
+      'expires_at', analytics.first_expires_at, 'seen_hour', analytics.hour, 'seen_day', analytics.day,
+      'seen_week', analytics.week)
+    redis.call('PEXPIREAT', KEYS[4], analytics.first_expires_at)
+  end
+  local new = {}
+  local current = {analytics.hour, analytics.day, analytics.week}
+  local kinds = {'hour', 'day', 'week'}
+  for i = 1, 3 do
+    if seen[i] ~= current[i] then
+      new[#new + 1] = kinds[i]
+    end
+  end
+  record.extra = cjson.encode({hour = tonumber(analytics.hour), first = first, new = table.concat(new, ',')})
+end
+
 if record then
   redis.call('HSET', KEYS[3], 'subject', record.subject, 'fingerprint', record.fingerprint, 'extra', record.extra,
     'expires_at', record.expires_at)
   redis.call('PEXPIREAT', KEYS[3], record.expires_at)
+end
+if record then
+  return {1, record.extra}
 end
 return not_expired_reply(1, final)
