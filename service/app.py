@@ -15,6 +15,7 @@ from .domain.limits import MAX_BODY_BYTES
 from .domain.memory import MemoryService
 from .domain.registry import ProjectRegistry
 from .domain.tokens import TokenService
+from .http.analytics_routes import routes as analytics_routes
 from .http.keys import SERVICES, Services
 from .http.middleware import problem_middleware
 from .http.routes import routes
@@ -55,4 +56,5 @@ def create_app(
 
     app.cleanup_ctx.append(store_lifecycle)
     app.add_routes(routes)
+    app.add_routes(analytics_routes)
     return app
