@@ -40,6 +40,8 @@ ROLE_TEXT = {
     "operator": "Role: **operator** (the operator token only; a project token, whatever its role, gets 403).",
     "admin": "Role: **admin** (a token with role `admin` in this project, or the operator token).",
     "agent": "Role: **agent** (a token with role `agent` or `admin` in this project, or the operator token).",
+    "analytics": "Role: **analytics** (a token with role `analytics` or `admin` in this project, or the operator "
+    "token).",
 }
 
 AUTH_TEXT = (
@@ -165,6 +167,71 @@ def _schemas() -> dict[str, Json]:
         "removed": _object({"fields": {"type": "integer", "minimum": 0}}, closed=False),
         "blacklisted": {"type": "boolean"},
     }
+    nullable = {"type": ["string", "null"]}
+    conversation_row = {
+        "conversation_id": {"type": "string"},
+        "ended_at": date_time | {"description": "Rounded down to the hour."},
+        "channel": nullable,
+        "qa": nullable,
+        "handoff_reason": nullable,
+        "handoff_to": nullable,
+        "repeat": {
+            "type": "boolean",
+            "description": "The caller had a first interaction inside the retention window.",
+        },
+        "REPEAT_CALLER_CONV_ID": nullable
+        | {"description": "Conversation id of the caller's first interaction."},
+        "REPEAT_CALLER_DATETIME": nullable | {"description": "When it happened, rounded down to the hour."},
+        "REPEAT_CALLER_QA": nullable,
+        "REPEAT_CALLER_HANDOFF_REASON": nullable,
+        "REPEAT_CALLER_HANDOFF_TO": nullable,
+        "time_to_callback_hours": {"type": ["integer", "null"], "minimum": 0},
+    }
+    count = {"type": "integer", "minimum": 0}
+    rate = {
+        "type": ["number", "null"],
+        "minimum": 0,
+        "maximum": 1,
+        "description": "null when there is nothing to divide",
+    }
+    breakdown_row = _object({"value": nullable, "repeat_conversations": count, "share": rate})
+    report = {
+        "interval": {"type": "string", "enum": ["hour", "day", "week"]},
+        "from": date_time,
+        "to": date_time,
+        "totals": _object(
+            {
+                "conversations": count,
+                "repeat_conversations": count,
+                "first_conversations": count,
+                "repeat_rate": rate,
+            }
+        ),
+        "series": {
+            "type": "array",
+            "items": _object(
+                {
+                    "start": date_time,
+                    "conversations": count,
+                    "repeat_conversations": count,
+                    "first_conversations": count,
+                    "repeat_rate": rate,
+                    "distinct_callers": count
+                    | {"description": "Distinct callers in this bucket (not additive)."},
+                }
+            ),
+        },
+        "time_to_callback": {
+            "type": "array",
+            "items": _object({"bucket": {"type": "string"}, "repeat_conversations": count}),
+        },
+        "breakdowns": _object(
+            {
+                dimension: {"type": "array", "items": breakdown_row}
+                for dimension in ("qa", "handoff_reason", "handoff_to")
+            }
+        ),
+    }
     health = {"status": {"type": "string", "enum": ["ok", "ready", "unready"]}, "detail": {"type": "string"}}
     patch_description = (
         "JSON Merge Patch (RFC 7396) of the top level: each member sets a field, `null` deletes it, other "
@@ -207,6 +274,17 @@ def _schemas() -> dict[str, Json]:
             "description": patch_description,
             "propertyNames": {"pattern": FIELD_NAME_PATTERN},
         },
+        "ConversationRow": _object(conversation_row),
+        "ConversationList": _object(
+            {
+                "conversations": {"type": "array", "items": _ref("ConversationRow")},
+                "next_cursor": {
+                    "type": ["string", "null"],
+                    "description": "Pass as `cursor` for the next page.",
+                },
+            }
+        ),
+        "RepeatCallerReport": _object(report),
         "Token": _object(token),
         "MintedToken": _object(token | {"token": secret}),
         "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
@@ -221,6 +299,9 @@ def _schemas() -> dict[str, Json]:
 def _parameters() -> dict[str, Json]:
     def path(name: str, description: str, schema: Json) -> Json:
         return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
+
+    def query(name: str, description: str, schema: Json) -> Json:
+        return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
 
     def header(name: str, description: str) -> Json:
         return {"name": name, "in": "header", "description": description, "schema": {"type": "string"}}
@@ -248,6 +329,37 @@ def _parameters() -> dict[str, Json]:
             "conversation_id",
             "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
             {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
+        ),
+        "from": query(
+            "from",
+            "Start of the range (inclusive), an ISO 8601 date or date-time, UTC unless it has an offset; rounded "
+            "down to the hour. Default: 30 days before `to`.",
+            {"type": "string"},
+        ),
+        "to": query(
+            "to",
+            "End of the range (exclusive), rounded up to the hour. Default: the end of the current hour.",
+            {"type": "string"},
+        ),
+        "repeat": query(
+            "repeat",
+            "`true`: repeat conversations only; `false`: first interactions only.",
+            {"type": "string", "enum": ["true", "false"]},
+        ),
+        "limit": query(
+            "limit", "Page size (default 100).", {"type": "integer", "minimum": 1, "maximum": 1000}
+        ),
+        "cursor": query("cursor", "`next_cursor` of the previous page.", {"type": "string"}),
+        "order": query(
+            "order",
+            "`desc` (newest first, the default) or `asc`.",
+            {"type": "string", "enum": ["asc", "desc"]},
+        ),
+        "interval": query(
+            "interval",
+            "Bucket size of the series: `hour`, `day` (default) or `week` (ISO weeks, from Monday 00:00 UTC); "
+            "at most 1000 buckets.",
+            {"type": "string", "enum": ["hour", "day", "week"]},
         ),
         "If-Match": header(
             "If-Match",
@@ -483,12 +595,45 @@ def _operations() -> dict[tuple[str, str], Json]:
             ),
             description="Idempotent on the conversation id: a retry with the same body applies nothing twice.",
         ),
+        ("get", "/v1/projects/{project}/analytics/conversations"): _op(
+            "list_conversations",
+            "analytics",
+            "Conversations with their repeat-caller metrics",
+            {
+                "200": {
+                    "description": "A page of conversations. With `Accept: text/csv`, the same columns as CSV "
+                    "(cells that a spreadsheet would run as formulas are prefixed with `'`); the next page is "
+                    "in `X-Next-Cursor` and `Link`.",
+                    "headers": {"Cache-Control": _ref("Cache-Control", "headers")},
+                    "content": {
+                        JSON: {"schema": _ref("ConversationList")},
+                        "text/csv": {"schema": {"type": "string"}},
+                    },
+                },
+                "422": _problem("A malformed query parameter; `errors` names it."),
+            },
+            parameters=("from", "to", "repeat", "limit", "cursor", "order"),
+        ),
+        ("get", "/v1/projects/{project}/analytics/repeat-callers"): _op(
+            "repeat_callers",
+            "analytics",
+            "Repeat-caller rate over time, time to callback, and breakdowns by the first interaction",
+            {
+                "200": _response(
+                    "The report, computed from per-bucket counters.", "RepeatCallerReport", "Cache-Control"
+                ),
+                "422": _problem("A malformed query parameter, or too many buckets; `errors` names it."),
+            },
+            parameters=("from", "to", "interval"),
+        ),
     }
 
 
 def _tag(path: str) -> str:
     if not path.startswith("/v1/"):
         return "service"
+    if "/analytics/" in path:
+        return "analytics"
     if "/conversations/" in path:
         return "conversation"
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"

@@ -83,7 +83,7 @@ def test_authentication_and_roles_are_documented(doc: dict[str, Any]) -> None:
             continue
         assert security == [{"bearerAuth": []}], (method, path)
         assert {"401", "403"} <= set(op["responses"]), (method, path)
-        assert op["x-required-role"] in {"operator", "admin", "agent"}
+        assert op["x-required-role"] in {"operator", "admin", "agent", "analytics"}
         assert f"**{op['x-required-role']}**" in op["description"]
         unauthenticated = resolve(doc, op["responses"]["401"])
         assert "WWW-Authenticate" in unauthenticated["headers"]
