@@ -15,6 +15,8 @@ end of the call) for voice agent code.
 Exceptions are described in :mod:`caller_memory.sdk.errors`.
 """
 
+import logging
+
 from .client import CircuitBreaker, FlushReport, MemoryClient, RetryPolicy
 from .conversation import Conversation, EndResult
 from .errors import (
@@ -23,6 +25,7 @@ from .errors import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,
+    OutboxUnavailableError,
     PermissionDeniedError,
     PreconditionFailedError,
     ServiceError,
@@ -44,6 +47,7 @@ __all__ = [
     "MemoryClient",
     "NotFoundError",
     "Outbox",
+    "OutboxUnavailableError",
     "PermissionDeniedError",
     "PreconditionFailedError",
     "RetryPolicy",
@@ -51,3 +55,6 @@ __all__ = [
     "ServiceUnavailableError",
     "default_outbox_path",
 ]
+
+# Library convention: the application decides where log records go (logging.basicConfig or its own setup).
+logging.getLogger("caller_memory.sdk").addHandler(logging.NullHandler())

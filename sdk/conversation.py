@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ class EndResult:
     persisted: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
     blacklisted: bool = False
-    repeat_caller: dict[str, Any] = field(default_factory=dict)
+    repeat_caller: dict[str, Any] = field(default_factory=dict, hash=False)
     replayed: bool = False
     queued: bool = False
 
@@ -39,6 +40,10 @@ class Conversation:
         self.state: dict[str, Any] = {}
         self._memory: Memory | None = None
         self._result: EndResult | None = None
+        self._ending = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Conversation {self.conversation_id} {'ended' if self.ended else 'open'}>"
 
     @property
     def memory(self) -> Memory:
@@ -68,20 +73,23 @@ class Conversation:
     ) -> EndResult:
         """Send ``conv.state`` and the outcome. Retries transient failures, then queues in the outbox.
 
-        Raises :class:`~caller_memory.sdk.errors.ServiceError` subclasses only for requests the service
-        refuses for good (invalid state values, a revoked token): those would never succeed by retrying.
-        Calling it again after it succeeded returns the same result without a request.
+        The request is kept in the durable outbox from the start, so a crash or a cancellation of this call
+        does not lose it. Raises :class:`~caller_memory.sdk.errors.ServiceError` subclasses for requests the
+        service refuses for good (invalid state values, a revoked token): retrying would not help. Raises
+        :class:`~caller_memory.sdk.errors.OutboxUnavailableError` if the service is unreachable *and* the
+        outbox cannot be written. Once it returned a result (delivered or queued), calling it again returns
+        that result without sending anything, whatever the arguments.
         """
-        if self._result is not None:
+        async with self._ending:  # two concurrent end() calls send one request
+            if self._result is None:
+                body = {
+                    "caller": self.caller,
+                    "state": dict(self.state),
+                    "outcome": {"qa": qa, "handoff_reason": handoff_reason, "handoff_to": handoff_to},
+                    "channel": channel,
+                }
+                self._result = await self._client.end_conversation(self.conversation_id, body)
             return self._result
-        body = {
-            "caller": self.caller,
-            "state": dict(self.state),
-            "outcome": {"qa": qa, "handoff_reason": handoff_reason, "handoff_to": handoff_to},
-            "channel": channel,
-        }
-        self._result = await self._client.end_conversation(self.conversation_id, body)
-        return self._result
 
     @property
     def ended(self) -> bool:

@@ -10,8 +10,9 @@
     │   ├── ConflictError            409: a conversation id reused with a different request
     │   ├── PreconditionFailedError  412: If-Match did not match
     │   └── InvalidRequestError      400, 413, 415, 422: the request itself is wrong; fix it, do not retry
-    └── ServiceUnavailableError      the service could not be reached, timed out, or answered 5xx/429;
-                                     retrying may help
+    ├── ServiceUnavailableError      the service could not be reached, timed out, or answered 5xx/429;
+    │                                retrying may help
+    └── OutboxUnavailableError       an end of conversation could be neither delivered nor kept
 """
 
 from __future__ import annotations
@@ -63,11 +64,18 @@ class InvalidRequestError(ServiceError, ValueError):
 
 
 class ServiceUnavailableError(CallerMemoryError, ConnectionError):
-    """The service could not be reached, did not answer in time, or had a transient failure."""
+    """The service could not be reached, did not answer in time, or had a transient failure.
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    ``retry_after`` is the service's ``Retry-After`` in seconds, when it sent one."""
+
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
+
+
+class OutboxUnavailableError(CallerMemoryError, OSError):
+    """``conv.end()`` could not reach the service and could not write the outbox either."""
 
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
@@ -83,9 +91,14 @@ _BY_STATUS: dict[int, type[ServiceError]] = {
 }
 
 
-def error_for(status: int, body: Any) -> CallerMemoryError:
-    """The exception for an error answer (status >= 400). Transient failures are ServiceUnavailableError."""
-    problem = body if isinstance(body, dict) else {"detail": str(body)[:200]}
-    if status >= 500 or status in (408, 429):
-        return ServiceUnavailableError(f"the service answered {status}: {problem.get('detail', '')}", status)
-    return _BY_STATUS.get(status, ServiceError)(status, problem)
+def error_for(status: int, body: Any, retry_after: str | None = None) -> CallerMemoryError:
+    """The exception for an answer that is not a success. Transient failures (5xx, 408, 429, and answers
+    that are not the service's problem documents, e.g. from a proxy) are ServiceUnavailableError."""
+    if status >= 500 or status in (408, 429) or status < 400 or not isinstance(body, dict):
+        try:
+            seconds = float(retry_after) if retry_after else None
+        except ValueError:
+            seconds = None
+        detail = body.get("detail", "") if isinstance(body, dict) else "(no problem document)"
+        return ServiceUnavailableError(f"the service answered {status}: {detail}", status, seconds)
+    return _BY_STATUS.get(status, ServiceError)(status, body)

@@ -63,7 +63,35 @@ class Memory(Mapping[str, Any]):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("conv.memory is read-only; put values to remember in conv.state")
 
+    def __copy__(self) -> Memory:
+        return self  # immutable
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Memory:
+        return self._rebuilt(copy.deepcopy(self._fields, memo))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _restore,
+            (self._fields, self.available, self.reason, self.etag, self.expires_at, self.blacklisted),
+        )
+
+    def _rebuilt(self, fields: dict[str, Any]) -> Memory:
+        return _restore(fields, self.available, self.reason, self.etag, self.expires_at, self.blacklisted)
+
     def __repr__(self) -> str:
         if not self.available:
             return f"<Memory unavailable: {self.reason}>"
         return f"<Memory {sorted(self._fields)}>"
+
+
+def _restore(
+    fields: dict[str, Any],
+    available: bool,
+    reason: str | None,
+    etag: str | None,
+    expires_at: str | None,
+    blacklisted: bool,
+) -> Memory:
+    return Memory(
+        fields, available=available, reason=reason, etag=etag, expires_at=expires_at, blacklisted=blacklisted
+    )

@@ -49,6 +49,12 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         detail = _HTTP_DETAILS.get(exc.status, exc.reason)
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return problem_response(exc.status, exc.reason, detail, slug=f"http-{exc.status}", headers=headers)
+    except ConnectionError:
+        # The client went away mid-request (it timed out, or hung up): nothing to answer, nothing to alarm.
+        log.info("%s %s: the client closed the connection", request.method, _route(request))
+        return problem_response(
+            400, "Client closed", "the client closed the connection", slug="client-closed"
+        )
     except Exception:
         log.exception("unhandled error in %s %s", request.method, _route(request))
         return problem_response(

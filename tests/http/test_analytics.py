@@ -7,8 +7,8 @@ import io
 from typing import Any
 
 import pytest
-
 from caller_memory.service.domain.clock import HOUR_MS, bucket_start, iso_utc
+
 from tests.conftest import Api
 from tests.http.test_api import assert_problem
 
@@ -227,7 +227,7 @@ async def test_csv_cells_cannot_run_as_formulas(api: Api, shop: dict[str, str]) 
     as_csv = await api.call(
         "GET", f"{ANALYTICS}/conversations", token=shop["analytics"], headers={"Accept": "text/csv"}
     )
-    assert list(csv.DictReader(io.StringIO(as_csv.body)))[0]["qa"].startswith("'=")
+    assert next(iter(csv.DictReader(io.StringIO(as_csv.body))))["qa"].startswith("'=")
 
 
 @pytest.mark.parametrize(
