@@ -6,7 +6,7 @@ when the call ends.
 
 Run it against a service you started with ``make run`` (after minting an agent token, see the README)::
 
-    .venv/bin/python examples/cheese_shop_agent.py --url http://127.0.0.1:8080 --token cm_... --project cheese-shop
+    .venv/bin/python examples/cheese_shop_agent.py --url http://127.0.0.1:8080 --token cm_... --caller +14155550100
 
 or, with nothing running, let it start an embedded service on a temporary SQLite file and play two calls
 from the same number::
