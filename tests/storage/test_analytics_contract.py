@@ -1,0 +1,164 @@
+"""The analytics part of the Store contract, identical on SQLite and Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import orjson
+from caller_memory.service.domain.analytics import increments
+from caller_memory.service.domain.clock import DAY_MS, HOUR_MS, bucket_start
+from caller_memory.service.storage.base import (
+    AnalyticsInput,
+    ConversationEntry,
+    ConversationRecord,
+    EndStatus,
+    FirstInteraction,
+    Store,
+)
+
+PROJECT = "shop"
+RETENTION = 30 * DAY_MS
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def analytics_at(at: int, qa: str | None = None, to: str | None = None) -> AnalyticsInput:
+    hour = at - at % HOUR_MS
+    return AnalyticsInput(
+        hour=hour,
+        day=bucket_start("day", hour),
+        week=bucket_start("week", hour),
+        qa=qa,
+        handoff_reason=None,
+        handoff_to=to,
+        first_expires_at=at + RETENTION,
+    )
+
+
+async def end(store: Store, conv: str, subject: str, at: int, **outcome: str) -> dict[str, object]:
+    record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=at + DAY_MS)
+    result = await store.end_conversation(
+        PROJECT, conv, subject, {}, [], at, record, analytics_at(at, **outcome)
+    )
+    assert result.status is EndStatus.APPLIED and result.record is not None
+    extra: dict[str, object] = json.loads(result.record.extra)
+    return extra
+
+
+async def test_first_interaction_is_recorded_once_and_expires(store: Store) -> None:
+    subject, t = uuid.uuid4().hex, now_ms()
+    hour = t - t % HOUR_MS
+    first = await end(store, "c1", subject, t, qa="unresolved", to="human")
+    assert first["first"] is None and first["hour"] == hour
+    assert sorted(str(first["new"]).split(",")) == ["day", "hour", "week"]
+    second = await end(store, "c2", subject, t + 60_000, qa="resolved")
+    assert second["first"] == {
+        "conversation_id": "c1",
+        "hour": hour,
+        "qa": "unresolved",
+        "handoff_reason": None,
+        "handoff_to": "human",
+    }
+    assert second["new"] == ""  # same hour, day and week: nothing new
+    third = await end(store, "c3", subject, t + 2 * DAY_MS)
+    assert third["first"] == second["first"]  # the first interaction, not the second
+    assert "day" in str(third["new"]) and "hour" in str(third["new"])
+    # After the retention period the next call is a first interaction again.
+    later = t + RETENTION
+    again = await end(store, "c4", subject, later)
+    assert again["first"] is None
+    assert (await end(store, "c5", subject, later + 1000))["first"]["conversation_id"] == "c4"  # type: ignore[index]
+
+
+async def test_a_replay_returns_the_stored_analytics(store: Store) -> None:
+    subject, t = uuid.uuid4().hex, now_ms()
+    await end(store, "c1", subject, t)
+    applied = await end(store, "c2", subject, t + 1000)
+    record = ConversationRecord(fingerprint="c2", extra=b"{}", expires_at=t + DAY_MS)
+    replay = await store.end_conversation(
+        PROJECT, "c2", subject, {}, [], t + 5 * HOUR_MS, record, analytics_at(t + 5 * HOUR_MS)
+    )
+    assert replay.status is EndStatus.REPLAYED and replay.record is not None
+    assert orjson.loads(replay.record.extra) == applied
+
+
+def entry(
+    conv: str, hour: int, first: FirstInteraction | None = None, qa: str | None = None
+) -> ConversationEntry:
+    return ConversationEntry(conv, hour, "voice", qa, None, None, first)
+
+
+async def test_recording_is_idempotent_and_counts(store: Store) -> None:
+    t = now_ms()
+    hour = t - t % HOUR_MS
+    first = FirstInteraction("c0", hour - 3 * HOUR_MS, "unresolved", None, "human")
+    repeat = entry("c1", hour, first, qa="resolved")
+    expires = t + DAY_MS
+    assert await store.record_conversation(PROJECT, repeat, increments(repeat, ["hour", "day"]), expires)
+    assert not await store.record_conversation(PROJECT, repeat, increments(repeat, ["hour", "day"]), expires)
+    one = entry("c2", hour)
+    assert await store.record_conversation(PROJECT, one, increments(one, ["hour", "day", "week"]), expires)
+    [hourly] = await store.counters(PROJECT, "hour", hour, hour, t)
+    assert hourly.bucket == hour
+    assert dict(hourly.values) == {
+        "conversations": 2,
+        "repeat": 1,
+        "first": 1,
+        "distinct": 2,
+        "ttc:under_1_day": 1,
+        'first_qa:"unresolved"': 1,
+        "first_handoff_reason:null": 1,
+        'first_handoff_to:"human"': 1,
+    }
+    [weekly] = await store.counters(
+        PROJECT, "week", bucket_start("week", hour), bucket_start("week", hour), t
+    )
+    assert weekly.values["distinct"] == 1 and weekly.values["conversations"] == 2
+    # Counters expire with their latest conversation.
+    assert await store.counters(PROJECT, "hour", hour, hour, expires) == []
+    assert await store.counters("other-project", "hour", hour, hour, t) == []
+
+
+async def test_listing_order_paging_filters_and_expiry(store: Store) -> None:
+    t = now_ms()
+    hour = t - t % HOUR_MS
+    first = FirstInteraction("a", hour - 2 * HOUR_MS, None, None, None)
+    recorded = [
+        entry("a", hour - 2 * HOUR_MS),
+        entry("b", hour - HOUR_MS, first),
+        entry("c", hour - HOUR_MS),
+        entry("d", hour, first),
+    ]
+    for e in recorded:
+        expires = t + (1000 if e.conversation_id == "c" else DAY_MS)
+        await store.record_conversation(PROJECT, e, increments(e, []), expires)
+
+    async def ids(**options: object) -> list[str]:
+        args: dict[str, object] = {
+            "start": f"{hour - 5 * HOUR_MS:013d}:",
+            "stop": f"{hour + HOUR_MS:013d}:",
+            "repeat": None,
+            "after": None,
+            "limit": 10,
+            "descending": False,
+            "now_ms": t,
+        } | options
+        return [e.conversation_id for e in await store.list_conversations(PROJECT, **args)]  # type: ignore[arg-type]
+
+    assert await ids() == ["a", "b", "c", "d"]
+    assert await ids(descending=True) == ["d", "c", "b", "a"]
+    assert await ids(repeat=True) == ["b", "d"]
+    assert await ids(repeat=False) == ["a", "c"]
+    assert await ids(limit=2) == ["a", "b"]
+    assert await ids(limit=2, after=recorded[1].sort_key) == ["c", "d"]
+    assert await ids(limit=2, descending=True, after=recorded[2].sort_key) == ["b", "a"]
+    assert await ids(start=f"{hour - HOUR_MS:013d}:", stop=f"{hour:013d}:") == ["b", "c"]
+    assert await ids(now_ms=t + 1000) == ["a", "b", "d"]  # c has expired
+    listed = await store.list_conversations(
+        PROJECT, start="0", stop="9", repeat=True, after=None, limit=1, descending=False, now_ms=t
+    )
+    assert listed == [recorded[1]]  # entries come back exactly as recorded
