@@ -216,7 +216,8 @@ class Store(ABC):
 
     @abstractmethod
     async def erase_caller(self, project: str, subject: str) -> int:
-        """Remove everything stored about the caller. Returns how many fields (live or dead) were removed."""
+        """Remove the caller's memory and first-interaction record. Returns how many fields (live or dead)
+        were removed."""
 
     @abstractmethod
     async def end_conversation(

@@ -439,7 +439,11 @@ class RedisStore(Store):
     async def erase_caller(self, project: str, subject: str) -> int:
         with _translated("erase_caller"):
             removed = await self._scripts["erase"](
-                keys=[keys.memory_key(project, subject), keys.caller_index_key(subject)],
+                keys=[
+                    keys.memory_key(project, subject),
+                    keys.caller_index_key(subject),
+                    keys.first_interaction_key(project, subject),
+                ],
                 args=[keys.index_member(project, subject)],
             )
         return int(removed)

@@ -519,6 +519,9 @@ class SQLiteStore(Store):
     async def erase_caller(self, project: str, subject: str) -> int:
         def run(conn: sqlite3.Connection) -> int:
             cur = conn.execute("DELETE FROM fields WHERE project = ? AND subject = ?", (project, subject))
+            conn.execute(
+                "DELETE FROM first_interactions WHERE project = ? AND subject = ?", (project, subject)
+            )
             return cur.rowcount
 
         return await self._write(run)

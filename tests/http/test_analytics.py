@@ -260,3 +260,11 @@ async def test_roles_and_tenancy(api: Api, shop: dict[str, str]) -> None:
         assert_problem(await api.call("GET", ANALYTICS + path, token=shop["agent"]), 403)
         other = await api.project_with_tokens("bakery", {"analytics_enabled": True})
         assert_problem(await api.call("GET", ANALYTICS + path, token=other["analytics"]), 404)
+
+
+async def test_an_erased_caller_starts_again_as_a_first_interaction(api: Api, shop: dict[str, str]) -> None:
+    await end(api, shop["agent"], "c1", ADA, qa="unresolved")
+    assert (await end(api, shop["agent"], "c2", ADA))["repeat_caller"]["REPEAT_CALLER_CONV_ID"] == "c1"
+    erased = await api.call("DELETE", f"/v1/projects/shop/callers/{ADA}", token=shop["admin"])
+    assert erased.status == 200
+    assert (await end(api, shop["agent"], "c3", ADA))["repeat_caller"] == {}
