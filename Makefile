@@ -4,7 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run test lint format redis-server clean
+.PHONY: install install-test run test lint format redis-server chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,17 +25,21 @@ run: install
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || ./scripts/install-redis
 
+# The browser tests drive Debian's chromium (headless); install it when it is missing.
+chromium:
+	@test -x /usr/bin/chromium || ./scripts/install-chromium
+
 lint: install-test
-	$(BIN)/ruff check service sdk tests examples
-	$(BIN)/ruff format --check service sdk tests examples
+	$(BIN)/ruff check service sdk tests examples bench
+	$(BIN)/ruff format --check service sdk tests examples bench
 	$(BIN)/mypy service sdk
 
-test: install-test redis-server lint
+test: install-test redis-server chromium lint
 	$(BIN)/pytest -q
 
 format: install-test
-	$(BIN)/ruff format service sdk tests examples
-	$(BIN)/ruff check --fix service sdk tests examples
+	$(BIN)/ruff format service sdk tests examples bench
+	$(BIN)/ruff check --fix service sdk tests examples bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 
 from .config import Settings
 from .domain.analytics import AnalyticsService
 from .domain.clock import Clock, SystemClock
 from .domain.conversations import ConversationService
+from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
 from .domain.limits import MAX_BODY_BYTES
 from .domain.memory import MemoryService
 from .domain.registry import ProjectRegistry
+from .domain.retention import AuditLog, Sweeper
 from .domain.tokens import TokenService
+from .http.admin_routes import record_sweep_metrics
+from .http.admin_routes import routes as admin_routes
 from .http.analytics_routes import routes as analytics_routes
-from .http.keys import SERVICES, Services
+from .http.dashboard import routes as dashboard_routes
+from .http.keys import METRICS, SERVICES, Services
+from .http.metrics import Metrics
 from .http.middleware import problem_middleware
 from .http.routes import routes
 from .storage import open_store
 from .storage.base import Store
+
+log = logging.getLogger("caller_memory")
 
 
 def build_services(settings: Settings, *, clock: Clock | None = None, store: Store | None = None) -> Services:
@@ -38,6 +49,8 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         memory=memory,
         analytics=analytics,
         conversations=ConversationService(store, memory, analytics, clock),
+        audit=AuditLog(store, clock),
+        sweeper=Sweeper(store, clock, batch=settings.sweep_batch),
     )
 
 
@@ -45,16 +58,56 @@ def create_app(
     settings: Settings, *, clock: Clock | None = None, store: Store | None = None
 ) -> web.Application:
     """Build the service. ``clock`` and ``store`` may be injected (tests); the store is opened on startup."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[problem_middleware])
+    metrics = Metrics()
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES, middlewares=[metrics.middleware(), problem_middleware]
+    )
     services = build_services(settings, clock=clock, store=store)
     app[SERVICES] = services
+    app[METRICS] = metrics
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
         yield
         await services.store.close()
 
+    async def sweep_schedule(app: web.Application) -> AsyncIterator[None]:
+        # Sweeps run inside the service; the store's lease keeps replicas from sweeping at once.
+        scheduler = AsyncIOScheduler()
+        if settings.sweep_interval > 0:
+            scheduler.add_job(
+                scheduled_sweep,
+                IntervalTrigger(
+                    seconds=settings.sweep_interval, jitter=min(30.0, settings.sweep_interval / 10)
+                ),
+                args=[app],
+                max_instances=1,
+                coalesce=True,
+                id="sweep",
+            )
+            scheduler.start()
+        yield
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
+
     app.cleanup_ctx.append(store_lifecycle)
+    app.cleanup_ctx.append(sweep_schedule)
     app.add_routes(routes)
+    app.add_routes(admin_routes)
     app.add_routes(analytics_routes)
+    app.add_routes(dashboard_routes)
     return app
+
+
+async def scheduled_sweep(app: web.Application) -> None:
+    metrics = app[METRICS]
+    try:
+        report = await app[SERVICES].sweeper.run()
+    except CallerMemoryError as exc:
+        metrics.sweeps.labels("failed").inc()
+        log.warning("scheduled sweep failed: %s", exc.detail)
+        return
+    if report is None:
+        metrics.sweeps.labels("skipped").inc()
+    else:
+        record_sweep_metrics(app, report.removed, report.duration_ms)

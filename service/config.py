@@ -29,6 +29,10 @@ class Settings:
     config_cache_seconds: float = 2.0
     token_cache_seconds: float = 5.0
     log_level: str = "INFO"
+    #: Seconds between scheduled expiry sweeps (0: no scheduled sweeps); each removes at most this many
+    #: items of each kind per round.
+    sweep_interval: float = 300.0
+    sweep_batch: int = 1000
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -49,9 +53,17 @@ class Settings:
             operator_token=operator,
             log_level=env.get("CALLER_MEMORY_LOG_LEVEL", "INFO").upper(),
         )
-        try:
-            if "CALLER_MEMORY_STORE_TIMEOUT" in env:
-                settings = replace(settings, store_timeout=float(env["CALLER_MEMORY_STORE_TIMEOUT"]))
-        except ValueError:
-            raise SettingsError("CALLER_MEMORY_STORE_TIMEOUT must be a number of seconds") from None
+        seconds: dict[str, Any] = {}
+        for name, attribute in (
+            ("CALLER_MEMORY_STORE_TIMEOUT", "store_timeout"),
+            ("CALLER_MEMORY_SWEEP_INTERVAL", "sweep_interval"),
+        ):
+            if name in env:
+                try:
+                    seconds[attribute] = float(env[name])
+                except ValueError:
+                    raise SettingsError(f"{name} must be a number of seconds") from None
+                if seconds[attribute] < 0:
+                    raise SettingsError(f"{name} must not be negative")
+        settings = replace(settings, **seconds)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})

@@ -13,12 +13,9 @@ from .analytics import AnalyticsService, metrics
 from .clock import Clock
 from .errors import Conflict, InvalidIdentifier, InvalidInput
 from .fields import StoredField
-from .limits import CONVERSATION_ID_RE
+from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
-
-#: How long a conversation id is remembered, so that a retry is recognised (never longer than retention).
-IDEMPOTENCY_WINDOW_MS = 7 * 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +35,8 @@ class ConversationEnd:
     blacklisted: bool
     repeat_caller: dict[str, Any]
     replayed: bool
+    #: The caller was erased after this conversation's write was made: nothing was stored.
+    erased: bool = False
 
 
 class ConversationService:
@@ -57,7 +56,13 @@ class ConversationService:
         state: dict[str, Any],
         outcome: Outcome,
         channel: str | None,
+        *,
+        received_at: int | None = None,
+        ended_at: int | None = None,
     ) -> ConversationEnd:
+        """``received_at`` is when the request arrived (default: now); ``ended_at`` when the client says the
+        conversation ended (its first attempt to send this). The write counts as made at the earlier of the
+        two, so that an erasure in between wins over a late delivery."""
         if not CONVERSATION_ID_RE.match(conversation_id):
             raise InvalidInput(
                 "conversation id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
@@ -92,7 +97,7 @@ class ConversationService:
         record = ConversationRecord(
             fingerprint=fingerprint,
             extra=orjson.dumps({}),
-            expires_at=now + min(IDEMPOTENCY_WINDOW_MS, project.retention_ms),
+            expires_at=now + min(RECALL_WINDOW_MS, project.retention_ms),
         )
         stored = {
             name: StoredField(value=value, expires_at=now + project.ttl_ms[name], written_at=now)
@@ -103,9 +108,12 @@ class ConversationService:
             if project.analytics_enabled
             else None
         )
+        made_at = min(now if received_at is None else received_at, now if ended_at is None else ended_at)
         result = await self._store.end_conversation(
-            project.project_id, conversation_id, who.subject, stored, deletes, now, record, analytics
+            project.project_id, conversation_id, who.subject, stored, deletes, now, record, analytics, made_at
         )
+        if result.status is EndStatus.ERASED:
+            return ConversationEnd(conversation_id, [], sorted(state), False, {}, False, erased=True)
         if result.status is EndStatus.CONFLICT or result.record is None:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
@@ -125,6 +133,12 @@ class ConversationService:
                 now,
             )
             repeat_caller = metrics(entry.first)
+            # An erasure may have run between the memory write and the listing (they are two steps, in two
+            # places of the store): if so, take the listing back. The erasure unlists everything it saw;
+            # this catches what it could not see yet.
+            erased = await self._store.erased_at(project.project_id, who.subject, self._clock.now_ms())
+            if erased is not None and erased >= made_at:
+                await self._store.unlist_conversations(project.project_id, [conversation_id])
         return ConversationEnd(
             conversation_id=conversation_id,
             persisted=persisted,

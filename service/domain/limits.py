@@ -33,3 +33,7 @@ CONVERSATION_ID_RE = re.compile(CONVERSATION_ID_PATTERN)
 MAX_STATE_ENTRIES = 256
 #: Longest outcome value (qa, handoff_reason, handoff_to) and channel name.
 MAX_OUTCOME_CHARS = 128
+#: How long a conversation id is remembered (a retry within it applies nothing twice), and how long an erased
+#: caller's tombstone is kept (a write made before the erasure and delivered within it is dropped). Never
+#: longer than the project's retention.
+RECALL_WINDOW_MS = 7 * 86_400_000

@@ -17,7 +17,7 @@ from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import InvalidInput, PreconditionFailed
 from .fields import StoredField, WriteCondition, compute_etag, effective_expiry, live_fields
 from .identifiers import Pseudonymizer, normalize
-from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES
+from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .projects import Project
 
 EMPTY_ETAG = compute_etag({})
@@ -40,6 +40,9 @@ class ErasureReceipt:
     project: str
     erased_at: int  # hour-rounded down
     fields_removed: int
+    first_interaction_removed: bool
+    conversations_unlinked: int
+    analytics_entries_removed: int
     blacklisted: bool = False
 
 
@@ -166,12 +169,20 @@ class MemoryService:
         return view
 
     async def erase(self, project: Project, raw_identifier: str) -> ErasureReceipt:
+        """Erase everything about a caller. A tombstone blocks, for the idempotency window, any end-of-call
+        write made before the erasure that arrives after it (an in-flight request, an SDK outbox entry)."""
         caller = self.caller(project, raw_identifier)
-        removed = await self._store.erase_caller(project.project_id, caller.subject)
+        now = self._clock.now_ms()
+        removed = await self._store.erase_caller(
+            project.project_id, caller.subject, now, now + RECALL_WINDOW_MS
+        )
         return ErasureReceipt(
             receipt_id=uuid.uuid4().hex,
             project=project.project_id,
-            erased_at=floor_hour_ms(self._clock.now_ms()),
-            fields_removed=removed,
+            erased_at=floor_hour_ms(now),
+            fields_removed=removed.fields,
+            first_interaction_removed=removed.first_interaction,
+            conversations_unlinked=removed.conversations,
+            analytics_entries_removed=removed.listed,
             blacklisted=caller.blacklisted,
         )

@@ -14,8 +14,10 @@ from ..domain.conversations import ConversationService
 from ..domain.errors import StoreUnavailable
 from ..domain.memory import MemoryService
 from ..domain.registry import ProjectRegistry
+from ..domain.retention import AuditLog, Sweeper
 from ..domain.tokens import TokenService
 from ..storage.base import Store
+from .metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,8 @@ class Services:
     tokens: TokenService
     memory: MemoryService
     analytics: AnalyticsService
+    audit: AuditLog
+    sweeper: Sweeper
     conversations: ConversationService
 
     async def ping(self) -> None:
@@ -39,3 +43,4 @@ class Services:
 
 
 SERVICES = web.AppKey("services", Services)
+METRICS = web.AppKey("metrics", Metrics)

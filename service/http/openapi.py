@@ -26,6 +26,7 @@ from ..domain.limits import (
 )
 from ..domain.projects import PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.tokens import Role
+from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
 from .schemas import EndRequest, TokenCreate
 
 Json = dict[str, Any]
@@ -164,7 +165,14 @@ def _schemas() -> dict[str, Json]:
         "receipt_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
         "project": {"type": "string", "pattern": PROJECT_ID_PATTERN},
         "erased_at": date_time | {"description": "Rounded down to the hour."},
-        "removed": _object({"fields": {"type": "integer", "minimum": 0}}, closed=False),
+        "removed": _object(
+            {
+                "fields": {"type": "integer", "minimum": 0},
+                "first_interaction": {"type": "boolean"},
+                "conversation_links": {"type": "integer", "minimum": 0},
+                "analytics_conversations": {"type": "integer", "minimum": 0},
+            }
+        ),
         "blacklisted": {"type": "boolean"},
     }
     nullable = {"type": ["string", "null"]}
@@ -259,6 +267,11 @@ def _schemas() -> dict[str, Json]:
                     "type": "boolean",
                     "description": "The caller is blacklisted: nothing was stored.",
                 },
+                "erased": {
+                    "type": "boolean",
+                    "description": "The caller was erased after this write was made (`ended_at`, or when the "
+                    "request arrived): nothing was stored.",
+                },
                 "repeat_caller": {
                     "type": "object",
                     "description": "Repeat-caller metrics of the caller's first interaction (empty until analytics).",
@@ -285,6 +298,53 @@ def _schemas() -> dict[str, Json]:
             }
         ),
         "RepeatCallerReport": _object(report),
+        "SweepReport": _object(
+            {
+                "sweep_id": {"type": "string"},
+                "holder": {"type": "string", "description": "The replica that ran it."},
+                "started_at": date_time,
+                "duration_ms": {"type": "number", "minimum": 0},
+                "rounds": count,
+                "complete": {
+                    "type": "boolean",
+                    "description": "False: it stopped at its time budget with work left.",
+                },
+                "removed": {
+                    "type": "object",
+                    "additionalProperties": count,
+                    "description": "Removed items by kind.",
+                },
+            }
+        ),
+        "SweepList": _object({"sweeps": {"type": "array", "items": _ref("SweepReport")}}),
+        "AuditRecord": _object(
+            {
+                "id": {"type": "string"},
+                "at": date_time | {"description": "Rounded down to the hour for erasures."},
+                "actor": {"type": "string", "description": "`operator` or `token:<token_id>`."},
+                "action": {
+                    "type": "string",
+                    "enum": [
+                        "project.created",
+                        "project.configured",
+                        "token.created",
+                        "token.revoked",
+                        "caller.erased",
+                    ],
+                },
+                "details": {
+                    "type": "object",
+                    "description": "Counts and ids; never a phone number or a stored value.",
+                },
+                "receipt_id": nullable,
+            }
+        ),
+        "AuditList": _object(
+            {
+                "records": {"type": "array", "items": _ref("AuditRecord")},
+                "next_cursor": {"type": ["string", "null"]},
+            }
+        ),
         "Token": _object(token),
         "MintedToken": _object(token | {"token": secret}),
         "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
@@ -350,10 +410,18 @@ def _parameters() -> dict[str, Json]:
             "limit", "Page size (default 100).", {"type": "integer", "minimum": 1, "maximum": 1000}
         ),
         "cursor": query("cursor", "`next_cursor` of the previous page.", {"type": "string"}),
+        "before": query(
+            "before", "`next_cursor` of the previous page: records older than it.", {"type": "string"}
+        ),
         "order": query(
             "order",
             "`desc` (newest first, the default) or `asc`.",
             {"type": "string", "enum": ["asc", "desc"]},
+        ),
+        "asset": path(
+            "asset",
+            "A file of the dashboard page; only these names exist.",
+            {"type": "string", "enum": sorted(ASSETS)},
         ),
         "interval": query(
             "interval",
@@ -416,6 +484,27 @@ def _body_errors() -> dict[str, Json | None]:
     }
 
 
+def _dashboard_file(description: str, *media: str) -> Json:
+    """A file of the dashboard page, with the headers that keep the page to itself."""
+    text = {"type": "string"}
+    return {
+        "description": description,
+        "headers": {
+            "Content-Security-Policy": {
+                "description": "Only this origin's scripts, styles and API; no inline script; no form posts.",
+                "schema": text | {"const": CONTENT_SECURITY_POLICY},
+            },
+            "X-Content-Type-Options": {"schema": text | {"const": "nosniff"}},
+            "Cache-Control": {
+                "description": "Revalidate with the ETag.",
+                "schema": text | {"const": "no-cache"},
+            },
+            "ETag": {"description": "Of the file's content.", "schema": text},
+        },
+        "content": {m: {"schema": text | {"description": "UTF-8."}} for m in media},
+    }
+
+
 def _body(schema: str, description: str, *media: str) -> Json:
     content = {m: {"schema": _ref(schema)} for m in media or (JSON,)}
     return {"required": True, "description": description, "content": content}
@@ -457,6 +546,52 @@ def _operations() -> dict[tuple[str, str], Json]:
     precondition = _problem("If-Match did not match; `ETag` holds the current one.", "ETag")
     return {
         ("get", "/healthz"): _op("healthz", None, "Liveness", {"200": _response("Alive: `ok`.", "Health")}),
+        ("get", "/metrics"): _op(
+            "metrics",
+            None,
+            "Prometheus metrics",
+            {
+                "200": {
+                    "description": "Requests by route template, method and status; latency histograms; store "
+                    "errors; sweeps and what they removed; erasures. No label holds an identifier.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        ),
+        ("post", "/v1/admin/sweeps"): _op(
+            "run_sweep",
+            "operator",
+            "Run an expiry sweep now",
+            {
+                "200": _response("What the sweep removed and how long it took.", "SweepReport"),
+                "404": None,
+                "409": _problem("Another sweep holds the lease (on this or another replica)."),
+                "422": None,
+            },
+            description="Removes expired fields, callers left empty, expired first-interaction records, "
+            "conversation records and analytics entries, in bounded batches, for at most 30 seconds.",
+        ),
+        ("get", "/v1/admin/sweeps"): _op(
+            "list_sweeps",
+            "operator",
+            "Recent sweeps",
+            {
+                "200": _response("The latest sweeps, newest first (at most 100 are kept).", "SweepList"),
+                "404": None,
+                "422": _problem("A malformed `limit`."),
+            },
+            parameters=("limit",),
+        ),
+        ("get", "/v1/projects/{project}/audit"): _op(
+            "list_audit",
+            "admin",
+            "Audit records: erasures, configuration and token changes",
+            {
+                "200": _response("Audit records, newest first.", "AuditList"),
+                "422": _problem("A malformed `limit` or `before`."),
+            },
+            parameters=("limit", "before"),
+        ),
         ("get", "/readyz"): _op(
             "readyz",
             None,
@@ -471,6 +606,30 @@ def _operations() -> dict[tuple[str, str], Json]:
             None,
             "This API description",
             {"200": {"description": "This document.", "content": {JSON: {"schema": {"type": "object"}}}}},
+        ),
+        ("get", "/dashboard"): _op(
+            "dashboard",
+            None,
+            "The repeat-caller dashboard page",
+            {
+                "200": _dashboard_file("The page.", "text/html"),
+                "304": _response("Unchanged since the ETag given in If-None-Match."),
+            },
+            parameters=("If-None-Match",),
+            description="Static; it holds no data. The page asks for a project id and a token with the "
+            "`analytics` or `admin` role, keeps the token in the browser tab's session storage, and calls the "
+            "analytics endpoints with it. Nothing is loaded from outside the service.",
+        ),
+        ("get", "/dashboard/{asset}"): _op(
+            "dashboard_asset",
+            None,
+            "A script or style sheet of the dashboard page",
+            {
+                "200": _dashboard_file("The file.", *sorted(set(ASSETS.values()))),
+                "304": _response("Unchanged since the ETag given in If-None-Match."),
+                "404": _problem("No such file."),
+            },
+            parameters=("If-None-Match",),
         ),
         ("put", "/v1/projects/{project}"): _op(
             "put_project",
@@ -630,6 +789,8 @@ def _operations() -> dict[tuple[str, str], Json]:
 
 
 def _tag(path: str) -> str:
+    if path.startswith("/dashboard"):
+        return "dashboard"
     if not path.startswith("/v1/"):
         return "service"
     if "/analytics/" in path:
@@ -665,6 +826,10 @@ def build_openapi() -> dict[str, Any]:
             {"name": "project", "description": "Project configuration."},
             {"name": "token", "description": "Project tokens."},
             {"name": "memory", "description": "Caller memory, addressed by phone number."},
+            {
+                "name": "dashboard",
+                "description": "The dashboard page and its files; the data calls need a token.",
+            },
         ],
         "security": [{"bearerAuth": []}],
         "paths": _paths(),

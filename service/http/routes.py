@@ -16,13 +16,14 @@ from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
 from ..domain.tokens import Principal, Role
 from ..storage.base import TokenRecord
-from .keys import SERVICES, Services
+from .keys import METRICS, SERVICES, Services
 from .responses import json_response
 from .schemas import EndRequest, TokenCreate
 
 JSON_TYPES = frozenset({"application/json", "application/merge-patch+json"})
 
 routes = web.RouteTableDef()
+PRINCIPAL = web.RequestKey("principal", Principal)
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -63,7 +64,13 @@ async def authorize(request: web.Request, role: Role | None) -> tuple[Services, 
         principal.require_operator()
     else:
         principal.require(request.match_info["project"], role)
+    request[PRINCIPAL] = principal
     return services, principal
+
+
+def actor(request: web.Request) -> str:
+    """How audit records name whoever made this (authorized) request."""
+    return request[PRINCIPAL].name
 
 
 async def project_for(request: web.Request, role: Role) -> tuple[Services, Project]:
@@ -99,7 +106,12 @@ def receipt_body(receipt: ErasureReceipt) -> dict[str, Any]:
         "receipt_id": receipt.receipt_id,
         "project": receipt.project,
         "erased_at": iso(receipt.erased_at),
-        "removed": {"fields": receipt.fields_removed},
+        "removed": {
+            "fields": receipt.fields_removed,
+            "first_interaction": receipt.first_interaction_removed,
+            "conversation_links": receipt.conversations_unlinked,
+            "analytics_conversations": receipt.analytics_entries_removed,
+        },
         "blacklisted": receipt.blacklisted,
     }
 
@@ -126,9 +138,21 @@ async def readyz(request: web.Request) -> web.Response:
 
 @routes.put("/v1/projects/{project}")
 async def put_project(request: web.Request) -> web.Response:
-    services, _ = await authorize(request, None)
+    services, principal = await authorize(request, None)
     document = await read_json(request)
     project, created = await services.projects.apply(request.match_info["project"], document)
+    rc = project.config.memory.repeat_caller
+    await services.audit.record(
+        project.project_id,
+        principal.name,
+        "project.created" if created else "project.configured",
+        {
+            "state_keys": len(rc.state_keys),
+            "retention": int(rc.retention.total_seconds()),
+            "blacklist_entries": len(project.blacklist),
+            "analytics_enabled": rc.analytics_enabled,
+        },
+    )
     return json_response(project.stored_document(), status=201 if created else 200)
 
 
@@ -143,6 +167,12 @@ async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     spec = await read_model(request, TokenCreate, "token request")
     minted = await services.tokens.mint(project.project_id, spec.role, spec.label)
+    await services.audit.record(
+        project.project_id,
+        actor(request),
+        "token.created",
+        {"token_id": minted.record.token_id, "role": spec.role},
+    )
     body = token_body(minted.record) | {"token": minted.secret}
     return json_response(body, status=201, headers={"Cache-Control": "no-store"})
 
@@ -158,6 +188,9 @@ async def list_tokens(request: web.Request) -> web.Response:
 async def revoke_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     await services.tokens.revoke(project.project_id, request.match_info["token_id"])
+    await services.audit.record(
+        project.project_id, actor(request), "token.revoked", {"token_id": request.match_info["token_id"]}
+    )
     return web.Response(status=204)
 
 
@@ -206,7 +239,17 @@ async def delete_field(request: web.Request) -> web.Response:
 async def erase_caller(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     receipt = await services.memory.erase(project, request.match_info["identifier"])
-    return json_response(receipt_body(receipt))
+    body = receipt_body(receipt)
+    await services.audit.record(
+        project.project_id,
+        actor(request),
+        "caller.erased",
+        {"removed": body["removed"], "blacklisted": receipt.blacklisted},
+        receipt_id=receipt.receipt_id,
+        at=receipt.erased_at,  # hour-rounded, like every time about a caller
+    )
+    request.app[METRICS].erasures.inc()
+    return json_response(body)
 
 
 # Conversations --------------------------------------------------------------------------------------------
@@ -214,17 +257,26 @@ async def erase_caller(request: web.Request) -> web.Response:
 
 @routes.post("/v1/projects/{project}/conversations/{conversation_id}/end")
 async def end_conversation(request: web.Request) -> web.Response:
+    received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
     services, project = await project_for(request, Role.AGENT)
     spec = await read_model(request, EndRequest, "end of conversation")
     outcome = Outcome(spec.outcome.qa, spec.outcome.handoff_reason, spec.outcome.handoff_to)
     ended = await services.conversations.end(
-        project, request.match_info["conversation_id"], spec.caller, spec.state, outcome, spec.channel
+        project,
+        request.match_info["conversation_id"],
+        spec.caller,
+        spec.state,
+        outcome,
+        spec.channel,
+        received_at=received_at,
+        ended_at=int(spec.ended_at.timestamp() * 1000) if spec.ended_at is not None else None,
     )
     body = {
         "conversation_id": ended.conversation_id,
         "persisted": ended.persisted,
         "ignored": ended.ignored,
         "blacklisted": ended.blacklisted,
+        "erased": ended.erased,
         "repeat_caller": ended.repeat_caller,
     }
     return json_response(body, headers={"Idempotent-Replayed": "true" if ended.replayed else "false"})

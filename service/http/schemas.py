@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..domain.limits import MAX_IDENTIFIER_CHARS, MAX_OUTCOME_CHARS, MAX_STATE_ENTRIES
 
@@ -45,3 +45,8 @@ class EndRequest(BaseModel):
     )
     outcome: OutcomeIn = Field(default_factory=OutcomeIn)
     channel: str | None = Field(default=None, max_length=MAX_OUTCOME_CHARS, description="e.g. 'voice'")
+    ended_at: AwareDatetime | None = Field(
+        default=None,
+        description="When the conversation ended (the client's first attempt to send this): an erasure of the "
+        "caller after that moment wins over this write, however late it is delivered",
+    )

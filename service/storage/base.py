@@ -18,6 +18,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -117,10 +118,52 @@ def decode_entry(data: bytes) -> ConversationEntry:
     return ConversationEntry(**raw, first=FirstInteraction(**first) if first is not None else None)
 
 
+def audit_id(number: int) -> str:
+    """Audit ids are zero-padded decimal, so that they sort as they increase on every backend."""
+    return f"{number:020d}"
+
+
+def encode_audit(entry: AuditEntry) -> bytes:
+    return orjson.dumps(
+        {"at": entry.at, "actor": entry.actor, "action": entry.action, "details": dict(entry.details),
+         "receipt_id": entry.receipt_id}
+    )  # fmt: skip
+
+
+def decode_audit(entry_id: str, data: bytes) -> AuditEntry:
+    raw = orjson.loads(data)
+    return AuditEntry(id=entry_id, **raw)
+
+
 class EndStatus(enum.Enum):
     APPLIED = "applied"  # first time: the fields were written and the record stored
     REPLAYED = "replayed"  # the same conversation with the same body: nothing written
     CONFLICT = "conflict"  # the same conversation id with another body: nothing written
+    ERASED = "erased"  # the caller was erased after this write was made: nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureResult:
+    """What :meth:`Store.erase_caller` removed."""
+
+    fields: int
+    first_interaction: bool
+    #: Ended-conversation records that linked a conversation id to the caller.
+    conversations: int
+    #: Analytics listing entries of the caller's conversations.
+    listed: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit record: who did what, when, with which receipt. Never a phone number or a stored value."""
+
+    at: int
+    actor: str
+    action: str
+    details: Mapping[str, Any]
+    receipt_id: str | None = None
+    id: str = ""  # assigned by the store, increasing
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +258,13 @@ class Store(ABC):
         """
 
     @abstractmethod
-    async def erase_caller(self, project: str, subject: str) -> int:
-        """Remove the caller's memory and first-interaction record. Returns how many fields (live or dead)
-        were removed."""
+    async def erase_caller(
+        self, project: str, subject: str, now_ms: int, tombstone_until: int
+    ) -> ErasureResult:
+        """Remove everything stored about the caller: memory, first-interaction record, the records that link
+        conversation ids to the caller, and the analytics listing entries of those conversations (counters,
+        which are anonymous, stay). Leaves a tombstone (erased at ``now_ms``, kept until
+        ``tombstone_until``) so that a write made before the erasure and arriving after it is dropped."""
 
     @abstractmethod
     async def end_conversation(
@@ -230,8 +277,12 @@ class Store(ABC):
         now_ms: int,
         record: ConversationRecord,
         analytics: AnalyticsInput | None = None,
+        made_at: int | None = None,
     ) -> EndResult:
         """Apply the end of a conversation exactly once.
+
+        ``made_at`` is when the write was made (default ``now_ms``): if the caller was erased at or after
+        that time (a live tombstone), nothing is written and the status is ERASED.
 
         If a live record (``expires_at`` after ``now_ms``) exists for ``(project, conversation_id)``: when it
         was stored for the same ``subject`` with the same fingerprint, nothing is written and the stored
@@ -283,3 +334,47 @@ class Store(ABC):
     async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
         """The non-empty, unexpired counter buckets of ``kind`` (hour, day, week) from ``first`` to ``last``
         (bucket start times, inclusive), in time order."""
+
+    @abstractmethod
+    async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
+        """When the caller was last erased, if their tombstone is still live."""
+
+    @abstractmethod
+    async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
+        """Remove these conversations from the analytics listing (counters stay); returns how many were listed."""
+
+    # Retention ----------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
+        """Remove up to about ``batch`` expired items of each kind; safe to repeat and to interrupt.
+
+        Returns counts by kind (``fields``, ``callers`` emptied, and whatever else the backend removes
+        itself rather than leaving to the store's own expiry) and whether more expired items remain. Costs
+        in proportion to what expired, not to what is stored.
+        """
+
+    @abstractmethod
+    async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
+        """Take (or renew, for the same holder) the named lease until ``now_ms + ttl_ms``. False if another
+        holder has it."""
+
+    @abstractmethod
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease back if ``holder`` has it."""
+
+    @abstractmethod
+    async def record_sweep(self, record: bytes) -> None:
+        """Keep a sweep report (JSON); only the latest 100 are kept."""
+
+    @abstractmethod
+    async def list_sweeps(self, limit: int) -> list[bytes]:
+        """The latest sweep reports, newest first."""
+
+    @abstractmethod
+    async def append_audit(self, project: str, entry: AuditEntry) -> str:
+        """Append an audit record; returns its id (ids increase)."""
+
+    @abstractmethod
+    async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
+        """The project's audit records, newest first, older than the id ``before`` if given."""

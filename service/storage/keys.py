@@ -16,6 +16,12 @@ Layout (all keys start with ``cm:``)::
     cm:{a:<project>}:i:all|repeat|first   zset      listing indexes, all scores 0, member "<sort key>"
                                                     ("<hour, 13 digits>:<conv_id>"), ranged BYLEX
     cm:{a:<project>}:k:<kind>:<start>     hash      counters of one hour, day or week (and "_expires_at")
+    cm:{<bucket>}:t:<project>:<subject>   hash      an erased caller's tombstone {erased_at, expires_at}
+    cm:{<bucket>}:cs:<project>:<subject>  set       the caller's ended conversation ids (unlinked on erasure)
+    cm:projects                           set       every project id (sweeps walk it)
+    cm:p:<project>:audit                  stream    the project's audit records
+    cm:sweeps                             list      the latest 100 sweep reports, newest first
+    cm:lease:<name>                       string    a lease (the sweeper's), holder id, with a TTL
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was
                                                     ended for; cbucket is a hash of the conversation id
 
@@ -122,3 +128,37 @@ def analytics_index_key(project: str, repeat: bool | None) -> str:
 
 def analytics_counter_key(project: str, kind: str, start: int) -> str:
     return f"{_analytics(project)}:k:{kind}:{start}"
+
+
+def tombstone_key(project: str, subject: str) -> str:
+    """An erased caller's tombstone, in the caller's slot."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:t:{project}:{subject}"
+
+
+def caller_conversations_key(project: str, subject: str) -> str:
+    """The ids of the caller's ended conversations (to unlink them on erasure), in the caller's slot."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:cs:{project}:{subject}"
+
+
+def conversation_record_prefix(project: str, subject: str) -> str:
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:c:{project}:"
+
+
+def memory_key_prefix(bucket: int) -> str:
+    """``memory_key`` without ``<project>:<subject>``: index members complete it."""
+    return f"{_PREFIX}{{{bucket}}}:m:"
+
+
+#: Every project id (for sweeps that walk projects).
+PROJECTS = f"{_PREFIX}projects"
+#: The latest sweep reports (a list, newest first).
+SWEEPS = f"{_PREFIX}sweeps"
+
+
+def lease_key(name: str) -> str:
+    return f"{_PREFIX}lease:{name}"
+
+
+def audit_key(project: str) -> str:
+    """The project's audit stream."""
+    return f"{_PREFIX}p:{project}:audit"

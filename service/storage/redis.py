@@ -27,15 +27,19 @@ from ..domain.fields import StoredField, WriteCondition
 from . import keys
 from .base import (
     AnalyticsInput,
+    AuditEntry,
     ConversationEntry,
     ConversationRecord,
     Counters,
     EndResult,
     EndStatus,
+    ErasureResult,
     PatchResult,
     Store,
     TokenRecord,
+    decode_audit,
     decode_entry,
+    encode_audit,
     encode_entry,
 )
 
@@ -115,6 +119,7 @@ class RedisStore(Store):
         self._health_check_interval = health_check_interval
         self._client: Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
+        self._sweep_from = 0  # the bucket where the next sweep round starts
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -169,7 +174,8 @@ class RedisStore(Store):
             await client.aclose()
             raise
         self._scripts = {
-            name: client.register_script(_load_script(f"{name}.lua")) for name in ("patch", "erase", "record")
+            name: client.register_script(_load_script(f"{name}.lua"))
+            for name in ("patch", "erase", "record", "unlist", "sweep_bucket", "lease")
         }
         self._client = client
 
@@ -188,6 +194,7 @@ class RedisStore(Store):
         with _translated("put_project"):
             # SET ... GET replaces and tells whether something was there, in one atomic command.
             previous = await self._redis.set(keys.project_key(project), document, get=True)
+            await self._redis.sadd(keys.PROJECTS, project)
         return previous is None
 
     async def get_project(self, project: str) -> bytes | None:
@@ -287,12 +294,15 @@ class RedisStore(Store):
         now_ms: int,
         record: ConversationRecord,
         analytics: AnalyticsInput | None = None,
+        made_at: int | None = None,
     ) -> EndResult:
         claim = keys.conversation_claim_key(project, conversation_id)
         script_keys = [
             keys.memory_key(project, subject),
             keys.caller_index_key(subject),
             keys.conversation_record_key(project, subject, conversation_id),
+            keys.tombstone_key(project, subject),
+            keys.caller_conversations_key(project, subject),
         ]
         args: list[str | bytes | int] = [
             now_ms,
@@ -303,6 +313,7 @@ class RedisStore(Store):
             record.extra,
             record.expires_at,
             conversation_id,
+            now_ms if made_at is None else made_at,
         ]
         if analytics is None:
             args.append("")
@@ -342,6 +353,8 @@ class RedisStore(Store):
             return EndResult(EndStatus.REPLAYED, seen)
         if reply[0] == 3:
             return EndResult(EndStatus.CONFLICT, None)
+        if reply[0] == 4:
+            return EndResult(EndStatus.ERASED, None)
         return EndResult(EndStatus.APPLIED, replace(record, extra=reply[1]))
 
     # Analytics ----------------------------------------------------------------------------------------
@@ -436,14 +449,157 @@ class RedisStore(Store):
             out.append(Counters(kind, start, values))
         return out
 
-    async def erase_caller(self, project: str, subject: str) -> int:
+    async def erase_caller(
+        self, project: str, subject: str, now_ms: int, tombstone_until: int
+    ) -> ErasureResult:
         with _translated("erase_caller"):
-            removed = await self._scripts["erase"](
+            reply: list[Any] = await self._scripts["erase"](
                 keys=[
                     keys.memory_key(project, subject),
                     keys.caller_index_key(subject),
                     keys.first_interaction_key(project, subject),
+                    keys.caller_conversations_key(project, subject),
+                    keys.tombstone_key(project, subject),
                 ],
-                args=[keys.index_member(project, subject)],
+                args=[
+                    keys.index_member(project, subject),
+                    keys.conversation_record_prefix(project, subject),
+                    now_ms,
+                    tombstone_until,
+                ],
+            )
+            ids = [i.decode() for i in reply[2:]]
+            listed = 0
+            if ids:
+                # The rest lives in other slots (each claim in its own, the listing in the project's): it
+                # follows the atomic step above, which already cut every link from the caller to them.
+                for claim in (keys.conversation_claim_key(project, i) for i in ids):
+                    await self._redis.delete(claim)
+                listed = await self.unlist_conversations(project, ids)
+        return ErasureResult(
+            fields=int(reply[0]), first_interaction=int(reply[1]) > 0, conversations=len(ids), listed=listed
+        )
+
+    async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
+        if not conversation_ids:
+            return 0
+        with _translated("unlist_conversations"):
+            removed = await self._scripts["unlist"](
+                keys=[
+                    keys.analytics_index_key(project, None),
+                    keys.analytics_index_key(project, True),
+                    keys.analytics_index_key(project, False),
+                    *(keys.analytics_entry_key(project, i) for i in conversation_ids),
+                ]
             )
         return int(removed)
+
+    async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
+        with _translated("erased_at"):
+            erased, expires = cast(
+                "list[bytes | None]",
+                await self._redis.hmget(keys.tombstone_key(project, subject), ["erased_at", "expires_at"]),
+            )
+        if erased is None or expires is None or int(expires) <= now_ms:
+            return None
+        return int(erased)
+
+    # Retention ----------------------------------------------------------------------------------------
+
+    async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
+        # Buckets are visited in chunks, from where the previous round stopped, until about ``batch``
+        # callers were visited: a round's work follows what expired (plus a constant walk of the buckets).
+        counts = {"fields": 0, "callers": 0, "analytics_entries": 0}
+        more = False
+        visited = 0
+        script = self._scripts["sweep_bucket"]
+        chunk = 256
+        with _translated("sweep"):
+            for offset in range(0, keys.N_BUCKETS, chunk):
+                first = (self._sweep_from + offset) % keys.N_BUCKETS
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for bucket in range(first, first + chunk):
+                        await script(
+                            keys=[keys.expiry_index_key(bucket % keys.N_BUCKETS)],
+                            args=[now_ms, batch, keys.memory_key_prefix(bucket % keys.N_BUCKETS)],
+                            client=pipe,
+                        )
+                    replies: list[list[int]] = await pipe.execute()
+                for fields, callers, bucket_more, due in replies:
+                    counts["fields"] += int(fields)
+                    counts["callers"] += int(callers)
+                    visited += int(due)
+                    more = more or bool(bucket_more)
+                if visited >= batch and offset + chunk < keys.N_BUCKETS:
+                    self._sweep_from = (first + chunk) % keys.N_BUCKETS
+                    more = True
+                    break
+            projects = cast("set[bytes]", await self._redis.smembers(keys.PROJECTS))
+            for project in sorted(p.decode() for p in projects):
+                removed, project_more = await self._sweep_listing(project, now_ms, batch)
+                counts["analytics_entries"] += removed
+                more = more or project_more
+        return counts, more
+
+    async def _sweep_listing(self, project: str, now_ms: int, batch: int) -> tuple[int, bool]:
+        """Drop index members whose entry has expired, oldest first, stopping at the first live one (entries
+        expire in about the order they were recorded)."""
+        index = keys.analytics_index_key(project, None)
+        members = cast(
+            "list[bytes]", await self._redis.zrange(index, "-", "+", bylex=True, offset=0, num=batch)
+        )
+        if not members:
+            return 0, False
+        ids = [m.decode().split(":", 1)[1] for m in members]
+        values = cast(
+            "list[bytes | None]", await self._redis.mget([keys.analytics_entry_key(project, i) for i in ids])
+        )
+        dead = []
+        for member, value in zip(members, values, strict=True):
+            if value is not None and int(value.partition(b"|")[0]) > now_ms:
+                break
+            dead.append(member)
+        if dead:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for repeat in (None, True, False):
+                    pipe.zrem(keys.analytics_index_key(project, repeat), *dead)
+                for member in dead:
+                    pipe.delete(keys.analytics_entry_key(project, member.decode().split(":", 1)[1]))
+                await pipe.execute()
+        return len(dead), len(dead) == batch
+
+    async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
+        with _translated("acquire_lease"):
+            acquired = await self._scripts["lease"](
+                keys=[keys.lease_key(name)], args=[holder, now_ms, ttl_ms]
+            )
+        return bool(acquired)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        with _translated("release_lease"):
+            await self._scripts["lease"](keys=[keys.lease_key(name)], args=[holder, 0, 0])
+
+    async def record_sweep(self, record: bytes) -> None:
+        with _translated("record_sweep"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.lpush(keys.SWEEPS, record)
+                pipe.ltrim(keys.SWEEPS, 0, 99)
+                await pipe.execute()
+
+    async def list_sweeps(self, limit: int) -> list[bytes]:
+        with _translated("list_sweeps"):
+            return cast("list[bytes]", await self._redis.lrange(keys.SWEEPS, 0, limit - 1))
+
+    async def append_audit(self, project: str, entry: AuditEntry) -> str:
+        with _translated("append_audit"):
+            entry_id = await self._redis.xadd(keys.audit_key(project), {"e": encode_audit(entry)})
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
+        high = "+" if before is None else "(" + before
+        with _translated("list_audit"):
+            rows = cast(
+                "list[tuple[bytes, dict[bytes, bytes]]]",
+                await self._redis.xrevrange(keys.audit_key(project), max=high, min="-", count=limit),
+            )
+        return [decode_audit(i.decode(), fields[b"e"]) for i, fields in rows]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import orjson
 
@@ -23,15 +23,20 @@ from ..domain.fields import StoredField, WriteCondition, live_fields
 from .base import (
     BUCKET_KINDS,
     AnalyticsInput,
+    AuditEntry,
     ConversationEntry,
     ConversationRecord,
     Counters,
     EndResult,
     EndStatus,
+    ErasureResult,
     PatchResult,
     Store,
     TokenRecord,
+    audit_id,
+    decode_audit,
     decode_entry,
+    encode_audit,
     encode_entry,
 )
 
@@ -112,6 +117,23 @@ CREATE TABLE IF NOT EXISTS analytics_counters (
     PRIMARY KEY (project, kind, bucket, name)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS analytics_counters_by_expiry ON analytics_counters (expires_at);
+CREATE INDEX IF NOT EXISTS conversations_by_subject ON conversations (project, subject);
+CREATE TABLE IF NOT EXISTS tombstones (
+    project TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    erased_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, subject)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tombstones_by_expiry ON tombstones (expires_at);
+CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sweeps (id INTEGER PRIMARY KEY AUTOINCREMENT, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    project TEXT NOT NULL,
+    entry BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_project ON audit (project, id);
 """
 
 
@@ -363,8 +385,15 @@ class SQLiteStore(Store):
         now_ms: int,
         record: ConversationRecord,
         analytics: AnalyticsInput | None = None,
+        made_at: int | None = None,
     ) -> EndResult:
         def run(conn: sqlite3.Connection) -> EndResult:
+            erased = conn.execute(
+                "SELECT erased_at FROM tombstones WHERE project = ? AND subject = ? AND expires_at > ?",
+                (project, subject, now_ms),
+            ).fetchone()
+            if erased is not None and erased[0] >= (now_ms if made_at is None else made_at):
+                return EndResult(EndStatus.ERASED, None)
             row = conn.execute(
                 "SELECT subject, fingerprint, extra, expires_at FROM conversations "
                 "WHERE project = ? AND conversation_id = ? AND expires_at > ?",
@@ -516,12 +545,142 @@ class SQLiteStore(Store):
 
         return await self._read(run)
 
-    async def erase_caller(self, project: str, subject: str) -> int:
-        def run(conn: sqlite3.Connection) -> int:
-            cur = conn.execute("DELETE FROM fields WHERE project = ? AND subject = ?", (project, subject))
+    async def erase_caller(
+        self, project: str, subject: str, now_ms: int, tombstone_until: int
+    ) -> ErasureResult:
+        def run(conn: sqlite3.Connection) -> ErasureResult:
+            key = (project, subject)
+            fields = conn.execute("DELETE FROM fields WHERE project = ? AND subject = ?", key).rowcount
+            first = conn.execute(
+                "DELETE FROM first_interactions WHERE project = ? AND subject = ?", key
+            ).rowcount
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "DELETE FROM conversations WHERE project = ? AND subject = ? RETURNING conversation_id",
+                    key,
+                ).fetchall()
+            ]
+            listed = self._unlist(conn, project, ids)
             conn.execute(
-                "DELETE FROM first_interactions WHERE project = ? AND subject = ?", (project, subject)
+                "INSERT OR REPLACE INTO tombstones (project, subject, erased_at, expires_at) VALUES (?, ?, ?, ?)",
+                (project, subject, now_ms, tombstone_until),
             )
-            return cur.rowcount
+            return ErasureResult(
+                fields=fields, first_interaction=first > 0, conversations=len(ids), listed=listed
+            )
 
         return await self._write(run)
+
+    @staticmethod
+    def _unlist(conn: sqlite3.Connection, project: str, ids: Sequence[str]) -> int:
+        return sum(
+            conn.execute(
+                "DELETE FROM analytics_conversations WHERE project = ? AND conversation_id = ?", (project, i)
+            ).rowcount
+            for i in ids
+        )
+
+    async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
+        return await self._write(lambda conn: self._unlist(conn, project, conversation_ids))
+
+    async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
+        def run(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT erased_at FROM tombstones WHERE project = ? AND subject = ? AND expires_at > ?",
+                (project, subject, now_ms),
+            ).fetchone()
+            return int(row[0]) if row else None
+
+        return await self._read(run)
+
+    # Retention ----------------------------------------------------------------------------------------
+
+    #: Tables swept by their expires_at index: kind reported -> (table, primary key columns).
+    _EXPIRING: ClassVar[dict[str, tuple[str, str]]] = {
+        "first_interactions": ("first_interactions", "project, subject"),
+        "conversations": ("conversations", "project, conversation_id"),
+        "analytics_entries": ("analytics_conversations", "project, sort_key"),
+        "analytics_counters": ("analytics_counters", "project, kind, bucket, name"),
+        "tombstones": ("tombstones", "project, subject"),
+    }
+
+    async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
+        def run(conn: sqlite3.Connection) -> tuple[dict[str, int], bool]:
+            counts: dict[str, int] = {}
+            more = False
+            dead = conn.execute(
+                "SELECT project, subject, name FROM fields WHERE expires_at <= ? LIMIT ?", (now_ms, batch)
+            ).fetchall()
+            conn.executemany("DELETE FROM fields WHERE project = ? AND subject = ? AND name = ?", dead)
+            callers = {(p, s) for p, s, _ in dead}
+            counts["fields"] = len(dead)
+            counts["callers"] = sum(
+                conn.execute("SELECT 1 FROM fields WHERE project = ? AND subject = ? LIMIT 1", c).fetchone()
+                is None
+                for c in callers
+            )
+            more = more or len(dead) == batch
+            for kind, (table, key) in self._EXPIRING.items():
+                removed = conn.execute(
+                    f"DELETE FROM {table} WHERE ({key}) IN "
+                    f"(SELECT {key} FROM {table} WHERE expires_at <= ? LIMIT ?)",
+                    (now_ms, batch),
+                ).rowcount
+                counts[kind] = removed
+                more = more or removed == batch
+            return counts, more
+
+        return await self._write(run)
+
+    async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                "SET holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
+                (name, holder, now_ms + ttl_ms, now_ms),
+            )
+            return cur.rowcount > 0
+
+        return await self._write(run)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._write(
+            lambda conn: conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+        )
+
+    async def record_sweep(self, record: bytes) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO sweeps (record) VALUES (?)", (record,))
+            conn.execute("DELETE FROM sweeps WHERE id <= (SELECT max(id) FROM sweeps) - 100")
+
+        await self._write(run)
+
+    async def list_sweeps(self, limit: int) -> list[bytes]:
+        def run(conn: sqlite3.Connection) -> list[bytes]:
+            rows = conn.execute("SELECT record FROM sweeps ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+            return [bytes(row[0]) for row in rows]
+
+        return await self._read(run)
+
+    async def append_audit(self, project: str, entry: AuditEntry) -> str:
+        def run(conn: sqlite3.Connection) -> str:
+            row = conn.execute(
+                "INSERT INTO audit (project, entry) VALUES (?, ?) RETURNING id",
+                (project, encode_audit(entry)),
+            ).fetchone()
+            return audit_id(int(row[0]))
+
+        return await self._write(run)
+
+    async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
+        def run(conn: sqlite3.Connection) -> list[AuditEntry]:
+            bound = int(before) if before is not None else 2**62
+            rows = conn.execute(
+                "SELECT id, entry FROM audit WHERE project = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                (project, bound, limit),
+            ).fetchall()
+            return [decode_audit(audit_id(int(row[0])), bytes(row[1])) for row in rows]
+
+        return await self._read(run)

@@ -33,6 +33,7 @@ async def test_end_persists_state_keys_and_reports_the_rest(api: Api, shop: dict
         "persisted": ["booking_day", "caller_name"],
         "ignored": ["mood"],
         "blacklisted": False,
+        "erased": False,
         "repeat_caller": {},
     }
     assert reply.headers["Idempotent-Replayed"] == "false"

@@ -153,7 +153,7 @@ async def test_expired_fields_are_not_returned_and_go_on_next_write(store: Store
     result = await store.patch_fields(PROJECT, subject, {"new": field(3, t + 10_000)}, [], t + 10_000)
     assert set(result.fields) == {"long", "new"}
     # The dead field was physically removed by that write: erasure finds only two fields.
-    assert await store.erase_caller(PROJECT, subject) == 2
+    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 2
 
 
 async def test_rewriting_a_field_renews_it(store: Store) -> None:
@@ -171,7 +171,7 @@ async def test_all_fields_deleted_leaves_the_caller_gone(store: Store) -> None:
     assert result.applied is True
     assert result.fields == {}
     assert await store.read_fields(PROJECT, subject, t + 1) == {}
-    assert await store.erase_caller(PROJECT, subject) == 0
+    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 0
 
 
 async def test_erase_removes_everything_and_counts_fields(store: Store) -> None:
@@ -179,9 +179,9 @@ async def test_erase_removes_everything_and_counts_fields(store: Store) -> None:
     await store.patch_fields(PROJECT, subject, {"a": field(1, t, 1_000), "b": field(2, t)}, [], t)
     await store.patch_fields(PROJECT, other, {"a": field(1, t)}, [], t)
     # Dead fields not yet removed count too: erasure reports what it physically removed.
-    assert await store.erase_caller(PROJECT, subject) == 2
+    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 2
     assert await store.read_fields(PROJECT, subject, t) == {}
-    assert await store.erase_caller(PROJECT, subject) == 0
+    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 0
     assert values(await store.read_fields(PROJECT, other, t)) == {"a": 1}
 
 
@@ -221,7 +221,9 @@ async def test_any_existing_condition(store: Store) -> None:
     assert refused.applied is False
     assert refused.fields == {}
     assert await store.read_fields(PROJECT, subject, t) == {}
-    assert await store.erase_caller(PROJECT, subject) == 0  # nothing was created on the way
+    assert (
+        await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)
+    ).fields == 0  # nothing was created on the way
 
     await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
     applied = await store.patch_fields(PROJECT, subject, {"ab": field(2, t + 1)}, [], t + 1, star)
@@ -428,8 +430,10 @@ async def test_redis_deleting_everything_leaves_no_key(
 async def test_redis_erase_leaves_no_key(redis_store: RedisStore, redis_client: redis.asyncio.Redis) -> None:
     subject, t = new_subject(), now_ms()
     await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
-    assert await redis_store.erase_caller(PROJECT, subject) == 1
-    assert await redis_client.keys("*") == []
+    assert (await redis_store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 1
+    # Only the tombstone is left, and it goes by itself.
+    assert await redis_client.keys("*") == [keys.tombstone_key(PROJECT, subject).encode()]
+    assert 0 < await redis_client.pttl(keys.tombstone_key(PROJECT, subject)) <= TTL
 
 
 def test_redis_keys_of_one_caller_share_a_slot() -> None:

@@ -4,14 +4,16 @@ patch.lua: one atomic write to one caller's memory (Store.patch_fields). Redis 7
 KEYS[1]  the caller's memory hash        cm:{<bucket>}:m:<project>:<subject>
 KEYS[2]  the bucket's expiry index       cm:{<bucket>}:x   (same slot: the {bucket} hash tag)
 KEYS[3]  (end of a conversation only) the conversation record, cm:{<bucket>}:c:<project>:<conversation_id>
-KEYS[4]  (end of a conversation with analytics only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject>
+KEYS[4]  (end of a conversation only) the caller's tombstone, cm:{<bucket>}:t:<project>:<subject>
+KEYS[5]  (end of a conversation only) the caller's conversation ids, cm:{<bucket>}:cs:<project>:<subject>
+KEYS[6]  (end of a conversation with analytics only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject>
 
 ARGV, in order:
   now_ms                  the service's clock (integer ms since the epoch)
   member                  the caller's member in the expiry index, "<project>:<subject>"
   record                  "" for a plain patch; for the end of a conversation "R", followed by
-                          subject, fingerprint, extra, expires_at (ms) of the conversation record, and
-                          the conversation id
+                          subject, fingerprint, extra, expires_at (ms) of the conversation record, the
+                          conversation id, and when the write was made (made_at, ms)
   analytics               "" or, with a record, "A" followed by hour, day, week (bucket starts, ms), qa,
                           handoff_reason, handoff_to (each "" for none or "=" and the value) and the
                           expiry of a first-interaction record created now
@@ -26,7 +28,8 @@ ARGV, in order:
 
 Returns a flat array: status, then name, packed for every field whose stored expiry is after now_ms once
 the script is done (unchanged memory unless status is 1). Status: 1 applied, 0 condition failed,
-2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict;
+2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict,
+4 the caller was erased at or after made_at (nothing written);
 the end of a conversation, once applied, returns {1, extra} only.
 
 The conversation record is a hash {subject, fingerprint, extra, expires_at}, also expiring by itself then.
@@ -53,8 +56,9 @@ if ARGV[pos] == 'R' then
     extra = ARGV[pos + 3],
     expires_at = ARGV[pos + 4],
     conversation_id = ARGV[pos + 5],
+    made_at = tonumber(ARGV[pos + 6]),
   }
-  pos = pos + 6
+  pos = pos + 7
 else
   pos = pos + 1
 end
@@ -137,6 +141,11 @@ local function byte_less(a, b)
 end
 
 if record then
+  -- An erasure at or after the moment this write was made wins: the write must not bring the caller back.
+  local tomb = redis.call('HMGET', KEYS[4], 'erased_at', 'expires_at')
+  if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= record.made_at then
+    return {4}
+  end
   -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
   local seen = redis.call('HMGET', KEYS[3], 'subject', 'fingerprint', 'extra', 'expires_at')
   if seen[1] and tonumber(seen[4]) > now then
@@ -243,7 +252,7 @@ local function optional(v)
 end
 
 if record and analytics then
-  local f = redis.call('HMGET', KEYS[4], 'conversation_id', 'hour', 'qa', 'handoff_reason', 'handoff_to',
+  local f = redis.call('HMGET', KEYS[6], 'conversation_id', 'hour', 'qa', 'handoff_reason', 'handoff_to',
     'expires_at', 'seen_hour', 'seen_day', 'seen_week')
   local first = cjson.null
   local seen = {false, false, false}
@@ -256,14 +265,14 @@ if record and analytics then
       handoff_to = optional(f[5]),
     }
     seen = {f[7], f[8], f[9]}
-    redis.call('HSET', KEYS[4], 'seen_hour', analytics.hour, 'seen_day', analytics.day, 'seen_week', analytics.week)
+    redis.call('HSET', KEYS[6], 'seen_hour', analytics.hour, 'seen_day', analytics.day, 'seen_week', analytics.week)
   else
-    redis.call('DEL', KEYS[4])
-    redis.call('HSET', KEYS[4], 'conversation_id', record.conversation_id, 'hour', analytics.hour,
+    redis.call('DEL', KEYS[6])
+    redis.call('HSET', KEYS[6], 'conversation_id', record.conversation_id, 'hour', analytics.hour,
       'qa', analytics.qa, 'handoff_reason', analytics.handoff_reason, 'handoff_to', analytics.handoff_to,
       'expires_at', analytics.first_expires_at, 'seen_hour', analytics.hour, 'seen_day', analytics.day,
       'seen_week', analytics.week)
-    redis.call('PEXPIREAT', KEYS[4], analytics.first_expires_at)
+    redis.call('PEXPIREAT', KEYS[6], analytics.first_expires_at)
   end
   local new = {}
   local current = {analytics.hour, analytics.day, analytics.week}
@@ -280,6 +289,11 @@ if record then
   redis.call('HSET', KEYS[3], 'subject', record.subject, 'fingerprint', record.fingerprint, 'extra', record.extra,
     'expires_at', record.expires_at)
   redis.call('PEXPIREAT', KEYS[3], record.expires_at)
+  -- Which conversations belong to the caller, so that an erasure can unlink them all.
+  redis.call('SADD', KEYS[5], record.conversation_id)
+  if tonumber(redis.call('PEXPIRETIME', KEYS[5])) < tonumber(record.expires_at) then
+    redis.call('PEXPIREAT', KEYS[5], record.expires_at)
+  end
 end
 if record then
   return {1, record.extra}

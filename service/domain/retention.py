@@ -1,0 +1,134 @@
+"""Retention: expiry sweeps (one replica at a time, by a lease in the store) and the audit log."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from ..storage.base import AuditEntry, Store
+from .clock import Clock, iso_utc
+from .errors import InvalidInput
+
+log = logging.getLogger("caller_memory.retention")
+
+SWEEP_LEASE = "sweep"
+#: Audit record ids as the backends make them (a counter, or a Redis stream id).
+AUDIT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What one sweep did. ``complete`` is False when it stopped at its time budget with work left."""
+
+    sweep_id: str
+    holder: str
+    started_at: str
+    duration_ms: float
+    rounds: int
+    complete: bool
+    removed: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+class Sweeper:
+    """Removes what expired, in bounded batches, holding the store's sweep lease while it works.
+
+    ``holder`` names this process (replicas sharing a store each have their own). A sweep that finds the
+    lease taken does nothing and returns None. A sweep interrupted anywhere (the process dies) leaves the
+    store consistent; the next one carries on, because what is left to remove is found from the data.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        holder: str | None = None,
+        batch: int = 1000,
+        budget_seconds: float = 30.0,
+        lease_seconds: float = 60.0,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self.holder = holder or uuid.uuid4().hex[:12]
+        self.batch = batch
+        self.budget_seconds = budget_seconds
+        self.lease_ms = int(lease_seconds * 1000)
+
+    async def run(self) -> SweepReport | None:
+        now = self._clock.now_ms()
+        if not await self._store.acquire_lease(SWEEP_LEASE, self.holder, now, self.lease_ms):
+            log.info("sweep skipped: another replica holds the sweep lease")
+            return None
+        started = time.perf_counter()
+        removed: dict[str, int] = {}
+        rounds = 0
+        more = True
+        try:
+            while more and time.perf_counter() - started < self.budget_seconds:
+                counts, more = await self._store.sweep(self._clock.now_ms(), self.batch)
+                rounds += 1
+                for kind, count in counts.items():
+                    removed[kind] = removed.get(kind, 0) + count
+                # Renew the lease between rounds so that a long sweep keeps it.
+                await self._store.acquire_lease(SWEEP_LEASE, self.holder, self._clock.now_ms(), self.lease_ms)
+            report = SweepReport(
+                sweep_id=uuid.uuid4().hex,
+                holder=self.holder,
+                started_at=iso_utc(now),
+                duration_ms=round((time.perf_counter() - started) * 1000, 1),
+                rounds=rounds,
+                complete=not more,
+                removed=removed,
+            )
+            await self._store.record_sweep(report.to_json())
+        finally:
+            await self._store.release_lease(SWEEP_LEASE, self.holder)
+        log.info("sweep %s: removed %s in %.1f ms", report.sweep_id, removed, report.duration_ms)
+        return report
+
+    async def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        return [orjson.loads(raw) for raw in await self._store.list_sweeps(limit)]
+
+
+class AuditLog:
+    """Who did what, when: erasures, configuration and token changes. Never a phone number or a value."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def record(
+        self,
+        project: str,
+        actor: str,
+        action: str,
+        details: Mapping[str, Any],
+        *,
+        receipt_id: str | None = None,
+        at: int | None = None,
+    ) -> str:
+        entry = AuditEntry(
+            at=self._clock.now_ms() if at is None else at,
+            actor=actor,
+            action=action,
+            details=dict(details),
+            receipt_id=receipt_id,
+        )
+        return await self._store.append_audit(project, entry)
+
+    async def list(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
+        if before is not None and not AUDIT_ID.match(before):
+            raise InvalidInput(
+                "before: not an audit record id (use next_cursor from the previous page)", field="before"
+            )
+        return await self._store.list_audit(project, limit, before)

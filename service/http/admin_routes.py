@@ -1,0 +1,80 @@
+"""Operator and audit endpoints: sweeps, the audit log, Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from aiohttp import web
+
+from ..domain.clock import iso_utc
+from ..domain.errors import Conflict, InvalidInput
+from ..domain.tokens import Role
+from ..storage.base import AuditEntry
+from .keys import METRICS
+from .responses import json_response
+from .routes import authorize, project_for
+
+routes = web.RouteTableDef()
+
+MAX_AUDIT_PAGE = 500
+
+
+def _limit(request: web.Request, default: int, most: int) -> int:
+    try:
+        limit = int(request.query.get("limit", str(default)))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= most:
+        raise InvalidInput(f"limit: must be a whole number between 1 and {most}", field="limit")
+    return limit
+
+
+@routes.post("/v1/admin/sweeps")
+async def run_sweep(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, None)
+    metrics = request.app[METRICS]
+    report = await services.sweeper.run()
+    if report is None:
+        metrics.sweeps.labels("skipped").inc()
+        raise Conflict("a sweep is already running (another replica holds the sweep lease); try again later")
+    record_sweep_metrics(request.app, report.removed, report.duration_ms)
+    return json_response(asdict(report))
+
+
+def record_sweep_metrics(app: web.Application, removed: dict[str, int], duration_ms: float) -> None:
+    metrics = app[METRICS]
+    metrics.sweeps.labels("completed").inc()
+    metrics.sweep_duration.observe(duration_ms / 1000)
+    for kind, count in removed.items():
+        metrics.swept.labels(kind).inc(count)
+
+
+@routes.get("/v1/admin/sweeps")
+async def list_sweeps(request: web.Request) -> web.Response:
+    services, _ = await authorize(request, None)
+    return json_response({"sweeps": await services.sweeper.recent(_limit(request, 20, 100))})
+
+
+def audit_body(entry: AuditEntry) -> dict[str, object]:
+    return {
+        "id": entry.id,
+        "at": iso_utc(entry.at),
+        "actor": entry.actor,
+        "action": entry.action,
+        "details": dict(entry.details),
+        "receipt_id": entry.receipt_id,
+    }
+
+
+@routes.get("/v1/projects/{project}/audit")
+async def list_audit(request: web.Request) -> web.Response:
+    services, project = await project_for(request, Role.ADMIN)
+    limit = _limit(request, 100, MAX_AUDIT_PAGE)
+    entries = await services.audit.list(project.project_id, limit, request.query.get("before"))
+    next_cursor = entries[-1].id if len(entries) == limit else None
+    return json_response({"records": [audit_body(e) for e in entries], "next_cursor": next_cursor})
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    return request.app[METRICS].response()

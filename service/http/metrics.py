@@ -1,0 +1,86 @@
+"""Prometheus metrics: one registry per application (no process globals), served at ``/metrics``.
+
+Labels are route templates, methods, statuses and kinds of things: never an identifier, a project's
+caller or a token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Latency buckets for a service whose reads should take a few milliseconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "caller_memory_http_requests",
+            "HTTP requests handled, by route template, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "caller_memory_http_request_duration_seconds",
+            "Time to handle an HTTP request, by route template and method.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.store_errors = Counter(
+            "caller_memory_store_errors",
+            "Requests that failed because the store was unavailable or unreadable, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.sweeps = Counter(
+            "caller_memory_sweeps",
+            "Expiry sweeps, by outcome (completed, skipped: another replica held the lease, failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.swept = Counter(
+            "caller_memory_swept_items",
+            "Items removed by expiry sweeps, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.sweep_duration = Histogram(
+            "caller_memory_sweep_duration_seconds",
+            "Time a completed sweep took.",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.erasures = Counter(
+            "caller_memory_erasures", "Callers erased on request.", registry=self.registry
+        )
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
+            started = time.perf_counter()
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "<unmatched>"
+            status = 500
+            try:
+                response = await handler(request)
+                status = response.status
+                return response
+            finally:
+                self.requests.labels(route, request.method, str(status)).inc()
+                self.latency.labels(route, request.method).observe(time.perf_counter() - started)
+
+        return measure
+
+    def response(self) -> web.Response:
+        response = web.Response(body=generate_latest(self.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response

@@ -1,0 +1,199 @@
+"""Sweeps, erasure with its tombstone, the audit log and metrics, through a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from caller_memory.service.domain.clock import SystemClock
+from caller_memory.service.domain.retention import SWEEP_LEASE
+from caller_memory.service.http.keys import SERVICES
+
+from tests.conftest import OPERATOR_TOKEN, Api, running_api
+from tests.http.test_api import CALLER, CONFIG, assert_problem, memory_path
+
+
+@pytest.fixture
+async def shop(api: Api) -> dict[str, str]:
+    return await api.project_with_tokens("cheese-shop", {**CONFIG, "analytics_enabled": True})
+
+
+async def test_operators_run_and_list_sweeps(api: Api, shop: dict[str, str]) -> None:
+    for i in range(5):
+        await api.call(
+            "PATCH",
+            memory_path("cheese-shop", f"+1415555{i:04d}"),
+            token=shop["admin"],
+            json={"verified": True},
+        )
+    await api.call(
+        "PATCH",
+        memory_path("cheese-shop"),
+        token=shop["admin"],
+        json={"caller_name": "Ada", "verified": True},
+    )
+    api.clock.advance(3601)  # `verified` lives an hour
+    reply = await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+    assert reply.status == 200, reply.body
+    report = reply.body
+    assert (
+        report["removed"]["fields"] == 6 and report["removed"]["callers"] == 5 and report["complete"] is True
+    )
+    assert re.fullmatch(r"[0-9a-f]{32}", report["sweep_id"]) and report["duration_ms"] >= 0
+    listed = await api.call("GET", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+    assert listed.body["sweeps"][0] == report
+    assert (await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])).body["fields"] == {
+        "caller_name": "Ada"
+    }
+    for role in ("agent", "analytics", "admin"):
+        assert_problem(await api.call("POST", "/v1/admin/sweeps", token=shop[role]), 403, mentions="operator")
+        assert_problem(await api.call("GET", "/v1/admin/sweeps", token=shop[role]), 403)
+    assert_problem(
+        await api.call("GET", "/v1/admin/sweeps?limit=0", token=OPERATOR_TOKEN), 422, mentions="limit"
+    )
+
+
+async def test_a_sweep_elsewhere_holds_the_lease(api: Api, shop: dict[str, str]) -> None:
+    services = api.app[SERVICES]
+    assert await services.store.acquire_lease(SWEEP_LEASE, "another-replica", api.clock.now_ms(), 60_000)
+    reply = await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+    assert_problem(reply, 409, mentions="another replica")
+    await services.store.release_lease(SWEEP_LEASE, "another-replica")
+    assert (await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)).status == 200
+
+
+async def test_two_services_sweeping_at_once_do_not_double_run(store_url: str, tmp_path: object) -> None:
+    clock = SystemClock()
+    async with running_api(store_url, clock) as first, running_api(store_url, clock) as second:  # type: ignore[arg-type]
+        tokens = await first.project_with_tokens("shop", {"state_keys": ["a"], "field_ttls": {"a": "PT1S"}})
+        for i in range(20):
+            await first.call(
+                "PATCH", memory_path("shop", f"+1415555{i:04d}"), token=tokens["admin"], json={"a": i}
+            )
+        await asyncio.sleep(1.1)  # real time: Redis expires by its own clock as well
+        replies = await asyncio.gather(
+            *(
+                svc.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+                for svc in (first, second, first, second)
+            )
+        )
+        statuses = sorted(r.status for r in replies)
+        assert statuses.count(200) >= 1 and set(statuses) <= {200, 409}
+        # Each caller was emptied once (on Redis the hash may already be gone by Redis's own expiry).
+        assert sum(r.body["removed"]["callers"] for r in replies if r.status == 200) == 20
+
+
+async def test_erasure_receipt_audit_and_no_number_anywhere(api: Api, shop: dict[str, str]) -> None:
+    await api.call(
+        "POST",
+        "/v1/projects/cheese-shop/conversations/c1/end",
+        token=shop["agent"],
+        json={"caller": CALLER, "state": {"caller_name": "Ada"}, "outcome": {"qa": "resolved"}},
+    )
+    receipt = await api.call("DELETE", f"/v1/projects/cheese-shop/callers/{CALLER}", token=shop["admin"])
+    assert receipt.body["removed"] == {
+        "fields": 1,
+        "first_interaction": True,
+        "conversation_links": 1,
+        "analytics_conversations": 1,
+    }
+    listed = await api.call(
+        "GET", "/v1/projects/cheese-shop/analytics/conversations", token=shop["analytics"]
+    )
+    assert listed.body["conversations"] == []
+    audit = await api.call("GET", "/v1/projects/cheese-shop/audit", token=shop["admin"])
+    records = audit.body["records"]
+    actions = [r["action"] for r in records]
+    assert (
+        actions[0] == "caller.erased" and "project.created" in actions and actions.count("token.created") == 3
+    )
+    erased = records[0]
+    assert erased["receipt_id"] == receipt.body["receipt_id"]
+    assert erased["actor"].startswith("token:") and erased["at"] == receipt.body["erased_at"]
+    assert erased["details"]["removed"] == receipt.body["removed"]
+    assert "4155550100" not in str(audit.body) and "Ada" not in str(audit.body)
+    assert_problem(await api.call("GET", "/v1/projects/cheese-shop/audit", token=shop["agent"]), 403)
+    page = await api.call("GET", "/v1/projects/cheese-shop/audit?limit=2", token=OPERATOR_TOKEN)
+    assert len(page.body["records"]) == 2 and page.body["next_cursor"] == page.body["records"][-1]["id"]
+    rest = await api.call(
+        "GET", f"/v1/projects/cheese-shop/audit?before={page.body['next_cursor']}", token=OPERATOR_TOKEN
+    )
+    assert [r["id"] for r in page.body["records"] + rest.body["records"]] == [r["id"] for r in records]
+    assert_problem(
+        await api.call("GET", "/v1/projects/cheese-shop/audit?before=bogus!", token=OPERATOR_TOKEN), 422
+    )
+
+
+async def test_token_revocation_is_audited(api: Api, shop: dict[str, str]) -> None:
+    token_id = shop["agent"].split("_")[1]
+    await api.call("DELETE", f"/v1/projects/cheese-shop/tokens/{token_id}", token=shop["admin"])
+    audit = await api.call("GET", "/v1/projects/cheese-shop/audit", token=shop["admin"])
+    assert audit.body["records"][0]["action"] == "token.revoked"
+    assert audit.body["records"][0]["details"] == {"token_id": token_id}
+    assert shop["agent"].split("_", 2)[2] not in str(audit.body)  # never a secret
+
+
+async def test_the_erasure_race(store_url: str) -> None:
+    """End-of-call writes made before an erasure, racing with it, never bring the caller back."""
+    async with running_api(store_url, SystemClock()) as api:  # type: ignore[arg-type]
+        tokens = await api.project_with_tokens(
+            "shop", {"state_keys": ["caller_name", "n"], "analytics_enabled": True}
+        )
+        before = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+
+        landed: list[int] = []
+        some_landed = asyncio.Event()
+
+        async def end(i: int) -> bool:
+            body = {"caller": CALLER, "state": {"n": i}, "ended_at": before}
+            path = f"/v1/projects/shop/conversations/c{i}/end"
+            reply = await api.call("POST", path, token=tokens["agent"], json=body)
+            assert reply.status == 200, reply.body
+            landed.append(i)
+            if len(landed) == 5:
+                some_landed.set()
+            return bool(reply.body["erased"])
+
+        async def erase_amid_more_writes() -> list[object]:
+            await some_landed.wait()  # a few writes have landed, others are in flight, and more start now
+            reply = api.call("DELETE", f"/v1/projects/shop/callers/{CALLER}", token=tokens["admin"])
+            return await asyncio.gather(reply, *(end(i) for i in range(30, 60)))
+
+        first_wave = asyncio.gather(*(end(i) for i in range(30)))
+        (erasure, *late), early = await asyncio.gather(erase_amid_more_writes(), first_wave)
+        assert erasure.status == 200  # type: ignore[attr-defined]
+        unlinked = erasure.body["removed"]["conversation_links"]  # type: ignore[attr-defined]
+        dropped = sum(bool(d) for d in [*early, *late])
+        print(f"erasure race: {unlinked} writes landed before the erasure, {dropped} were refused after it")
+        assert unlinked + dropped == 60  # every write was either erased or refused: none came back
+        assert unlinked >= 5 and dropped > 0  # both sides of the race happened
+        read = await api.call("GET", memory_path("shop"), token=tokens["agent"])
+        assert read.body["fields"] == {}
+        listed = await api.call("GET", "/v1/projects/shop/analytics/conversations", token=tokens["analytics"])
+        # Conversations recorded before the erasure were unlinked by it; the later ones were never written.
+        assert listed.body["conversations"] == []
+        # A new call after the erasure is remembered again.
+        after = {"caller": CALLER, "state": {"caller_name": "Ada"}}
+        await api.call("POST", "/v1/projects/shop/conversations/new/end", token=tokens["agent"], json=after)
+        assert (await api.call("GET", memory_path("shop"), token=tokens["agent"])).body["fields"] == {
+            "caller_name": "Ada"
+        }
+
+
+async def test_metrics(api: Api, shop: dict[str, str]) -> None:
+    await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
+    await api.call("GET", memory_path("cheese-shop", "hello"), token=shop["agent"])
+    await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+    await api.call("DELETE", f"/v1/projects/cheese-shop/callers/{CALLER}", token=shop["admin"])
+    reply = await api.call("GET", "/metrics")
+    assert reply.status == 200 and reply.content_type == "text/plain"
+    text = reply.body
+    route = "/v1/projects/{project}/callers/{identifier}/memory"
+    assert f'caller_memory_http_requests_total{{method="GET",route="{route}",status="200"}} 1.0' in text
+    assert f'caller_memory_http_requests_total{{method="GET",route="{route}",status="422"}} 1.0' in text
+    assert 'caller_memory_sweeps_total{outcome="completed"} 1.0' in text
+    assert "caller_memory_erasures_total 1.0" in text
+    assert "caller_memory_http_request_duration_seconds_bucket" in text
+    assert "4155550100" not in text and "hello" not in text and "cheese-shop" not in text
