@@ -294,6 +294,7 @@ class MemoryClient:
             blacklisted=bool(answer.get("blacklisted")),
             repeat_caller=dict(answer.get("repeat_caller") or {}),
             replayed=headers.get("Idempotent-Replayed") == "true",
+            erased=bool(answer.get("erased")),
         )
 
     async def end_conversation(self, conversation_id: str, body: dict[str, Any]) -> EndResult:

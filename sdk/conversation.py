@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ class EndResult:
     repeat_caller: dict[str, Any] = field(default_factory=dict, hash=False)
     replayed: bool = False
     queued: bool = False
+    #: The caller was erased after this conversation ended: nothing was stored.
+    erased: bool = False
 
 
 class Conversation:
@@ -87,6 +90,9 @@ class Conversation:
                     "state": dict(self.state),
                     "outcome": {"qa": qa, "handoff_reason": handoff_reason, "handoff_to": handoff_to},
                     "channel": channel,
+                    # When the call ended, sent with every attempt (and kept in the outbox): an erasure of the
+                    # caller after this moment wins over this write, however late it is delivered.
+                    "ended_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
                 }
                 self._result = await self._client.end_conversation(self.conversation_id, body)
             return self._result

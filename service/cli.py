@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     show = project.add_parser("show", help="print a project's configuration")
     show.add_argument("project")
 
+    sub.add_parser("sweep", help="run one expiry sweep against the store now and print what it removed")
+
     token = sub.add_parser("token", help="manage project tokens").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
@@ -85,6 +88,13 @@ async def _with_services(settings: Settings, action: Callable[[Services], Awaita
 async def _manage(args: argparse.Namespace, services: Services) -> Any:
     from .http.routes import token_body
 
+    if args.command == "sweep":
+        report = await services.sweeper.run()
+        if report is None:
+            raise SystemExit(
+                "error: another sweep holds the lease (a service replica is sweeping); try again later"
+            )
+        return asdict(report)
     if args.command == "project" and args.action == "apply":
         try:
             document = orjson.loads(args.file.read_bytes())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from caller_memory.service.domain.fields import StoredField
+from caller_memory.service.storage.sqlite import SQLiteStore
 
 from tests.conftest import PSEUDONYM_KEY
 
@@ -160,3 +163,28 @@ def test_serve_runs_the_service_and_logs_no_numbers(tmp_path: Path) -> None:
 def test_serve_refuses_to_start_without_a_pseudonym_key(tmp_path: Path, key: str) -> None:
     result = run_cli(tmp_path, "serve", "--port", str(free_port()), env={"CALLER_MEMORY_PSEUDONYM_KEY": key})
     assert result.returncode == 2 and "CALLER_MEMORY_PSEUDONYM_KEY" in result.stderr
+
+
+def test_sweep_command(tmp_path: Path) -> None:
+    config = tmp_path / "shop.json"
+    config.write_text(
+        json.dumps({"memory": {"repeat_caller": {"state_keys": ["a"], "field_ttls": {"a": "PT1S"}}}})
+    )
+    assert run_cli(tmp_path, "project", "apply", str(config)).returncode == 0
+
+    async def write_expired_field() -> None:
+        store = SQLiteStore(tmp_path / "cli.db")
+        await store.open()
+        long_ago = time.time_ns() // 1_000_000 - 60_000
+        stale = StoredField(value=b"1", expires_at=long_ago + 1000, written_at=long_ago)
+        await store.patch_fields("shop", "a" * 32, {"a": stale}, [], long_ago)
+        await store.close()
+
+    asyncio.run(write_expired_field())
+    first = run_cli(tmp_path, "sweep")
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert (
+        report["complete"] is True and report["removed"]["fields"] == 1 and report["removed"]["callers"] == 1
+    )
+    assert json.loads(run_cli(tmp_path, "sweep").stdout)["removed"]["fields"] == 0

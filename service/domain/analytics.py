@@ -156,12 +156,13 @@ class AnalyticsService:
             stop=f"{stop:013d}:",
             repeat=repeat,
             after=decode_cursor(cursor) if cursor else None,
-            limit=limit,
+            limit=limit + 1,  # one more, to know whether there is a next page
             descending=descending,
             now_ms=now,
         )
-        next_cursor = encode_cursor(entries[-1].sort_key) if len(entries) == limit else None
-        return entries, next_cursor
+        if len(entries) > limit:
+            return entries[:limit], encode_cursor(entries[limit - 1].sort_key)
+        return entries, None
 
     async def repeat_callers(
         self, project: Project, *, start: int, stop: int, interval: str, now: int
@@ -222,7 +223,10 @@ def summarise(buckets: Sequence[Counters], first: int, last: int, interval: str)
             "repeat_rate": _rate(totals["repeat"], totals["conversations"]),
         },
         "series": series,
-        "time_to_callback": [{"bucket": name, "repeat_conversations": ttc[name]} for name, _ in TTC_BUCKETS],
+        "time_to_callback": [
+            {"bucket": name, "repeat_conversations": ttc[name], "share": _rate(ttc[name], totals["repeat"])}
+            for name, _ in TTC_BUCKETS
+        ],
         "breakdowns": {
             dimension: sorted(
                 (
@@ -233,7 +237,7 @@ def summarise(buckets: Sequence[Counters], first: int, last: int, interval: str)
                     }
                     for value, amount in counts.items()
                 ),
-                key=lambda row: (-row["repeat_conversations"], str(row["value"])),
+                key=lambda row: (-row["repeat_conversations"], row["value"] is None, str(row["value"])),
             )
             for dimension, counts in breakdowns.items()
         },

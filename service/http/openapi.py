@@ -231,7 +231,7 @@ def _schemas() -> dict[str, Json]:
         },
         "time_to_callback": {
             "type": "array",
-            "items": _object({"bucket": {"type": "string"}, "repeat_conversations": count}),
+            "items": _object({"bucket": {"type": "string"}, "repeat_conversations": count, "share": rate}),
         },
         "breakdowns": _object(
             {

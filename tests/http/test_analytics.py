@@ -147,6 +147,17 @@ async def test_report_series_distinct_callers_time_to_callback_and_breakdowns(
         "7_to_30_days": 0,
         "30_days_or_more": 0,
     }
+    assert [row["share"] for row in body["time_to_callback"]] == [
+        round(1 / 3, 4),
+        0.0,
+        round(2 / 3, 4),
+        0.0,
+        0.0,
+    ]
+    assert [row["value"] for row in body["breakdowns"]["handoff_to"]] == [
+        "human",
+        None,
+    ]  # no value sorts last
     qa = {row["value"]: row["repeat_conversations"] for row in body["breakdowns"]["qa"]}
     assert qa == {"unresolved": 2, "resolved": 1}
     handoff = {row["value"]: row["share"] for row in body["breakdowns"]["handoff_to"]}
@@ -186,6 +197,8 @@ async def test_listing_filters_paging_and_csv(api: Api, shop: dict[str, str]) ->
     )
     assert [r["conversation_id"] for r in page3.body["conversations"]] == ["c6", "c7"]
     assert page3.body["next_cursor"] is None
+    exact = await api.call("GET", f"{ANALYTICS}/conversations?limit=8", token=shop["analytics"])
+    assert len(exact.body["conversations"]) == 8 and exact.body["next_cursor"] is None  # nothing follows
     repeats = await api.call("GET", f"{ANALYTICS}/conversations?repeat=true", token=shop["analytics"])
     assert [r["conversation_id"] for r in repeats.body["conversations"]] == [
         "c7",

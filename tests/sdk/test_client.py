@@ -226,3 +226,30 @@ async def test_concurrent_conversations_share_the_client(
 
         await asyncio.gather(*(call(i) for i in range(20)))
     assert api.count("POST", END_ROUTE, 200) == 20
+
+
+async def test_an_end_made_before_an_erasure_does_not_bring_the_caller_back(
+    api: Api, shop: dict[str, str], tmp_path: Path
+) -> None:
+    outbox = tmp_path / "outbox.db"
+    dead = f"http://127.0.0.1:{free_port()}"
+    fast = RetryPolicy(attempts=1, attempt_timeout=0.2)
+    async with MemoryClient(
+        dead, token=shop["agent"], project="cheese-shop", outbox_path=outbox, retry=fast
+    ) as c:
+        conv = c.conversation("conv-1", caller=CALLER)
+        conv.state["caller_name"] = "Ada"
+        assert (await conv.end()).queued  # the service was unreachable when the call ended
+    erased = await api.call("DELETE", f"/v1/projects/cheese-shop/callers/{CALLER}", token=shop["admin"])
+    assert erased.status == 200
+    async with MemoryClient(
+        api.base_url,
+        token=shop["agent"],
+        project="cheese-shop",
+        outbox_path=outbox,
+        deliver_outbox_on_start=False,
+    ) as client:
+        client.outbox._base_url = dead  # deliver what the first client queued, now that the service is back
+        assert (await client.flush_outbox()).delivered == 1
+    read = await api.call("GET", f"/v1/projects/cheese-shop/callers/{CALLER}/memory", token=shop["agent"])
+    assert read.body["fields"] == {}
