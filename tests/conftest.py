@@ -121,9 +121,11 @@ class Api:
 
 
 @contextlib.asynccontextmanager
-async def running_api(store_url: str, clock: FakeClock) -> AsyncIterator[Api]:
+async def running_api(store_url: str, clock: FakeClock, **overrides: Any) -> AsyncIterator[Api]:
     """The service on a real socket (an ephemeral port) over ``store_url``, and a client for it."""
-    settings = Settings(pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN)
+    settings = Settings(
+        pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN, **overrides
+    )
     app = create_app(settings, clock=clock)
     seen: list[tuple[str, str, int]] = []
 

@@ -46,6 +46,7 @@ async def realistic_run(api: Api) -> None:
     await api.put_project(
         "cheese-shop",
         {
+            "analytics_enabled": True,
             "state_keys": ["caller_name", "booking_day", "phone_on_file", "verified"],
             "field_ttls": {"verified": "PT1H"},
             "identifier_blacklist": ["020 7946 0000"],
@@ -66,6 +67,21 @@ async def realistic_run(api: Api) -> None:
                 json={"caller_name": f"Caller {i}", "verified": True},
             )
             await api.call("GET", f"{base}/{form}/memory", token=agent)
+    for i, (e164, written) in enumerate(NUMBERS.items()):
+        for j, form in enumerate(written):
+            body = {"caller": form, "state": {"booking_day": "Friday"}, "outcome": {"qa": "resolved"}}
+            await api.call(
+                "POST", f"/v1/projects/cheese-shop/conversations/c{i}-{j}/end", token=agent, json=body
+            )
+    await api.call("GET", "/v1/projects/cheese-shop/analytics/conversations", token=admin)
+    await api.call(
+        "GET", "/v1/projects/cheese-shop/analytics/conversations", token=admin, headers={"Accept": "text/csv"}
+    )
+    await api.call("GET", "/v1/projects/cheese-shop/analytics/repeat-callers", token=admin)
+    await api.call("DELETE", f"{base}/+447700900123", token=admin)  # leaves a tombstone and an audit record
+    api.clock.advance(3601)
+    await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+    await api.call("GET", "/v1/projects/cheese-shop/audit", token=admin)
     await api.call("DELETE", f"{base}/+33612345678/memory/verified", token=admin)
     await api.call("DELETE", f"{base}/+33 6 12 34 56 78", token=admin)
     # Bad requests that carry numbers: too long, with an extension, unknown routes, wrong role, wrong key.
@@ -133,6 +149,7 @@ async def test_no_phone_number_in_store_or_logs(
         server: RedisServer = request.getfixturevalue("redis_server")
         blobs, stored_somewhere = redis_blobs(server)
     assert stored_somewhere
+    blobs["/metrics"] = (await api.call("GET", "/metrics")).body.encode()
     for name, blob in blobs.items():
         assert find_numbers(blob) == [], f"phone number found in {name}"
     log_text = "\n".join(

@@ -7,8 +7,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ..domain.errors import CallerMemoryError, InvalidInput, PreconditionFailed
+from ..domain.errors import (
+    CallerMemoryError,
+    InvalidInput,
+    PreconditionFailed,
+    StoreCorrupt,
+    StoreUnavailable,
+)
 from ..domain.limits import MAX_BODY_BYTES
+from .keys import METRICS
 from .responses import problem_response
 
 log = logging.getLogger("caller_memory.http")
@@ -42,6 +49,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     except CallerMemoryError as exc:
         if exc.status >= 500:
             log.error("%s %s failed: %s", request.method, _route(request), exc.detail)
+        if isinstance(exc, StoreUnavailable | StoreCorrupt):
+            request.app[METRICS].store_errors.labels(exc.type_slug).inc()
         return _from_domain(exc)
     except web.HTTPException as exc:
         if exc.status < 400:

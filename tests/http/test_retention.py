@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from caller_memory.service.domain.clock import SystemClock
+from caller_memory.service.domain.clock import FakeClock, SystemClock
 from caller_memory.service.domain.retention import SWEEP_LEASE
 from caller_memory.service.http.keys import SERVICES
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api
 from tests.http.test_api import CALLER, CONFIG, assert_problem, memory_path
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -197,3 +200,32 @@ async def test_metrics(api: Api, shop: dict[str, str]) -> None:
     assert "caller_memory_erasures_total 1.0" in text
     assert "caller_memory_http_request_duration_seconds_bucket" in text
     assert "4155550100" not in text and "hello" not in text and "cheese-shop" not in text
+
+
+async def test_the_service_sweeps_on_its_own(store_url: str) -> None:
+    async with running_api(store_url, SystemClock(), sweep_interval=0.2) as api:  # type: ignore[arg-type]
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            listed = await api.call("GET", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+            if listed.body["sweeps"]:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "no scheduled sweep ran"
+            await asyncio.sleep(0.05)
+        assert listed.body["sweeps"][0]["complete"] is True
+        metrics = await api.call("GET", "/metrics")
+        assert 'caller_memory_sweeps_total{outcome="completed"}' in metrics.body
+
+
+async def test_store_errors_are_counted(redis_server: RedisServer, clock: FakeClock) -> None:
+    with redis_server.client() as client:
+        client.flushall()
+    async with running_api(redis_server.url, clock) as api:
+        tokens = await api.project_with_tokens("shop", {"state_keys": ["a"]})
+        os.kill(redis_server.pid, signal.SIGSTOP)
+        try:
+            reply = await api.call("GET", memory_path("shop"), token=tokens["agent"])
+        finally:
+            os.kill(redis_server.pid, signal.SIGCONT)
+        assert reply.status == 503
+        metrics = await api.call("GET", "/metrics")
+        assert 'caller_memory_store_errors_total{kind="store-unavailable"} 1.0' in metrics.body
