@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import re
 
-#: Runs of 7+ digits, optionally with a leading '+' and the separators people write numbers with.
-_PHONE_LIKE = re.compile(r"\+?\d(?:[\s().-]{0,2}\d){6,}")
+#: Runs of 7+ digits, optionally with a leading '+' and the separators people write numbers with, that are
+#: not part of a longer word (hex ids and pseudonyms hold digit runs too, and are not numbers).
+_PHONE_LIKE = re.compile(r"(?<![0-9A-Za-z])\+?\d(?:[\s().-]{0,2}\d){6,}(?![0-9A-Za-z])")
 
 
 def mask_text(text: str) -> str:

@@ -67,7 +67,7 @@ async def realistic_run(api: Api) -> None:
                 json={"caller_name": f"Caller {i}", "verified": True},
             )
             await api.call("GET", f"{base}/{form}/memory", token=agent)
-    for i, (e164, written) in enumerate(NUMBERS.items()):
+    for i, written in enumerate(NUMBERS.values()):
         for j, form in enumerate(written):
             body = {"caller": form, "state": {"booking_day": "Friday"}, "outcome": {"qa": "resolved"}}
             await api.call(
