@@ -33,6 +33,8 @@ class Settings:
     #: items of each kind per round.
     sweep_interval: float = 300.0
     sweep_batch: int = 1000
+    #: Requests under /v1 handled at once; beyond it a request gets 503 at once rather than waiting.
+    max_in_flight: int = 256
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -65,5 +67,12 @@ class Settings:
                     raise SettingsError(f"{name} must be a number of seconds") from None
                 if seconds[attribute] < 0:
                     raise SettingsError(f"{name} must not be negative")
+        if "CALLER_MEMORY_MAX_IN_FLIGHT" in env:
+            try:
+                seconds["max_in_flight"] = int(env["CALLER_MEMORY_MAX_IN_FLIGHT"])
+            except ValueError:
+                raise SettingsError("CALLER_MEMORY_MAX_IN_FLIGHT must be a whole number") from None
+            if seconds["max_in_flight"] < 1:
+                raise SettingsError("CALLER_MEMORY_MAX_IN_FLIGHT must be at least 1")
         settings = replace(settings, **seconds)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})

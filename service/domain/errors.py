@@ -102,6 +102,26 @@ class Conflict(CallerMemoryError):
     type_slug = "conflict"
 
 
+class TooManyRequests(CallerMemoryError):
+    """The client must slow down (HTTP 429); ``retry_after`` is in seconds."""
+
+    status = 429
+    title = "Too many requests"
+    type_slug = "too-many-requests"
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
+class Overloaded(CallerMemoryError):
+    """The service has as many requests in flight as it allows; this one is refused at once (HTTP 503)."""
+
+    status = 503
+    title = "Overloaded"
+    type_slug = "overloaded"
+
+
 class StoreUnavailable(CallerMemoryError, ConnectionError):
     """The store could not be reached or did not answer in time (HTTP 503)."""
 

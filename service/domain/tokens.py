@@ -17,9 +17,46 @@ from dataclasses import dataclass
 
 from ..storage.base import Store, TokenRecord
 from .clock import Clock
-from .errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
 
 TOKEN_PREFIX = "cm"
+
+
+class FailureThrottle:
+    """Counts failed authentications per source (the client's address) over a sliding window.
+
+    A source over ``limit`` failures in ``window`` seconds gets 429 for its *failed* attempts until the window
+    has room again; a valid token from the same source is never refused, so a client with a typo next to a
+    good one (or many clients behind one proxy) cannot lock the good ones out. At most ``max_sources`` are
+    tracked (the oldest are forgotten first), so the table cannot grow without bound.
+    """
+
+    def __init__(self, limit: int = 20, window: float = 60.0, max_sources: int = 10_000) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_sources = max_sources
+        self._failures: dict[str, list[float]] = {}
+
+    def _recent(self, source: str, now: float) -> list[float]:
+        times = [t for t in self._failures.get(source, []) if now - t < self.window]
+        if times:
+            self._failures[source] = times
+        else:
+            self._failures.pop(source, None)
+        return times
+
+    def failure(self, source: str) -> int | None:
+        """Record a failure; returns seconds to wait if the source is now over its limit, else None."""
+        now = time.monotonic()
+        times = self._recent(source, now)
+        times.append(now)
+        self._failures.pop(source, None)
+        self._failures[source] = times  # most recently failing last
+        while len(self._failures) > self.max_sources:
+            del self._failures[next(iter(self._failures))]
+        if len(times) > self.limit:
+            return max(1, int(self.window - (now - times[-self.limit - 1])) + 1)
+        return None
 
 
 class Role(enum.StrEnum):
@@ -76,8 +113,16 @@ def _hash(secret: str) -> bytes:
 
 
 class TokenService:
-    def __init__(self, store: Store, clock: Clock, operator_token: str | None, cache_seconds: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        operator_token: str | None,
+        cache_seconds: float,
+        throttle: FailureThrottle | None = None,
+    ) -> None:
         self._store = store
+        self.throttle = throttle or FailureThrottle()
         self._clock = clock
         self._operator_hash = _hash(operator_token) if operator_token else None
         self._cache_seconds = cache_seconds
@@ -122,8 +167,20 @@ class TokenService:
             self._cache[token_id] = (time.monotonic(), record)
         return record
 
-    async def authenticate(self, authorization: str | None) -> Principal:
-        """Resolve an ``Authorization`` header into a principal, or raise :class:`Unauthenticated`."""
+    async def authenticate(self, authorization: str | None, source: str = "") -> Principal:
+        """Resolve an ``Authorization`` header into a principal, or raise :class:`Unauthenticated`
+        (:class:`TooManyRequests` when ``source`` has failed too often lately)."""
+        try:
+            return await self._authenticate(authorization)
+        except Unauthenticated as exc:
+            wait = self.throttle.failure(source)
+            if wait is not None:
+                raise TooManyRequests(
+                    "too many failed authentications from this address; wait before trying again", wait
+                ) from exc
+            raise
+
+    async def _authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
             raise Unauthenticated("missing Authorization header; send 'Authorization: Bearer <token>'")
         scheme, _, credential = authorization.partition(" ")

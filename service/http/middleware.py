@@ -6,13 +6,16 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ..domain.errors import (
     CallerMemoryError,
     InvalidInput,
+    Overloaded,
     PreconditionFailed,
     StoreCorrupt,
     StoreUnavailable,
+    TooManyRequests,
 )
 from ..domain.limits import MAX_BODY_BYTES
 from .keys import METRICS
@@ -39,6 +42,10 @@ def _from_domain(exc: CallerMemoryError) -> web.Response:
         headers["ETag"] = exc.current_etag
     if exc.status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="caller-memory"'
+    if isinstance(exc, TooManyRequests):
+        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = "1"
     return problem_response(exc.status, exc.title, exc.detail, slug=exc.type_slug, headers=headers, **extra)
 
 
@@ -75,3 +82,24 @@ def _route(request: web.Request) -> str:
     """The route template, never the concrete path (which may hold a phone number)."""
     info = request.match_info.route.resource
     return info.canonical if info is not None else "<unmatched>"
+
+
+def in_flight_limit(limit: int) -> Middleware:
+    """Refuse at once (503, ``Retry-After: 1``) what would exceed ``limit`` requests in flight under /v1, so
+    that a slow store cannot pile up unbounded work: the excess fails fast instead of queueing."""
+    in_flight = 0
+
+    @web.middleware
+    async def bound(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal in_flight
+        if not request.path.startswith("/v1/"):
+            return await handler(request)
+        if in_flight >= limit:
+            raise Overloaded(f"the service has {limit} requests in flight, its limit; retry shortly")
+        in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            in_flight -= 1
+
+    return bound

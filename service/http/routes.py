@@ -59,7 +59,7 @@ async def authorize(request: web.Request, role: Role | None) -> tuple[Services, 
     services = request.app[SERVICES]
     if "project" in request.match_info:
         check_project_id(request.match_info["project"])
-    principal = await services.tokens.authenticate(request.headers.get("Authorization"))
+    principal = await services.tokens.authenticate(request.headers.get("Authorization"), request.remote or "")
     if role is None:
         principal.require_operator()
     else:

@@ -1,6 +1,7 @@
-"""A TCP proxy that can lose answers: the request reaches the service, the reply never reaches the client.
+"""A TCP proxy that can lose or delay answers.
 
-That is the hardest case for an at-most-once write: the service applied it, the client cannot know.
+Losing an answer is the hardest case for an at-most-once write: the service applied it, the client cannot
+know. Delaying answers stands in for a slow store or network (this kernel has no netem).
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ class LossyProxy:
         self.target_port = target_port
         #: Number of upcoming answers to drop: the connection is cut when the service starts answering.
         self.drop_answers = 0
+        #: Seconds every chunk of an answer is held back (a slow network or a slow server).
+        self.delay = 0.0
         self.connections = 0
+        self.open_connections = 0
+        self.most_open_connections = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -37,6 +42,8 @@ class LossyProxy:
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.open_connections += 1
+        self.most_open_connections = max(self.most_open_connections, self.open_connections)
         server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
 
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: bool) -> None:
@@ -45,6 +52,8 @@ class LossyProxy:
                     if answers and self.drop_answers > 0:
                         self.drop_answers -= 1
                         break  # the service answered: lose the answer
+                    if answers and self.delay:
+                        await asyncio.sleep(self.delay)
                     writer.write(data)
                     await writer.drain()
             for w in (client_writer, server_writer):
@@ -58,3 +67,4 @@ class LossyProxy:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.open_connections -= 1
