@@ -5,6 +5,9 @@
         os.kill(server.pid, signal.SIGSTOP)    # fault tests may pause or kill it...
         server.stop(); server.start()          # ...and restart it on the same port and directory
 
+    with RedisServer(config_file=SHIPPED_CONFIG) as server:   # deploy/redis.conf, as shipped
+        ...
+
 The helper checks that the server answering on the port is the process it started (``INFO server``
 process_id), so a stray server left on that port can never be mistaken for ours.
 """
@@ -26,6 +29,8 @@ from types import TracebackType
 import redis
 
 DEFAULT_CONFIG: dict[str, str] = {"save": "", "appendonly": "no"}
+#: The Redis configuration the project ships (AOF, ``appendfsync always``).
+SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "redis.conf"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 
@@ -46,8 +51,11 @@ class RedisServer:
     """One ``redis-server`` process on 127.0.0.1 (or a unix socket) in a private temporary directory.
 
     ``config`` entries override :data:`DEFAULT_CONFIG` (e.g. ``{"appendonly": "yes", "appendfsync":
-    "always"}``) and are passed as ``--name value``. With ``unix_socket=True`` the server also listens on
-    ``<dir>/redis.sock`` and :attr:`url` is a ``unix://`` URL.
+    "always"}``) and are passed as ``--name value``. With ``config_file`` (e.g. :data:`SHIPPED_CONFIG`)
+    the server reads that file first and :data:`DEFAULT_CONFIG` does not apply: only the port, address,
+    directory, log file and ``config`` are given on the command line, where they override the file. With
+    ``unix_socket=True`` the server also listens on ``<dir>/redis.sock`` and :attr:`url` is a ``unix://``
+    URL.
     """
 
     def __init__(
@@ -56,12 +64,14 @@ class RedisServer:
         *,
         unix_socket: bool = False,
         executable: str = "redis-server",
+        config_file: Path | None = None,
     ) -> None:
         found = shutil.which(executable)
         if found is None:
             raise RuntimeError(f"{executable} is not installed (apt-get install redis-server)")
         self.executable = found
-        self.config = {**DEFAULT_CONFIG, **(config or {})}
+        self.config_file = config_file
+        self.config = {**(DEFAULT_CONFIG if config_file is None else {}), **(config or {})}
         self.unix_socket = unix_socket
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.dir = Path()
@@ -123,7 +133,10 @@ class RedisServer:
         raise RuntimeError("could not find a free port for redis-server")
 
     def _command(self, port: int) -> list[str]:
-        cmd = [self.executable, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        cmd = [self.executable]
+        if self.config_file is not None:
+            cmd.append(str(self.config_file))  # must come first; the options below override it
+        cmd += ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
         cmd += ["--daemonize", "no", "--logfile", str(self.log_path)]
         if self.unix_socket:
             cmd += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
@@ -179,6 +192,10 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self._kill()
         self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as in a crash: Redis gets no chance to flush or shut down. Idempotent."""
+        self._kill()
 
     def _kill(self) -> None:
         proc = self._proc
