@@ -96,6 +96,7 @@ async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
     from aiohttp import web
     from caller_memory.service.app import create_app
     from caller_memory.service.config import Settings
+    from caller_memory.service.http.access_log import RouteAccessLogger
 
     operator = secrets.token_urlsafe(24)
     settings = Settings(
@@ -103,7 +104,8 @@ async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
         store_url=f"sqlite:///{workdir}/demo.db",
         operator_token=operator,
     )
-    runner = web.AppRunner(create_app(settings))
+    # The service's access log names routes, never paths (paths hold phone numbers).
+    runner = web.AppRunner(create_app(settings), access_log_class=RouteAccessLogger)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,35 @@ OPERATOR_TOKEN = "operator-token-for-tests-0123456789"
 PSEUDONYM_KEY = b"pseudonym-key-for-tests-0123456789abcdef"
 
 BACKENDS = ["sqlite", "redis"]
+
+
+#: The national numbers the tests use (any written form of them contains one of these digit runs).
+TEST_NUMBERS = re.compile(r"415555\d{4}|7700900\d{3}|20794600\d\d|612345678|15112345678|44000000000")
+
+
+class _Everything(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.leaks: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+        if TEST_NUMBERS.search(text):
+            self.leaks.append(f"{record.name}: {text[:200]}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_number_in_any_log() -> Iterator[None]:
+    """Every log record of the whole run, at every level, is checked for the test phone numbers."""
+    handler = _Everything()
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield
+    root.removeHandler(handler)
+    root.setLevel(previous)
+    assert handler.leaks == [], f"phone numbers were logged: {handler.leaks[:5]}"
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,16 @@
-"""Access log that records route templates, never concrete paths (paths hold caller identifiers)."""
+"""Access log that records route templates, never concrete paths (paths hold caller identifiers).
+
+``caller-memory serve`` uses it. An application that runs ``create_app`` under its own ``web.AppRunner``
+must pass ``access_log_class=RouteAccessLogger`` (or ``access_log=None``): aiohttp's default access log
+writes the full path, phone number included.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+
+from ..logs import mask_text
 
 
 class RouteAccessLogger(AbstractAccessLogger):
@@ -18,5 +25,5 @@ class RouteAccessLogger(AbstractAccessLogger):
             route,
             response.status,
             time * 1000,
-            match_info.get("project", "-") if match_info is not None else "-",
+            mask_text(match_info.get("project", "-")) if match_info is not None else "-",
         )

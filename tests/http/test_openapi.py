@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.limits import MAX_BODY_BYTES
+from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.openapi import build_openapi
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
@@ -122,7 +123,10 @@ def test_errors_are_problem_documents_and_refs_resolve(doc: dict[str, Any]) -> N
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    async with TestClient(TestServer(make_app(tmp_path))) as client:
+    server = TestServer(make_app(tmp_path))
+    # Started here so that the runner gets the service's access logger (aiohttp's own logs full paths).
+    await server.start_server(access_log_class=RouteAccessLogger)
+    async with TestClient(server) as client:
         yield client
 
 

@@ -39,7 +39,7 @@ async def fake_service() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
     async def start(handler: Handler) -> str:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)  # do not wait for handlers left hanging
+        runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None)  # no wait for hung handlers
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
