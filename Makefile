@@ -4,7 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run test lint format redis-server chromium clean
+.PHONY: install install-test run test fuzz lint format redis-server chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ lint: install-test
 
 test: install-test redis-server chromium lint
 	$(BIN)/pytest -q
+
+# A longer schemathesis campaign against a live service (tests/fuzz): 500 fuzzed cases per operation and 2000
+# call sequences per run, new ones each time, no time limit. CALLER_MEMORY_FUZZ_SEED=<the seed it printed>
+# replays a run.
+fuzz: install-test redis-server
+	CALLER_MEMORY_FUZZ_EXAMPLES=$${CALLER_MEMORY_FUZZ_EXAMPLES:-500} $(BIN)/pytest -q tests/fuzz
 
 format: install-test
 	$(BIN)/ruff format service sdk tests examples bench

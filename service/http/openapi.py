@@ -24,7 +24,7 @@ from ..domain.limits import (
     MIN_TTL_SECONDS,
     PROJECT_ID_PATTERN,
 )
-from ..domain.projects import PSEUDONYM_PREFIX, ProjectConfig
+from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.tokens import Role
 from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
 from .schemas import EndRequest, TokenCreate
@@ -87,6 +87,9 @@ def _model_schemas(
     return out | {prefix + model.__name__: schema | {"title": prefix + model.__name__}}
 
 
+YEARS_AND_MONTHS = "A year counts 365 days, a month 30."
+
+
 def _accept_seconds(node: Any) -> None:
     """Input durations are an ISO 8601 string or a whole number of seconds (pydantic's schema says 'string')."""
     if isinstance(node, list):
@@ -104,8 +107,24 @@ def _accept_seconds(node: Any) -> None:
         ]
         node["description"] = (
             f"An ISO 8601 duration or a whole number of seconds, from {MIN_TTL_SECONDS} s "
-            f"to {MAX_TTL_SECONDS // 86400} days."
+            f"to {MAX_TTL_SECONDS // 86400} days. {YEARS_AND_MONTHS}"
         )
+
+
+def _emit_iso(node: Any) -> None:
+    """Output durations are ISO 8601 as pydantic writes them: years, then days ('P1Y35D', 'P10Y9DT23H59M59S').
+    JSON Schema's ``duration`` format is RFC 3339's grammar, which wants months between years and days and
+    so rejects those; describe them with the pattern the service reads (a stored document can be PUT back)."""
+    if isinstance(node, list):
+        for item in node:
+            _emit_iso(item)
+    elif isinstance(node, dict):
+        if node.get("format") == "duration":
+            del node["format"]
+            node["pattern"] = _ISO_DURATION.pattern
+            node["description"] = f"An ISO 8601 duration. {YEARS_AND_MONTHS}"
+        for value in node.values():
+            _emit_iso(value)
 
 
 def _config_schemas() -> dict[str, Json]:
@@ -118,6 +137,7 @@ def _config_schemas() -> dict[str, Json]:
         "counted for these callers."
     )
     stored = _model_schemas(ProjectConfig, "Stored", "serialization")
+    _emit_iso(stored)
     for schema in stored.values():  # model_dump writes every field
         schema["required"] = list(schema["properties"])
     rc = stored["StoredRepeatCallerConfig"]["properties"]
@@ -370,7 +390,7 @@ def _parameters() -> dict[str, Json]:
         "project": path(
             "project",
             "Project id: 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit.",
-            {"type": "string", "pattern": PROJECT_ID_PATTERN},
+            {"type": "string", "pattern": PROJECT_ID_PATTERN, "examples": ["cheese-shop"]},
         ),
         "identifier": path(
             "identifier",
@@ -383,12 +403,16 @@ def _parameters() -> dict[str, Json]:
                 "examples": ["+14155550100"],
             },
         ),
-        "field": path("field", "A field name.", {"type": "string", "pattern": FIELD_NAME_PATTERN}),
+        "field": path(
+            "field",
+            "A field name.",
+            {"type": "string", "pattern": FIELD_NAME_PATTERN, "examples": ["caller_name"]},
+        ),
         "token_id": path("token_id", "A token id.", {"type": "string", "pattern": TOKEN_ID_PATTERN}),
         "conversation_id": path(
             "conversation_id",
             "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
-            {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
+            {"type": "string", "pattern": CONVERSATION_ID_PATTERN, "examples": ["call-1"]},
         ),
         "from": query(
             "from",
@@ -444,6 +468,11 @@ def _headers() -> dict[str, Json]:
         "ETag": {"description": "Strong ETag of the caller's live memory.", "schema": {"type": "string"}},
         "Cache-Control": {"description": "`no-store`.", "schema": {"type": "string", "const": "no-store"}},
         "WWW-Authenticate": {"description": '`Bearer realm="caller-memory"`.', "schema": {"type": "string"}},
+        "Retry-After": {
+            "description": "Seconds to wait.",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^[0-9]+$"},
+        },
         "Idempotent-Replayed": {
             "description": "`true` when this answers a retry: nothing was applied again.",
             "schema": {"type": "string", "enum": ["true", "false"]},
@@ -471,6 +500,11 @@ def _authenticated() -> dict[str, Json | None]:
         "403": _problem("The token's role does not allow this operation."),
         "404": _problem("No such project, or the token belongs to another project."),
         "422": _problem("The project id is malformed."),
+        "429": _problem(
+            "Too many failed authentications from this address lately (this one failed too); retry after "
+            "`Retry-After` seconds. A valid token is never refused.",
+            "Retry-After",
+        ),
         "500": _problem("Unexpected error (logged), or the store holds data this version cannot read."),
         "503": _problem("The store did not answer in time."),
     }
@@ -505,8 +539,32 @@ def _dashboard_file(description: str, *media: str) -> Json:
     }
 
 
+#: Request bodies as the README's walkthrough sends them (schemathesis' examples phase sends them too).
+BODY_EXAMPLES: dict[str, Json] = {
+    "ProjectConfig": {
+        "memory": {
+            "repeat_caller": {
+                "state_keys": ["caller_name", "booking_day", "verified"],
+                "retention": "P90D",
+                "field_ttls": {"booking_day": "P7D"},
+                "analytics_enabled": True,
+            }
+        }
+    },
+    "TokenCreate": {"role": "agent", "label": "cheese-shop agent prod"},
+    "MemoryPatch": {"caller_name": "Ada", "booking_day": None},
+    "EndRequest": {
+        "caller": "+14155550100",
+        "state": {"caller_name": "Ada", "mood": "happy"},
+        "outcome": {"qa": "resolved"},
+        "channel": "voice",
+    },
+}
+
+
 def _body(schema: str, description: str, *media: str) -> Json:
-    content = {m: {"schema": _ref(schema)} for m in media or (JSON,)}
+    example = {"example": BODY_EXAMPLES[schema]} if schema in BODY_EXAMPLES else {}
+    content = {m: {"schema": _ref(schema)} | example for m in media or (JSON,)}
     return {"required": True, "description": description, "content": content}
 
 
@@ -800,10 +858,63 @@ def _tag(path: str) -> str:
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"
 
 
+def _links() -> dict[tuple[str, str], Json]:
+    """What a response lets a client do next, as OpenAPI links by (operationId, status); schemathesis follows
+    them in its stateful tests."""
+    project = {"project": "$request.path.project"}
+    caller = project | {"identifier": "$request.path.identifier"}
+
+    def to(operation_id: str, parameters: Json, **extra: Any) -> Json:
+        return {"operationId": operation_id, "parameters": parameters} | extra
+
+    configured = {
+        "GetProject": to("get_project", project),
+        "CreateToken": to("create_token", project),
+        "ListTokens": to("list_tokens", project),
+    }
+    memory = {
+        "ReadMemory": to("read_memory", caller),
+        "ReadMemoryIfChanged": to("read_memory", caller | {"header.If-None-Match": "$response.header.ETag"}),
+        "PatchMemoryIfUnchanged": to("patch_memory", caller | {"header.If-Match": "$response.header.ETag"}),
+        "EraseCaller": to("erase_caller", caller),
+    }
+    return {
+        ("put_project", "200"): configured,
+        ("put_project", "201"): configured,
+        ("create_token", "201"): {
+            "RevokeToken": to("revoke_token", project | {"token_id": "$response.body#/token_id"}),
+        },
+        ("read_memory", "200"): memory,
+        ("patch_memory", "200"): memory,
+        ("delete_field", "200"): memory,
+        ("erase_caller", "200"): {"ReadMemory": memory["ReadMemory"], "ListAudit": to("list_audit", project)},
+        ("end_conversation", "200"): {
+            "ReadCallerMemory": to("read_memory", project | {"identifier": "$request.body#/caller"}),
+            "Retry": to(
+                "end_conversation",
+                project | {"conversation_id": "$response.body#/conversation_id"},
+                requestBody="$request.body",
+            ),
+            "ListConversations": to("list_conversations", project),
+            "RepeatCallers": to("repeat_callers", project),
+        },
+        ("list_conversations", "200"): {
+            "NextPage": to("list_conversations", project | {"query.cursor": "$response.body#/next_cursor"}),
+        },
+        ("list_audit", "200"): {
+            "NextPage": to("list_audit", project | {"query.before": "$response.body#/next_cursor"}),
+        },
+    }
+
+
 def _paths() -> dict[str, Json]:
     paths: dict[str, Json] = {}
+    links = _links()
     for (method, path), op in _operations().items():
         op["tags"] = [_tag(path)]
+        for status, response in op["responses"].items():
+            if (op["operationId"], status) in links:
+                op["responses"][status] = response | {"links": links[op["operationId"], status]}
         item = paths.setdefault(path, {})
         if "{" in path and "parameters" not in item:
             item["parameters"] = [_ref(name, "parameters") for name in re.findall(r"\{(\w+)\}", path)]
