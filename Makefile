@@ -4,7 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run test fuzz lint format redis-server chromium clean
+.PHONY: install install-test run test fuzz bench lint format redis-server chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ test: install-test redis-server chromium lint
 # replays a run.
 fuzz: install-test redis-server
 	CALLER_MEMORY_FUZZ_EXAMPLES=$${CALLER_MEMORY_FUZZ_EXAMPLES:-500} $(BIN)/pytest -q tests/fuzz
+
+# Benchmarks of issue 7 against a hand-written baseline, side by side (about 10-15 minutes; needs
+# redis-server and redis-benchmark). `$(BIN)/python bench/run.py --quick` takes about 2-3 minutes. Results in
+# bench/results/perf.json and bench/results/profile-read.*; see bench/README.md.
+bench: install-test redis-server
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python bench/run.py
 
 format: install-test
 	$(BIN)/ruff format service sdk tests examples bench

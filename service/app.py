@@ -28,6 +28,7 @@ from .http.keys import METRICS, SERVICES, Services
 from .http.metrics import Metrics
 from .http.middleware import in_flight_limit, problem_middleware
 from .http.routes import routes
+from .logs import install_log_masking
 from .storage import open_store
 from .storage.base import Store
 
@@ -58,6 +59,7 @@ def create_app(
     settings: Settings, *, clock: Clock | None = None, store: Store | None = None
 ) -> web.Application:
     """Build the service. ``clock`` and ``store`` may be injected (tests); the store is opened on startup."""
+    install_log_masking()
     metrics = Metrics()
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,

@@ -9,7 +9,6 @@ a report read a handful of buckets however many conversations were ever recorded
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -77,7 +76,7 @@ def encode_cursor(sort_key: str) -> str:
 def decode_cursor(cursor: str) -> str:
     try:
         key = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error, UnicodeDecodeError, and non-ASCII input alike
         key = ""
     if len(key) < 15 or key[13] != ":" or not key[:13].isdigit():
         raise InvalidInput("cursor is not one this service returned; start again without it", field="cursor")

@@ -16,7 +16,10 @@ from ..logs import mask_text
 class RouteAccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         route = "<unmatched>"
-        match_info = getattr(request, "match_info", None)
+        try:
+            match_info = getattr(request, "match_info", None)
+        except AssertionError:  # a request aiohttp refused before routing it (a malformed header)
+            match_info = None
         if match_info is not None and match_info.route.resource is not None:
             route = match_info.route.resource.canonical
         self.logger.info(

@@ -18,6 +18,16 @@ def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | Non
     )
 
 
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value
+
+
 def problem_response(
     status: int, title: str, detail: str, *, slug: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> web.Response:
@@ -30,7 +40,6 @@ def problem_response(
         "detail": detail,
     }
     body.update(extra)
-    encoded = mask_text(orjson.dumps(body).decode()).encode()
-    response = web.Response(body=encoded, status=status, headers=headers)
+    response = web.Response(body=orjson.dumps(_masked(body)), status=status, headers=headers)
     response.content_type = PROBLEM_CONTENT_TYPE
     return response

@@ -252,6 +252,7 @@ async def test_csv_cells_cannot_run_as_formulas(api: Api, shop: dict[str, str]) 
         ("/conversations?limit=0", "limit"),
         ("/conversations?limit=many", "limit"),
         ("/conversations?cursor=not-a-cursor", "cursor"),
+        ("/conversations?cursor=%7C%C2%AA", "cursor"),
         ("/conversations?order=sideways", "order"),
         ("/conversations?repeat=maybe", "repeat"),
         ("/repeat-callers?interval=minute", "interval"),
