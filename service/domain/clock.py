@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Protocol
 
 HOUR_MS = 3_600_000
@@ -62,6 +63,7 @@ def bucket_starts(kind: str, first: int, last: int) -> list[int]:
     return list(range(bucket_start(kind, first), bucket_start(kind, last) + 1, BUCKET_MS[kind]))
 
 
+@lru_cache(maxsize=4096)  # times about callers are hour-rounded: few distinct values
 def iso_utc(ms: int) -> str:
     """``2026-11-30T14:00:00Z``: how the API writes times (whole seconds, UTC)."""
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

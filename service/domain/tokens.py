@@ -20,6 +20,8 @@ from .clock import Clock
 from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
 
 TOKEN_PREFIX = "cm"
+#: Bound on remembered credentials (only ones that authenticated are kept; the table is reset when full).
+MAX_CACHED_PRINCIPALS = 10_000
 
 
 class FailureThrottle:
@@ -127,6 +129,7 @@ class TokenService:
         self._operator_hash = _hash(operator_token) if operator_token else None
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+        self._principals: dict[str, tuple[float, Principal]] = {}
 
     async def mint(self, project: str, role: str, label: str = "") -> MintedToken:
         try:
@@ -156,6 +159,7 @@ class TokenService:
         if not await self._store.delete_token(project, token_id):
             raise NotFound(f"token '{token_id}' not found in project '{project}'")
         self._cache[token_id] = (time.monotonic(), None)
+        self._principals = {k: v for k, v in self._principals.items() if v[1].token_id != token_id}
 
     async def _lookup(self, token_id: str) -> TokenRecord | None:
         cached = self._cache.get(token_id)
@@ -181,6 +185,20 @@ class TokenService:
             raise
 
     async def _authenticate(self, authorization: str | None) -> Principal:
+        # Credentials that authenticated lately are recognised without hashing them again (the token
+        # lookup cache has the same lifetime; revocation through this process clears both).
+        if authorization is not None:
+            known = self._principals.get(authorization)
+            if known is not None and time.monotonic() - known[0] < self._cache_seconds:
+                return known[1]
+        principal = await self._authenticate_afresh(authorization)
+        if authorization is not None and principal.token_id is not None:
+            if len(self._principals) >= MAX_CACHED_PRINCIPALS:
+                self._principals.clear()
+            self._principals[authorization] = (time.monotonic(), principal)
+        return principal
+
+    async def _authenticate_afresh(self, authorization: str | None) -> Principal:
         if not authorization:
             raise Unauthenticated("missing Authorization header; send 'Authorization: Bearer <token>'")
         scheme, _, credential = authorization.partition(" ")

@@ -7,6 +7,8 @@ writes the full path, phone number included.
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
@@ -14,6 +16,11 @@ from ..logs import mask_text
 
 
 class RouteAccessLogger(AbstractAccessLogger):
+    @property
+    def enabled(self) -> bool:
+        """Skip the work entirely when the log level drops access records."""
+        return self.logger.isEnabledFor(logging.INFO)
+
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         route = "<unmatched>"
         try:

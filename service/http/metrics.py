@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -59,6 +60,7 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.erasures = Counter(
             "caller_memory_erasures", "Callers erased on request.", registry=self.registry
         )
@@ -75,8 +77,17 @@ class Metrics:
                 status = response.status
                 return response
             finally:
-                self.requests.labels(route, request.method, str(status)).inc()
-                self.latency.labels(route, request.method).observe(time.perf_counter() - started)
+                # Label children are looked up once per (route, method, status) and kept: labels() costs
+                # a lock and a tuple per call, on every request.
+                key = (route, request.method, status)
+                children = self._children.get(key)
+                if children is None:
+                    children = self._children[key] = (
+                        self.requests.labels(route, request.method, str(status)),
+                        self.latency.labels(route, request.method),
+                    )
+                children[0].inc()
+                children[1].observe(time.perf_counter() - started)
 
         return measure
 

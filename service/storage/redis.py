@@ -7,14 +7,14 @@ on NOSCRIPT, so a restarted or failed-over server needs no special handling.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -51,17 +51,37 @@ def _load_script(name: str) -> str:
     return resources.files(__package__).joinpath("lua", name).read_text(encoding="utf-8")
 
 
-@contextlib.contextmanager
-def _translated(operation: str) -> Iterator[None]:
-    """The one place where driver exceptions become domain errors (chained, so the cause is kept)."""
-    try:
-        yield
-    except ResponseError as exc:
-        if str(exc).startswith("CMCORRUPT"):
-            raise StoreCorrupt(f"Redis holds data this version cannot read ({operation}): {exc}") from exc
-        raise StoreUnavailable(f"Redis refused {operation}: {exc}") from exc
-    except RedisError as exc:  # ConnectionError, TimeoutError and the rest of the driver's errors
-        raise StoreUnavailable(f"Redis did not answer {operation}: {exc}") from exc
+class _Call:
+    """One store call: bounded by the store timeout, and the one place where driver exceptions become domain
+    errors (chained, so the cause is kept). A plain class rather than a generator context manager: it runs
+    on every request."""
+
+    __slots__ = ("operation", "seconds", "timeout")
+
+    def __init__(self, operation: str, seconds: float) -> None:
+        self.operation = operation
+        self.seconds = seconds
+
+    async def __aenter__(self) -> None:
+        self.timeout = asyncio.timeout(self.seconds)
+        await self.timeout.__aenter__()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            await self.timeout.__aexit__(kind, exc, tb)
+        except TimeoutError as timeout:
+            # The command was cancelled; redis-py drops that connection, so no reply can be mistaken later.
+            raise StoreUnavailable(
+                f"Redis did not answer {self.operation} within {self.seconds:g} s"
+            ) from timeout
+        if isinstance(exc, ResponseError):
+            if str(exc).startswith("CMCORRUPT"):
+                raise StoreCorrupt(
+                    f"Redis holds data this version cannot read ({self.operation}): {exc}"
+                ) from exc
+            raise StoreUnavailable(f"Redis refused {self.operation}: {exc}") from exc
+        if isinstance(exc, RedisError):  # ConnectionError and the rest of the driver's errors
+            raise StoreUnavailable(f"Redis did not answer {self.operation}: {exc}") from exc
 
 
 def _optional(value: str | None) -> str:
@@ -104,18 +124,18 @@ class RedisStore(Store):
         *,
         socket_timeout: float = 0.5,
         socket_connect_timeout: float = 0.5,
-        max_connections: int = 64,
-        pool_timeout: float = 1.0,
+        max_connections: int = 512,
         health_check_interval: int = 30,
+        bulk_timeout: float = 60.0,
     ) -> None:
         scheme = urlsplit(url).scheme
         if scheme not in SCHEMES:
             raise ValueError(f"not a Redis store URL (expected one of {', '.join(SCHEMES)}): {scheme}://")
         self._url = url
-        self._socket_timeout = socket_timeout
+        self._timeout = socket_timeout
+        self._bulk_timeout = bulk_timeout
         self._socket_connect_timeout = socket_connect_timeout
         self._max_connections = max_connections
-        self._pool_timeout = pool_timeout
         self._health_check_interval = health_check_interval
         self._client: Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
@@ -127,11 +147,12 @@ class RedisStore(Store):
         return cls(url, **options)
 
     def _connect(self) -> Redis:
-        pool = BlockingConnectionPool.from_url(
+        pool = ConnectionPool.from_url(
             self._url,
-            # Seconds, not the driver's 5 s default: a hung server must cost a request half a second (the
-            # SDK's read budget is small), not stall every request behind it.
-            socket_timeout=self._socket_timeout,
+            # No per-socket timeout: redis-py would wrap every send in asyncio.wait_for (a task per command).
+            # Each store call is bounded as a whole instead (_Call, ``socket_timeout`` seconds: a hung server
+            # costs a request half a second, not seconds of stall), and connecting is bounded here.
+            socket_timeout=None,
             socket_connect_timeout=self._socket_connect_timeout,
             # One immediate retry, on connection errors only. It hides a pooled connection that went stale
             # (server restart, idle cut by a proxy). Timeouts are not retried: the server may be hung, a retry
@@ -143,9 +164,9 @@ class RedisStore(Store):
             health_check_interval=self._health_check_interval,
             socket_keepalive=True,
             decode_responses=False,
+            # More than the service's bound on requests in flight, so a request never waits for a connection;
+            # beyond it the pool refuses at once (the store is reported unavailable).
             max_connections=self._max_connections,
-            # Waiting for a free connection is bounded too; beyond it the store is unavailable.
-            timeout=self._pool_timeout,
         )
         return Redis.from_pool(pool)
 
@@ -160,7 +181,7 @@ class RedisStore(Store):
             return
         client = self._connect()
         try:
-            with _translated("open"):
+            async with _Call("open", self._timeout):
                 await client.ping()
                 info = await client.info("server")
             version = str(info.get("redis_version", "0"))
@@ -185,20 +206,20 @@ class RedisStore(Store):
             await client.aclose()
 
     async def ping(self) -> None:
-        with _translated("ping"):
+        async with _Call("ping", self._timeout):
             await self._redis.ping()
 
     # Projects -----------------------------------------------------------------------------------------
 
     async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:
-        with _translated("put_project"):
+        async with _Call("put_project", self._timeout):
             # SET ... GET replaces and tells whether something was there, in one atomic command.
             previous = await self._redis.set(keys.project_key(project), document, get=True)
             await self._redis.sadd(keys.PROJECTS, project)
         return previous is None
 
     async def get_project(self, project: str) -> bytes | None:
-        with _translated("get_project"):
+        async with _Call("get_project", self._timeout):
             document = cast("bytes | None", await self._redis.get(keys.project_key(project)))
         return document
 
@@ -208,7 +229,7 @@ class RedisStore(Store):
         # A token's hash and its project's index live in different cluster slots, so no MULTI or script
         # spans them. The order makes every intermediate state safe: the index entry comes first (a dangling
         # entry is skipped by list_tokens) and the hash, which makes the token usable, last.
-        with _translated("put_token"):
+        async with _Call("put_token", self._timeout):
             await self._redis.zadd(keys.project_tokens_key(token.project), {token.token_id: token.created_at})
             await self._redis.hset(
                 keys.token_key(token.token_id),
@@ -222,12 +243,12 @@ class RedisStore(Store):
             )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
-        with _translated("get_token"):
+        async with _Call("get_token", self._timeout):
             data = cast("dict[bytes, bytes]", await self._redis.hgetall(keys.token_key(token_id)))
         return _token_from_hash(token_id, data) if data else None
 
     async def list_tokens(self, project: str) -> list[TokenRecord]:
-        with _translated("list_tokens"):
+        async with _Call("list_tokens", self._timeout):
             ids = cast("list[bytes]", await self._redis.zrange(keys.project_tokens_key(project), 0, -1))
             if not ids:
                 return []
@@ -241,7 +262,7 @@ class RedisStore(Store):
     async def delete_token(self, project: str, token_id: str) -> bool:
         # Revocation first (the hash is what authenticates), then the index entry; see put_token.
         token_key = keys.token_key(token_id)
-        with _translated("delete_token"):
+        async with _Call("delete_token", self._timeout):
             owner = cast("bytes | None", await self._redis.hget(token_key, "project"))
             if owner is None or owner.decode() != project:
                 return False
@@ -252,7 +273,7 @@ class RedisStore(Store):
     # Caller memory ------------------------------------------------------------------------------------
 
     async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
-        with _translated("read_fields"):
+        async with _Call("read_fields", self._timeout):
             data = cast("dict[bytes, bytes]", await self._redis.hgetall(keys.memory_key(project, subject)))
         fields = {name.decode(): _unpack_field(packed) for name, packed in data.items()}
         return {name: f for name, f in fields.items() if f.expires_at > now_ms}
@@ -278,7 +299,7 @@ class RedisStore(Store):
         for name, stored in sets.items():
             args += [name, stored.packed()]
         args += deletes
-        with _translated("patch_fields"):
+        async with _Call("patch_fields", self._timeout):
             reply: list[Any] = await self._scripts["patch"](
                 keys=[keys.memory_key(project, subject), keys.caller_index_key(subject)], args=args
             )
@@ -333,7 +354,7 @@ class RedisStore(Store):
         for name, stored in sets.items():
             args += [name, stored.packed()]
         args += deletes
-        with _translated("end_conversation"):
+        async with _Call("end_conversation", self._timeout):
             # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
             claimed = f"{subject}|{record.expires_at}"
             previous = cast(
@@ -379,7 +400,7 @@ class RedisStore(Store):
             args.append(len(pairs))
             for name, amount in pairs:
                 args += [name, amount]
-        with _translated("record_conversation"):
+        async with _Call("record_conversation", self._timeout):
             recorded = await self._scripts["record"](keys=script_keys, args=args)
         return bool(recorded)
 
@@ -402,7 +423,7 @@ class RedisStore(Store):
         if after is not None and not descending and after >= start:
             low = "(" + after
         entries: list[ConversationEntry] = []
-        with _translated("list_conversations"):
+        async with _Call("list_conversations", self._timeout):
             while len(entries) < limit:
                 want = limit - len(entries)
                 if descending:
@@ -436,7 +457,7 @@ class RedisStore(Store):
 
     async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
         starts = bucket_starts(kind, first, last)
-        with _translated("counters"):
+        async with _Call("counters", self._timeout):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for start in starts:
                     pipe.hgetall(keys.analytics_counter_key(project, kind, start))
@@ -452,7 +473,7 @@ class RedisStore(Store):
     async def erase_caller(
         self, project: str, subject: str, now_ms: int, tombstone_until: int
     ) -> ErasureResult:
-        with _translated("erase_caller"):
+        async with _Call("erase_caller", self._timeout):
             reply: list[Any] = await self._scripts["erase"](
                 keys=[
                     keys.memory_key(project, subject),
@@ -483,7 +504,7 @@ class RedisStore(Store):
     async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
         if not conversation_ids:
             return 0
-        with _translated("unlist_conversations"):
+        async with _Call("unlist_conversations", self._timeout):
             removed = await self._scripts["unlist"](
                 keys=[
                     keys.analytics_index_key(project, None),
@@ -495,7 +516,7 @@ class RedisStore(Store):
         return int(removed)
 
     async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
-        with _translated("erased_at"):
+        async with _Call("erased_at", self._timeout):
             erased, expires = cast(
                 "list[bytes | None]",
                 await self._redis.hmget(keys.tombstone_key(project, subject), ["erased_at", "expires_at"]),
@@ -514,7 +535,7 @@ class RedisStore(Store):
         visited = 0
         script = self._scripts["sweep_bucket"]
         chunk = 256
-        with _translated("sweep"):
+        async with _Call("sweep", self._bulk_timeout):
             for offset in range(0, keys.N_BUCKETS, chunk):
                 first = (self._sweep_from + offset) % keys.N_BUCKETS
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -569,35 +590,35 @@ class RedisStore(Store):
         return len(dead), len(dead) == batch
 
     async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
-        with _translated("acquire_lease"):
+        async with _Call("acquire_lease", self._timeout):
             acquired = await self._scripts["lease"](
                 keys=[keys.lease_key(name)], args=[holder, now_ms, ttl_ms]
             )
         return bool(acquired)
 
     async def release_lease(self, name: str, holder: str) -> None:
-        with _translated("release_lease"):
+        async with _Call("release_lease", self._timeout):
             await self._scripts["lease"](keys=[keys.lease_key(name)], args=[holder, 0, 0])
 
     async def record_sweep(self, record: bytes) -> None:
-        with _translated("record_sweep"):
+        async with _Call("record_sweep", self._timeout):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.lpush(keys.SWEEPS, record)
                 pipe.ltrim(keys.SWEEPS, 0, 99)
                 await pipe.execute()
 
     async def list_sweeps(self, limit: int) -> list[bytes]:
-        with _translated("list_sweeps"):
+        async with _Call("list_sweeps", self._timeout):
             return cast("list[bytes]", await self._redis.lrange(keys.SWEEPS, 0, limit - 1))
 
     async def append_audit(self, project: str, entry: AuditEntry) -> str:
-        with _translated("append_audit"):
+        async with _Call("append_audit", self._timeout):
             entry_id = await self._redis.xadd(keys.audit_key(project), {"e": encode_audit(entry)})
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
         high = "+" if before is None else "(" + before
-        with _translated("list_audit"):
+        async with _Call("list_audit", self._timeout):
             rows = cast(
                 "list[tuple[bytes, dict[bytes, bytes]]]",
                 await self._redis.xrevrange(keys.audit_key(project), max=high, min="-", count=limit),

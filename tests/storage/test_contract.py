@@ -477,8 +477,8 @@ async def test_redis_unreachable_and_hung_server_is_store_unavailable() -> None:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable) as hung:
                 await store.read_fields(PROJECT, new_subject(), now_ms())
-            assert time.monotonic() - started < 2  # bounded by the socket timeout, not the driver's retries
-            assert isinstance(hung.value.__cause__, redis.RedisError)
+            assert time.monotonic() - started < 0.6  # bounded by the store timeout, not the driver's retries
+            assert isinstance(hung.value.__cause__, TimeoutError)  # the call was bounded, and cancelled
             os.kill(server.pid, signal.SIGCONT)
             await store.ping()  # recovers once the server answers again
 
