@@ -26,7 +26,7 @@ from .http.analytics_routes import routes as analytics_routes
 from .http.dashboard import routes as dashboard_routes
 from .http.keys import METRICS, SERVICES, Services
 from .http.metrics import Metrics
-from .http.middleware import in_flight_limit, problem_middleware
+from .http.middleware import service_middleware
 from .http.routes import routes
 from .logs import install_log_masking
 from .storage import open_store
@@ -63,7 +63,7 @@ def create_app(
     metrics = Metrics()
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
-        middlewares=[metrics.middleware(), problem_middleware, in_flight_limit(settings.max_in_flight)],
+        middlewares=[service_middleware(metrics, settings.max_in_flight)],
     )
     services = build_services(settings, clock=clock, store=store)
     app[SERVICES] = services

@@ -139,6 +139,7 @@ def _serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         access_log_class=RouteAccessLogger,
+        access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
         print=None,
         handle_signals=True,
     )

@@ -120,6 +120,7 @@ def test_serve_runs_the_service_and_logs_no_numbers(tmp_path: Path) -> None:
         **os.environ,
         "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
         "CALLER_MEMORY_OPERATOR_TOKEN": "op-token-for-the-serve-test",
+        "CALLER_MEMORY_ACCESS_LOG": "1",
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(port)],

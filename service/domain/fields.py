@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,15 +18,17 @@ class StoredField:
     value: bytes
     expires_at: int
     written_at: int
+    #: The packed form, when the field was read in it (saves formatting it again for the ETag).
+    raw: bytes = field(default=b"", compare=False, repr=False)
 
     def packed(self) -> bytes:
         """The Redis representation: ``<expires_at>|<written_at>|<json>``."""
-        return b"%d|%d|%s" % (self.expires_at, self.written_at, self.value)
+        return self.raw or b"%d|%d|%s" % (self.expires_at, self.written_at, self.value)
 
     @classmethod
     def unpack(cls, data: bytes) -> StoredField:
         expires, written, value = data.split(b"|", 2)
-        return cls(value=value, expires_at=int(expires), written_at=int(written))
+        return cls(value, int(expires), int(written), data)
 
 
 def effective_expiry(name: str, field: StoredField, ttl_ms: Mapping[str, int]) -> int:
@@ -44,12 +46,17 @@ def live_fields(
     return {name: f for name, f in fields.items() if now_ms < effective_expiry(name, f, ttl_ms)}
 
 
+_EMPTY_ETAG = '"' + hashlib.sha1(b"", usedforsecurity=False).hexdigest()[:20] + '"'
+
+
 def compute_etag(live: Mapping[str, StoredField]) -> str:
     """Strong ETag over the live fields (names, values and expiries). Mirrored in ``lua/patch.lua``."""
-    digest = hashlib.sha1(usedforsecurity=False)
+    if not live:
+        return _EMPTY_ETAG
+    parts: list[bytes] = []
     for name in sorted(live):
-        digest.update(name.encode() + b"\n" + live[name].packed() + b"\n")
-    return '"' + digest.hexdigest()[:20] + '"'
+        parts += (name.encode(), b"\n", live[name].packed(), b"\n")
+    return '"' + hashlib.sha1(b"".join(parts), usedforsecurity=False).hexdigest()[:20] + '"'
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import orjson
 from ..storage.base import Store
 from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import InvalidInput, PreconditionFailed
-from .fields import StoredField, WriteCondition, compute_etag, effective_expiry, live_fields
+from .fields import StoredField, WriteCondition, compute_etag
 from .identifiers import Pseudonymizer, normalize
 from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .projects import Project
@@ -87,12 +87,20 @@ class MemoryService:
     def _view(
         self, project: Project, caller: Caller, stored: Mapping[str, StoredField], now: int
     ) -> MemoryView:
-        live = live_fields(stored, project.ttl_ms, now)
-        expires = max((effective_expiry(n, f, project.ttl_ms) for n, f in live.items()), default=None)
+        # One pass (this runs on every read): the live fields, in name order, and the latest expiry.
+        ttl_ms = project.ttl_ms
+        live: dict[str, StoredField] = {}
+        expires = 0
+        for name in sorted(stored):
+            f = stored[name]
+            until = min(f.expires_at, f.written_at + ttl_ms.get(name, 0))  # fields.effective_expiry
+            if now < until:
+                live[name] = f
+                expires = max(expires, until)
         return MemoryView(
             identifier=caller.e164,
-            fields={name: live[name].value for name in sorted(live)},
-            expires_at=ceil_hour_ms(expires) if expires is not None else None,
+            fields={name: f.value for name, f in live.items()},
+            expires_at=ceil_hour_ms(expires) if live else None,
             etag=compute_etag(live),
         )
 

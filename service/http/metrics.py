@@ -7,14 +7,10 @@ caller or a token.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Latency buckets for a service whose reads should take a few milliseconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -65,31 +61,21 @@ class Metrics:
             "caller_memory_erasures", "Callers erased on request.", registry=self.registry
         )
 
-    def middleware(self) -> Middleware:
-        @web.middleware
-        async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
-            started = time.perf_counter()
-            resource = request.match_info.route.resource
-            route = resource.canonical if resource is not None else "<unmatched>"
-            status = 500
-            try:
-                response = await handler(request)
-                status = response.status
-                return response
-            finally:
-                # Label children are looked up once per (route, method, status) and kept: labels() costs
-                # a lock and a tuple per call, on every request.
-                key = (route, request.method, status)
-                children = self._children.get(key)
-                if children is None:
-                    children = self._children[key] = (
-                        self.requests.labels(route, request.method, str(status)),
-                        self.latency.labels(route, request.method),
-                    )
-                children[0].inc()
-                children[1].observe(time.perf_counter() - started)
-
-        return measure
+    def observe(self, request: web.Request, status: int, started: float) -> None:
+        """Count and time one request, by route template (never the path), method and status."""
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "<unmatched>"
+        # Label children are looked up once per (route, method, status) and kept: labels() costs a lock and
+        # a tuple per call, on every request.
+        key = (route, request.method, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.requests.labels(route, request.method, str(status)),
+                self.latency.labels(route, request.method),
+            )
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
     def response(self) -> web.Response:
         response = web.Response(body=generate_latest(self.registry))

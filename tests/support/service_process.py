@@ -49,6 +49,7 @@ class ServiceProcess:
             "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
             "CALLER_MEMORY_OPERATOR_TOKEN": OPERATOR_TOKEN,
             "CALLER_MEMORY_STORE": self.store_url,
+            "CALLER_MEMORY_ACCESS_LOG": "1",
         }
         log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
