@@ -7,8 +7,6 @@ afterwards every write can be checked on its own: acknowledged means readable.
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from urllib.parse import quote
 import aiohttp
 
 from tests.conftest import OPERATOR_TOKEN
+from tests.support.service_process import http
 
 PROJECT = "shop"
 STATE_KEY = "booking_day"
@@ -45,18 +44,6 @@ def value(i: int) -> str:
 
 def end_body(i: int) -> dict[str, Any]:
     return {"caller": caller(i), "state": {STATE_KEY: value(i)}, "outcome": {"qa": "resolved"}}
-
-
-def http(method: str, url: str, token: str, body: Any = None) -> Any:
-    """A blocking JSON request, for set-up."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Authorization": f"Bearer {token}"}
-    )
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 def create_project(base_url: str) -> str:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,23 +13,12 @@ from caller_memory.sdk import MemoryClient, RetryPolicy
 from tests.conftest import OPERATOR_TOKEN
 from tests.support.proxy import LossyProxy
 from tests.support.redis_server import RedisServer
-from tests.support.service_process import ServiceProcess
+from tests.support.service_process import ServiceProcess, http
 
 CALLER = "+14155550100"
 BUDGET = 0.15
 MARGIN = 0.1
 FAST_RETRY = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.05, attempt_timeout=0.3)
-
-
-def http(method: str, url: str, token: str, body: Any = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Authorization": f"Bearer {token}"}
-    )
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        return json.loads(resp.read())
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -7,6 +7,7 @@ with ServiceProcess(store_url) as service:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,10 +17,23 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY
 
 START_TIMEOUT_S = 15.0
+
+
+def http(method: str, url: str, token: str, body: Any = None) -> Any:
+    """A blocking JSON request to a service, for set-up and checks (raises on an error status)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Authorization": f"Bearer {token}"}
+    )
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
 
 
 def free_port() -> int:
