@@ -13,7 +13,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,6 +28,7 @@ from caller_memory.service.storage import keys  # noqa: E402
 from common import FIELDS, PROJECT, VALUE, caller_phone, cpu_seconds, pseudonym  # noqa: E402, F401
 
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer  # noqa: E402
+from tests.support.service_process import wait_http  # noqa: E402
 
 OPERATOR_TOKEN = "bench-operator-token-0123456789abcdef"
 HOUR_MS = 3_600_000
@@ -112,22 +112,6 @@ def stop_all() -> None:
             stop_redis(server)
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-
-
 class Server:
     """One HTTP server process under test."""
 
@@ -160,7 +144,7 @@ def start_service(
     }
     cmd = [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(port)]
     proc = spawn(cmd, log=log, env=environ, cpus=cpus)
-    wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
+    wait_http(f"http://127.0.0.1:{port}/readyz", proc, log, 30.0)
     return Server(name, proc, port, log)
 
 
@@ -169,7 +153,7 @@ def start_baseline(redis_url: str, workdir: Path, cpus: set[int] | None) -> Serv
     log = workdir / "baseline.log"
     cmd = [sys.executable, str(BENCH / "baseline_app.py"), "--port", str(port), "--redis", redis_url]
     proc = spawn(cmd, log=log, cpus=cpus)
-    wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc, log, 30.0)
     return Server("baseline", proc, port, log)
 
 
@@ -177,7 +161,7 @@ def start_static(workdir: Path, cpus: set[int] | None) -> Server:
     port = free_port()
     log = workdir / "static.log"
     proc = spawn([sys.executable, str(BENCH / "static_server.py"), "--port", str(port)], log=log, cpus=cpus)
-    wait_http(f"http://127.0.0.1:{port}/", proc, log)
+    wait_http(f"http://127.0.0.1:{port}/", proc, log, 30.0)
     return Server("static", proc, port, log)
 
 

@@ -7,8 +7,10 @@ import time
 import uuid
 
 import orjson
-from caller_memory.service.domain.analytics import increments
+from caller_memory.service.domain.analytics import AnalyticsService, increments
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS, bucket_start
+from caller_memory.service.domain.identifiers import Pseudonymizer
+from caller_memory.service.domain.projects import compile_project, parse_config
 from caller_memory.service.storage.base import (
     AnalyticsInput,
     ConversationEntry,
@@ -26,17 +28,15 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+#: A project keeping data for RETENTION (30 days), as the domain compiles it.
+SHOP = compile_project(
+    PROJECT, parse_config({"memory": {"repeat_caller": {"retention": "P30D"}}}), Pseudonymizer(b"k" * 32)
+)
+
+
 def analytics_at(at: int, qa: str | None = None, to: str | None = None) -> AnalyticsInput:
-    hour = at - at % HOUR_MS
-    return AnalyticsInput(
-        hour=hour,
-        day=bucket_start("day", hour),
-        week=bucket_start("week", hour),
-        qa=qa,
-        handoff_reason=None,
-        handoff_to=to,
-        first_expires_at=at + RETENTION,
-    )
+    """What the service gives the store for a conversation ending at ``at``."""
+    return AnalyticsService.input_for(SHOP, at, qa, None, to)
 
 
 async def end(store: Store, conv: str, subject: str, at: int, **outcome: str) -> dict[str, object]:

@@ -36,6 +36,23 @@ def http(method: str, url: str, token: str, body: Any = None) -> Any:
         return json.loads(resp.read())
 
 
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Wait until ``url`` answers 200; fail with the end of the process's log if it exits or is too slow."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -74,21 +91,7 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"the service exited with {self._proc.returncode}: {self.log_path.read_text()}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the service did not become ready: {self.log_path.read_text()}")
-            time.sleep(0.05)
+        wait_http(self.url + "/readyz", self._proc, self.log_path, START_TIMEOUT_S)
 
     def pause(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)
