@@ -112,10 +112,14 @@ class AnalyticsService:
         to: str | None,
         data: dict[str, Any],
         now: int,
-    ) -> ConversationEntry:
+        subject: str,
+    ) -> tuple[ConversationEntry, int | None]:
         """List and count a conversation from what the store returned with it (``ConversationRecord.extra``,
         decoded). Idempotent: a replay records nothing again, and completes a recording that an earlier
-        attempt could not finish (the service died between the two steps)."""
+        attempt could not finish (the service died between the two steps).
+
+        Returns the entry and when the caller (``subject``) was erased, if they were, as read after the
+        recording (see ConversationService.end)."""
         raw_first = data.get("first")
         first = FirstInteraction(**raw_first) if raw_first else None
         entry = ConversationEntry(
@@ -128,10 +132,10 @@ class AnalyticsService:
             first=first,
         )
         new = [kind for kind in str(data.get("new") or "").split(",") if kind]
-        await self._store.record_conversation(
-            project.project_id, entry, increments(entry, new), now + project.retention_ms
+        erased = await self._store.record_then_erased_at(
+            project.project_id, entry, increments(entry, new), now + project.retention_ms, subject, now
         )
-        return entry
+        return entry, erased
 
     # Queries ------------------------------------------------------------------------------------------
 

@@ -122,7 +122,10 @@ class ConversationService:
         repeat_caller: dict[str, Any] = {}
         extra = orjson.loads(result.record.extra)
         if "hour" in extra:  # analytics were on when the conversation was first applied
-            entry = await self._analytics.record(
+            # An erasure may have run between the memory write and the listing (they are two steps, in two
+            # places of the store): if so, take the listing back. The erasure unlists everything it saw;
+            # this catches what it could not see yet (``erased`` is read after the listing).
+            entry, erased = await self._analytics.record(
                 project,
                 conversation_id,
                 channel,
@@ -131,12 +134,9 @@ class ConversationService:
                 outcome.handoff_to,
                 extra,
                 now,
+                who.subject,
             )
             repeat_caller = metrics(entry.first)
-            # An erasure may have run between the memory write and the listing (they are two steps, in two
-            # places of the store): if so, take the listing back. The erasure unlists everything it saw;
-            # this catches what it could not see yet.
-            erased = await self._store.erased_at(project.project_id, who.subject, self._clock.now_ms())
             if erased is not None and erased >= made_at:
                 await self._store.unlist_conversations(project.project_id, [conversation_id])
         return ConversationEnd(

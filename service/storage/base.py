@@ -310,6 +310,20 @@ class Store(ABC):
         ``expires_at`` (a bucket lives as long as its latest conversation).
         """
 
+    async def record_then_erased_at(
+        self,
+        project: str,
+        entry: ConversationEntry,
+        increments: Sequence[Counters],
+        expires_at: int,
+        subject: str,
+        now_ms: int,
+    ) -> int | None:
+        """:meth:`record_conversation`, then :meth:`erased_at` of ``subject``, read after the recording (a
+        backend may send the two together as long as they run in this order)."""
+        await self.record_conversation(project, entry, increments, expires_at)
+        return await self.erased_at(project, subject, now_ms)
+
     @abstractmethod
     async def list_conversations(
         self,

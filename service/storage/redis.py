@@ -1,8 +1,14 @@
 """Redis backend (standalone Redis 7.0+). Key layout in :mod:`.keys`; write scripts in ``lua/``.
 
 Every memory operation is one round trip: reads are one ``HGETALL`` (expired fields are filtered here), writes
-and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and reloaded by redis-py
+and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and sent again with EVAL
 on NOSCRIPT, so a restarted or failed-over server needs no special handling.
+
+The hot paths (memory reads, ends of conversations) send their commands themselves on redis-py connections
+kept in a plain free list (:meth:`RedisStore._run`). redis-py's client adds, per command, a retry wrapper,
+response callbacks and observability hooks, and its pool an asyncio lock and a socket probe per checkout:
+measured on this machine with 32 concurrent HGETALLs, 38 us of CPU per command through the client, 24 us
+this way; for a memory read that is a tenth of the request.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt, StoreUnavailable
@@ -89,6 +95,10 @@ def _optional(value: str | None) -> str:
     return "" if value is None else "=" + value
 
 
+#: What :meth:`RedisStore._run` takes: a command and its arguments.
+Command = Sequence[str | bytes | int]
+
+
 def _unpack_field(data: bytes) -> StoredField:
     try:
         return StoredField.unpack(data)
@@ -115,6 +125,13 @@ def _token_from_hash(token_id: str, data: Mapping[bytes, bytes]) -> TokenRecord:
         raise StoreCorrupt(f"token {token_id} is stored in a form this version cannot read") from exc
 
 
+def _live_erasure(erased: bytes | None, expires: bytes | None, now_ms: int) -> int | None:
+    """A tombstone's erased_at, if the tombstone is live."""
+    if erased is None or expires is None or int(expires) <= now_ms:
+        return None
+    return int(erased)
+
+
 class RedisStore(Store):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL)."""
 
@@ -138,6 +155,12 @@ class RedisStore(Store):
         self._max_connections = max_connections
         self._health_check_interval = health_check_interval
         self._client: Redis | None = None
+        self._pool: ConnectionPool | None = None  # makes the hot path's connections; None when closed
+        self._idle: list[Any] = []  # the hot path's connections not in use (redis-py Connection objects)
+        self._hot_connections = 0  # the hot path's connections, idle or in use
+        #: On Redis Cluster, commands of different slots must be separate calls (and are not ordered
+        #: unless sent one after the other).
+        self._cluster = False
         self._scripts: dict[str, AsyncScript] = {}
         self._sweep_from = 0  # the bucket where the next sweep round starts
 
@@ -199,15 +222,90 @@ class RedisStore(Store):
             for name in ("patch", "erase", "record", "unlist", "sweep_bucket", "lease")
         }
         self._client = client
+        self._pool = client.connection_pool
 
     async def close(self) -> None:
-        client, self._client = self._client, None
+        client, self._client, self._pool = self._client, None, None
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.disconnect()
+        self._hot_connections -= len(idle)
         if client is not None:
             await client.aclose()
 
     async def ping(self) -> None:
         async with _Call("ping", self._timeout):
             await self._redis.ping()
+
+    async def _run(self, *commands: Command) -> list[Any]:
+        """Send ``commands`` in one write on one kept connection and return their raw replies (RESP3, as
+        hiredis parses them: an HGETALL is a dict), in order. Run inside a ``_Call``.
+
+        An error reply raises (the first one), after every reply was read so the connection stays in step.
+        A connection error is retried once on a fresh connection, as the client's pool does: it hides a kept
+        connection that went stale (server restart, idle cut by a proxy). Any other failure, a cancellation
+        (the ``_Call`` timeout) included, closes the connection: no late reply can be taken for another
+        command's. At most ``max_connections`` are open; beyond, the call fails at once (store unavailable).
+        """
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailable("the Redis store is not open")
+        if self._idle:
+            connection = self._idle.pop()
+        elif self._hot_connections < self._max_connections:
+            connection = cast(Any, pool).make_connection()  # untyped in redis-py
+            self._hot_connections += 1
+        else:
+            raise StoreUnavailable(f"all {self._max_connections} Redis connections are in use")
+        in_step = False
+        try:
+            try:
+                replies = await self._exchange(connection, commands)
+            except RedisConnectionError:
+                await connection.disconnect()
+                replies = await self._exchange(connection, commands)
+            in_step = True
+            return replies
+        except ResponseError:
+            in_step = True  # every reply was read
+            raise
+        finally:
+            if in_step and self._pool is pool:
+                self._idle.append(connection)
+            else:
+                self._hot_connections -= 1
+                await connection.disconnect(nowait=True)
+
+    @staticmethod
+    async def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
+        if len(commands) == 1:
+            await connection.send_packed_command(connection.pack_command(*commands[0]), check_health=False)
+            return [await connection.read_response()]
+        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        replies: list[Any] = []
+        failure: ResponseError | None = None
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                failure = failure or exc
+                replies.append(exc)
+        if failure is not None:
+            raise failure
+        return replies
+
+    def _script_command(
+        self, name: str, script_keys: Sequence[str], args: Sequence[str | bytes | int]
+    ) -> Command:
+        return ("EVALSHA", self._scripts[name].sha, len(script_keys), *script_keys, *args)
+
+    async def _script(self, name: str, script_keys: Sequence[str], args: Sequence[str | bytes | int]) -> Any:
+        """Run a Lua script by its SHA; a server that does not know it (restarted, failed over) gets its text."""
+        try:
+            return (await self._run(self._script_command(name, script_keys, args)))[0]
+        except NoScriptError:
+            script = cast("str", self._scripts[name].script)
+            return (await self._run(("EVAL", script, len(script_keys), *script_keys, *args)))[0]
 
     # Projects -----------------------------------------------------------------------------------------
 
@@ -274,9 +372,20 @@ class RedisStore(Store):
 
     async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
         async with _Call("read_fields", self._timeout):
-            data = cast("dict[bytes, bytes]", await self._redis.hgetall(keys.memory_key(project, subject)))
-        fields = {name.decode(): _unpack_field(packed) for name, packed in data.items()}
-        return {name: f for name, f in fields.items() if f.expires_at > now_ms}
+            (data,) = await self._run(("HGETALL", keys.memory_key(project, subject)))
+        # Inline StoredField.unpack (this runs for every field of every read): expired fields are skipped
+        # before anything is built for them. (A hash arrives as a dict in RESP3, redis-py 8's default, as a flat list in RESP2.)
+        fields: dict[str, StoredField] = {}
+        try:
+            pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
+            for name, packed in pairs:
+                expires, written, value = packed.split(b"|", 2)
+                expires_at = int(expires)
+                if expires_at > now_ms:
+                    fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
+        except ValueError as exc:
+            raise StoreCorrupt("a stored memory field cannot be read") from exc
+        return fields
 
     async def patch_fields(
         self,
@@ -318,13 +427,18 @@ class RedisStore(Store):
         made_at: int | None = None,
     ) -> EndResult:
         claim = keys.conversation_claim_key(project, conversation_id)
+        claimed = f"{subject}|{record.expires_at}"
         script_keys = [
             keys.memory_key(project, subject),
             keys.caller_index_key(subject),
             keys.conversation_record_key(project, subject, conversation_id),
             keys.tombstone_key(project, subject),
             keys.caller_conversations_key(project, subject),
+            keys.first_interaction_key(project, subject),
         ]
+        if not self._cluster:
+            # One server: the script claims the id itself (one round trip instead of two).
+            script_keys.append(claim)
         args: list[str | bytes | int] = [
             now_ms,
             keys.index_member(project, subject),
@@ -335,11 +449,11 @@ class RedisStore(Store):
             record.expires_at,
             conversation_id,
             now_ms if made_at is None else made_at,
+            "" if self._cluster else claimed,
         ]
         if analytics is None:
             args.append("")
         else:
-            script_keys.append(keys.first_interaction_key(project, subject))
             args += [
                 "A",
                 analytics.hour,
@@ -355,20 +469,17 @@ class RedisStore(Store):
             args += [name, stored.packed()]
         args += deletes
         async with _Call("end_conversation", self._timeout):
-            # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
-            claimed = f"{subject}|{record.expires_at}"
-            previous = cast(
-                "bytes | None",
-                await self._redis.set(claim, claimed, nx=True, pxat=record.expires_at, get=True),
-            )
-            if previous is not None:
-                owner, _, until = previous.decode().partition("|")
-                if owner != subject:
-                    if int(until or 0) > now_ms:
-                        return EndResult(EndStatus.CONFLICT, None)
-                    # Expired by the service's clock (Redis's may lag behind it): the id is free again.
-                    await self._redis.set(claim, claimed, pxat=record.expires_at)
-            reply: list[Any] = await self._scripts["patch"](keys=script_keys, args=args)
+            if self._cluster:
+                # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
+                (previous,) = await self._run(("SET", claim, claimed, "NX", "PXAT", record.expires_at, "GET"))
+                if previous is not None:
+                    owner, _, until = previous.decode().partition("|")
+                    if owner != subject:
+                        if int(until or 0) > now_ms:
+                            return EndResult(EndStatus.CONFLICT, None)
+                        # Expired by the service's clock (Redis's may lag behind it): the id is free again.
+                        await self._run(("SET", claim, claimed, "PXAT", record.expires_at))
+            reply: list[Any] = await self._script("patch", script_keys, args)
         if reply[0] == 2:
             seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
             return EndResult(EndStatus.REPLAYED, seen)
@@ -383,6 +494,15 @@ class RedisStore(Store):
     async def record_conversation(
         self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
     ) -> bool:
+        script_keys, args = self._record_arguments(project, entry, increments, expires_at)
+        async with _Call("record_conversation", self._timeout):
+            recorded = await self._script("record", script_keys, args)
+        return bool(recorded)
+
+    @staticmethod
+    def _record_arguments(
+        project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+    ) -> tuple[list[str], list[str | bytes | int]]:
         repeat = entry.first is not None
         script_keys = [
             keys.analytics_entry_key(project, entry.conversation_id),
@@ -400,9 +520,31 @@ class RedisStore(Store):
             args.append(len(pairs))
             for name, amount in pairs:
                 args += [name, amount]
+        return script_keys, args
+
+    async def record_then_erased_at(
+        self,
+        project: str,
+        entry: ConversationEntry,
+        increments: Sequence[Counters],
+        expires_at: int,
+        subject: str,
+        now_ms: int,
+    ) -> int | None:
+        if self._cluster:  # two slots: one call after the other keeps the order
+            await self.record_conversation(project, entry, increments, expires_at)
+            return await self.erased_at(project, subject, now_ms)
+        script_keys, args = self._record_arguments(project, entry, increments, expires_at)
+        record = self._script_command("record", script_keys, args)
+        tombstone = ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
         async with _Call("record_conversation", self._timeout):
-            recorded = await self._scripts["record"](keys=script_keys, args=args)
-        return bool(recorded)
+            try:
+                # One connection, one write: Redis runs them in this order.
+                _, (erased, expires) = await self._run(record, tombstone)
+            except NoScriptError:
+                await self._script("record", script_keys, args)
+                erased, expires = (await self._run(tombstone))[0]
+        return _live_erasure(erased, expires, now_ms)
 
     async def list_conversations(
         self,
@@ -517,13 +659,10 @@ class RedisStore(Store):
 
     async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
         async with _Call("erased_at", self._timeout):
-            erased, expires = cast(
-                "list[bytes | None]",
-                await self._redis.hmget(keys.tombstone_key(project, subject), ["erased_at", "expires_at"]),
+            ((erased, expires),) = await self._run(
+                ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
             )
-        if erased is None or expires is None or int(expires) <= now_ms:
-            return None
-        return int(erased)
+        return _live_erasure(erased, expires, now_ms)
 
     # Retention ----------------------------------------------------------------------------------------
 

@@ -6,14 +6,19 @@ KEYS[2]  the bucket's expiry index       cm:{<bucket>}:x   (same slot: the {buck
 KEYS[3]  (end of a conversation only) the conversation record, cm:{<bucket>}:c:<project>:<conversation_id>
 KEYS[4]  (end of a conversation only) the caller's tombstone, cm:{<bucket>}:t:<project>:<subject>
 KEYS[5]  (end of a conversation only) the caller's conversation ids, cm:{<bucket>}:cs:<project>:<subject>
-KEYS[6]  (end of a conversation with analytics only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject>
+KEYS[6]  (end of a conversation only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject> (used
+         with analytics only)
+KEYS[7]  (end of a conversation on a standalone server only) the conversation id's claim,
+         cm:{<cbucket>}:cc:<project>:<conversation_id>, another slot: on a cluster the service claims the id
+         itself before running this script
 
 ARGV, in order:
   now_ms                  the service's clock (integer ms since the epoch)
   member                  the caller's member in the expiry index, "<project>:<subject>"
   record                  "" for a plain patch; for the end of a conversation "R", followed by
                           subject, fingerprint, extra, expires_at (ms) of the conversation record, the
-                          conversation id, and when the write was made (made_at, ms)
+                          conversation id, when the write was made (made_at, ms), and the claim
+                          "<subject>|<expires_at>" to put in KEYS[7] ("" when there is no KEYS[7])
   analytics               "" or, with a record, "A" followed by hour, day, week (bucket starts, ms), qa,
                           handoff_reason, handoff_to (each "" for none or "=" and the value) and the
                           expiry of a first-interaction record created now
@@ -57,8 +62,9 @@ if ARGV[pos] == 'R' then
     expires_at = ARGV[pos + 4],
     conversation_id = ARGV[pos + 5],
     made_at = tonumber(ARGV[pos + 6]),
+    claim = ARGV[pos + 7],
   }
-  pos = pos + 7
+  pos = pos + 8
 else
   pos = pos + 1
 end
@@ -138,6 +144,23 @@ local function byte_less(a, b)
     end
   end
   return #a < #b
+end
+
+if record and record.claim ~= '' then
+  -- The id belongs to the caller that ended it first, until that conversation's record expires (by the
+  -- service's clock: Redis's may lag behind it).
+  local previous = redis.call('GET', KEYS[7])
+  local owner, until_ms = nil, 0
+  if previous then
+    local o, u = string.match(previous, '^([^|]*)|(%d*)$')
+    owner, until_ms = o, tonumber(u or '') or 0
+  end
+  if owner ~= record.subject then
+    if previous and until_ms > now then
+      return {3}
+    end
+    redis.call('SET', KEYS[7], record.claim, 'PXAT', record.expires_at)
+  end
 end
 
 if record then
