@@ -25,11 +25,23 @@ def mask_text(text: str) -> str:
 
 
 class MaskingFormatter(logging.Formatter):
-    """Masks the whole formatted record, traceback included: an exception's text may quote a request
-    line or header (aiohttp's own errors do)."""
+    """Masks what a record may quote from a client: its message, traceback and stack (an exception's text
+    may quote a request line or header; aiohttp's own errors do). The rest of the line (time, level,
+    logger, process id) is the service's own and is left as it is: masked, a timestamp's date and hour
+    look like a phone number."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return mask_text(super().format(record))
+        record.message = mask_text(record.getMessage())
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text += "\n" + mask_text(record.exc_text)
+        if record.stack_info:
+            text += "\n" + mask_text(self.formatStack(record.stack_info))
+        return text
 
 
 class MaskRecords(logging.Filter):

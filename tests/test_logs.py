@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from caller_memory.service.logs import MaskingFormatter, mask_text
 
@@ -25,6 +26,17 @@ def test_tracebacks_and_credentials_are_masked() -> None:
     text = MaskingFormatter("%(message)s").format(record)
     assert "Traceback" in text and "ValueError" in text
     assert "4155550123" not in text and "s3cr3t" not in text
+
+
+def test_the_time_and_process_of_a_line_are_kept_and_its_message_masked() -> None:
+    record = logging.LogRecord(
+        "caller_memory", logging.WARNING, __file__, 1, "caller %s", ("+14155550123",), None
+    )
+    record.created, record.msecs, record.process = 1796040000.0, 0.0, 4194301  # 2026-11-30, a 7-digit pid
+    formatter = MaskingFormatter("%(asctime)s %(levelname)s [worker %(process)d]: %(message)s")
+    formatter.converter = time.gmtime
+    text = formatter.format(record)
+    assert text == "2026-11-30 12:00:00,000 WARNING [worker 4194301]: caller [number]"
 
 
 def test_ids_and_ordinary_numbers_are_left_alone() -> None:
