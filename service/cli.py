@@ -9,18 +9,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
+import socket
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .config import DEFAULT_PORT, Settings, SettingsError
+from .config import DEFAULT_PORT, MAX_WORKERS, Settings, SettingsError, parse_workers
 from .domain.errors import CallerMemoryError
 from .http.keys import Services
+
+if TYPE_CHECKING:
+    from .workers import SupervisorLink
 
 log = logging.getLogger("caller_memory")
 
@@ -28,6 +34,29 @@ log = logging.getLogger("caller_memory")
 def redact_url(url: str) -> str:
     """Hide a password in a store URL before printing it."""
     return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
+
+
+#: Why ``serve --workers N`` (N > 1) refuses a SQLite store.
+SQLITE_IS_ONE_PROCESS = (
+    "the SQLite store is built for one process, with one writer thread per file. Several processes would "
+    "take turns on SQLite's file lock instead, waiting by polling with sleeps of up to 100 ms: no more writes "
+    "per second, much slower ones. And processes that open a new file at the same moment can fail, or report "
+    "the file damaged. Use one process with SQLite, or a Redis store (CALLER_MEMORY_STORE=redis://host:port/0)"
+)
+
+
+def _workers_argument(text: str) -> int:
+    try:
+        return parse_workers(text, "--workers")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--workers ")) from None
+
+
+def _fds_argument(text: str) -> list[int]:
+    try:
+        return [int(fd) for fd in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("file descriptors, separated by commas") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--store", dest="serve_store", help="store URL (same as the global --store)")
+    serve.add_argument(
+        "--workers",
+        type=_workers_argument,
+        metavar="N",
+        help=f"service processes sharing the port, 1 to {MAX_WORKERS} (default: $CALLER_MEMORY_WORKERS or 1); "
+        "more than 1 needs a Redis store",
+    )
+    # Set by the supervisor of `serve --workers N` on the processes it starts (see service/workers.py).
+    serve.add_argument("--worker-listen", type=_fds_argument, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-control", type=int, help=argparse.SUPPRESS)
 
     project = sub.add_parser("project", help="manage project configurations").add_subparsers(
         dest="action", required=True, metavar="ACTION"
@@ -118,26 +157,37 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
     return {"revoked": args.token_id}
 
 
-def _serve(settings: Settings) -> None:
+def _serve(
+    settings: Settings, *, sockets: list[socket.socket] | None = None, link: SupervisorLink | None = None
+) -> None:
+    """Run the service in this process: on ``host:port``, or as a worker of ``serve --workers N`` on the
+    supervisor's ``sockets``, reporting to it through ``link``."""
     from aiohttp import web
 
     from .app import create_app
     from .http.access_log import RouteAccessLogger
 
     app = create_app(settings)
-    if settings.operator_token is None:
-        log.warning("CALLER_MEMORY_OPERATOR_TOKEN is not set: operator endpoints will refuse every request")
-    log.info("store: %s", redact_url(settings.store_url))
+    if link is None:
+        _log_start(settings)
 
-    async def announce(app: web.Application) -> None:
-        # Runs after the store has been opened (cleanup contexts start first).
-        log.info("listening on http://%s:%d (API description at /openapi.json)", settings.host, settings.port)
+        async def announce(app: web.Application) -> None:
+            # Runs after the store has been opened (cleanup contexts start first).
+            log.info(
+                "listening on http://%s:%d (API description at /openapi.json)", settings.host, settings.port
+            )
+
+    else:
+
+        async def announce(app: web.Application) -> None:
+            await link.ready()
 
     app.on_startup.append(announce)
     web.run_app(
         app,
-        host=settings.host,
-        port=settings.port,
+        host=settings.host if sockets is None else None,
+        port=settings.port if sockets is None else None,
+        sock=sockets,
         access_log_class=RouteAccessLogger,
         access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
         print=None,
@@ -145,28 +195,105 @@ def _serve(settings: Settings) -> None:
     )
 
 
+def _log_start(settings: Settings) -> None:
+    if settings.operator_token is None:
+        log.warning("CALLER_MEMORY_OPERATOR_TOKEN is not set: operator endpoints will refuse every request")
+    log.info("store: %s", redact_url(settings.store_url))
+
+
+def _serve_as_worker(settings: Settings, control_fd: int, listen_fds: list[int]) -> int:
+    """One worker of ``serve --workers N``: reports why it cannot start to the supervisor, which prints it
+    once for all workers."""
+    from .logs import MaskingFormatter
+    from .workers import SupervisorLink
+
+    for handler in logging.getLogger().handlers:  # N processes write to one stream: say which one
+        handler.setFormatter(
+            MaskingFormatter("%(asctime)s %(levelname)s %(name)s [worker %(process)d]: %(message)s")
+        )
+    link = SupervisorLink(control_fd)
+    try:
+        _serve(settings, sockets=[socket.socket(fileno=fd) for fd in listen_fds], link=link)
+    except CallerMemoryError as exc:
+        if link.is_ready:
+            sys.stderr.write(f"error: {exc.detail}\n")
+        else:
+            link.failed(exc.detail)
+        return 1
+    except Exception:
+        if link.is_ready:
+            raise
+        link.failed(traceback.format_exc())
+        return 1
+    return 0
+
+
+def _serve_workers(settings: Settings) -> int:
+    """``serve --workers N`` with N > 1: this process supervises N service processes on one port."""
+    from .workers import WorkersFailed, bind_listeners, serve_workers
+
+    _log_start(settings)
+    try:
+        sockets = bind_listeners(settings.host, settings.port)
+    except OSError as exc:
+        sys.stderr.write(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}\n")
+        return 1
+    command = [sys.executable, "-m", __package__ or "caller_memory.service", "serve"]
+    command += ["--host", settings.host, "--port", str(settings.port)]
+    try:
+        return serve_workers(
+            settings.workers,
+            sockets=sockets,
+            command=command,
+            # The store URL goes through the environment: a command line is visible to every user.
+            env={**os.environ, "CALLER_MEMORY_STORE": settings.store_url},
+        )
+    except WorkersFailed as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env(
+        store_url=getattr(args, "serve_store", None) or args.store,
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+        workers=getattr(args, "workers", None),
+    )
+    if args.command == "serve" and args.worker_control is None and settings.workers > 1:
+        if settings.store_url.split(":", 1)[0].lower() == "sqlite":
+            raise SettingsError(
+                f"{settings.workers} workers (--workers, CALLER_MEMORY_WORKERS) need a Redis store: "
+                + SQLITE_IS_ONE_PROCESS
+            )
+    return settings
+
+
+def _run_serve(args: argparse.Namespace, settings: Settings) -> int:
+    if args.worker_control is not None:
+        return _serve_as_worker(settings, args.worker_control, args.worker_listen or [])
+    if settings.workers > 1:
+        return _serve_workers(settings)
+    try:
+        _serve(settings)
+    except CallerMemoryError as exc:
+        sys.stderr.write(f"error: {exc.detail}\n")
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .logs import configure_logging
 
     args = _parser().parse_args(argv)
-    store = getattr(args, "serve_store", None) or args.store
     try:
-        settings = Settings.from_env(
-            store_url=store,
-            host=getattr(args, "host", None),
-            port=getattr(args, "port", None),
-        )
+        settings = _settings(args)
     except SettingsError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     configure_logging(settings.log_level)
     if args.command == "serve":
-        try:
-            _serve(settings)
-        except CallerMemoryError as exc:
-            sys.stderr.write(f"error: {exc.detail}\n")
-            return 1
-        return 0
+        return _run_serve(args, settings)
     try:
         _print(asyncio.run(_with_services(settings, lambda services: _manage(args, services))))
     except CallerMemoryError as exc:

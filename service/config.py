@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -10,10 +11,41 @@ from typing import Any
 DEFAULT_STORE = "sqlite:///caller-memory.db"
 DEFAULT_PORT = 8080
 MIN_PSEUDONYM_KEY_CHARS = 32
+#: Most processes ``serve --workers`` starts. Each worker holds its own store connections and caches, and
+#: more workers than cores only adds memory; the bound catches typos (``--workers 800``).
+MAX_WORKERS = 64
+
+#: Environment variables holding a number of seconds (not negative), and the setting each one sets.
+_SECONDS = (
+    ("CALLER_MEMORY_STORE_TIMEOUT", "store_timeout"),
+    ("CALLER_MEMORY_SWEEP_INTERVAL", "sweep_interval"),
+    ("CALLER_MEMORY_CONFIG_CACHE_SECONDS", "config_cache_seconds"),
+    ("CALLER_MEMORY_TOKEN_CACHE_SECONDS", "token_cache_seconds"),
+)
 
 
 class SettingsError(ValueError):
     """The environment or command line does not describe a runnable service."""
+
+
+def parse_workers(text: str, source: str = "CALLER_MEMORY_WORKERS") -> int:
+    """The number of service processes, from ``text``; ``source`` names where it came from in the error."""
+    digits = text.strip()
+    # Digits only: int() would also take "+2", "1_0" and non-ASCII digits.
+    workers = int(digits) if digits.isascii() and digits.isdigit() else 0
+    if not 1 <= workers <= MAX_WORKERS:
+        raise SettingsError(f"{source} must be a whole number from 1 to {MAX_WORKERS}, not {text!r}")
+    return workers
+
+
+def _seconds(env: Mapping[str, str], name: str) -> float:
+    try:
+        value = float(env[name])
+    except ValueError:
+        raise SettingsError(f"{name} must be a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError(f"{name} must be a finite, non-negative number of seconds")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +57,13 @@ class Settings:
     operator_token: str | None = None
     #: Seconds a store call may take before the request fails with 503.
     store_timeout: float = 0.5
-    #: Seconds a process caches project configurations and token lookups (replicas converge within this).
+    #: Seconds a process caches project configurations and token lookups. A change made through one process
+    #: (or replica) is seen by that one at once and by every other within these many seconds (plus one store
+    #: round trip): they are the propagation bounds for configuration changes and token revocations.
     config_cache_seconds: float = 2.0
     token_cache_seconds: float = 5.0
+    #: Service processes sharing the port (``serve --workers``); 1 serves in the command's own process.
+    workers: int = 1
     log_level: str = "INFO"
     #: Seconds between scheduled expiry sweeps (0: no scheduled sweeps); each removes at most this many
     #: items of each kind per round.
@@ -58,18 +94,11 @@ class Settings:
             operator_token=operator,
             log_level=env.get("CALLER_MEMORY_LOG_LEVEL", "INFO").upper(),
         )
-        seconds: dict[str, Any] = {}
-        for name, attribute in (
-            ("CALLER_MEMORY_STORE_TIMEOUT", "store_timeout"),
-            ("CALLER_MEMORY_SWEEP_INTERVAL", "sweep_interval"),
-        ):
-            if name in env:
-                try:
-                    seconds[attribute] = float(env[name])
-                except ValueError:
-                    raise SettingsError(f"{name} must be a number of seconds") from None
-                if seconds[attribute] < 0:
-                    raise SettingsError(f"{name} must not be negative")
+        seconds: dict[str, Any] = {
+            attribute: _seconds(env, name) for name, attribute in _SECONDS if name in env
+        }
+        if env.get("CALLER_MEMORY_WORKERS"):
+            seconds["workers"] = parse_workers(env["CALLER_MEMORY_WORKERS"])
         if "CALLER_MEMORY_MAX_IN_FLIGHT" in env:
             try:
                 seconds["max_in_flight"] = int(env["CALLER_MEMORY_MAX_IN_FLIGHT"])

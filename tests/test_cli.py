@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from caller_memory.service.config import Settings, SettingsError
 from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.storage.sqlite import SQLiteStore
 
@@ -189,3 +190,32 @@ def test_sweep_command(tmp_path: Path) -> None:
         report["complete"] is True and report["removed"]["fields"] == 1 and report["removed"]["callers"] == 1
     )
     assert json.loads(run_cli(tmp_path, "sweep").stdout)["removed"]["fields"] == 0
+
+
+def test_cache_times_and_workers_come_from_the_environment() -> None:
+    key = {"CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode()}
+    defaults = Settings.from_env(key)
+    assert (defaults.config_cache_seconds, defaults.token_cache_seconds, defaults.workers) == (2.0, 5.0, 1)
+    settings = Settings.from_env(
+        key
+        | {
+            "CALLER_MEMORY_CONFIG_CACHE_SECONDS": "0.5",
+            "CALLER_MEMORY_TOKEN_CACHE_SECONDS": "0",
+            "CALLER_MEMORY_WORKERS": " 4 ",
+        }
+    )
+    assert (settings.config_cache_seconds, settings.token_cache_seconds, settings.workers) == (0.5, 0.0, 4)
+    assert Settings.from_env(key | {"CALLER_MEMORY_WORKERS": "4"}, workers=2).workers == 2  # --workers wins
+    for name in ("CALLER_MEMORY_CONFIG_CACHE_SECONDS", "CALLER_MEMORY_TOKEN_CACHE_SECONDS"):
+        for bad in ("-1", "inf", "nan", "soon"):
+            with pytest.raises(SettingsError, match=name):
+                Settings.from_env(key | {name: bad})
+    for bad in ("0", "65", "+2", "1_0", "٣"):
+        with pytest.raises(SettingsError, match="CALLER_MEMORY_WORKERS must be a whole number from 1 to 64"):
+            Settings.from_env(key | {"CALLER_MEMORY_WORKERS": bad})
+
+
+def test_workers_setting_does_not_concern_management_commands(tmp_path: Path) -> None:
+    # CALLER_MEMORY_WORKERS=2 with the SQLite store refuses `serve`, not the commands that manage the store.
+    shown = run_cli(tmp_path, "project", "show", "ghost", env={"CALLER_MEMORY_WORKERS": "2"})
+    assert shown.returncode == 1 and "project 'ghost' not found" in shown.stderr

@@ -195,7 +195,10 @@ class TokenService:
         if authorization is not None and principal.token_id is not None:
             if len(self._principals) >= MAX_CACHED_PRINCIPALS:
                 self._principals.clear()
-            self._principals[authorization] = (time.monotonic(), principal)
+            # Stamped with when the token record was read from the store, not now: a credential written
+            # differently (``bearer``, extra spaces) must not stretch the bound on seeing a revocation.
+            fetched = self._cache.get(principal.token_id)
+            self._principals[authorization] = (fetched[0] if fetched else time.monotonic(), principal)
         return principal
 
     async def _authenticate_afresh(self, authorization: str | None) -> Principal:

@@ -2,15 +2,39 @@
 
 Labels are route templates, methods, statuses and kinds of things: never an identifier, a project's
 caller or a token.
+
+Several processes (``serve --workers N``, N > 1): each worker is a separate process behind one port, so a
+scrape reaches one of them at random. The supervisor then sets ``PROMETHEUS_MULTIPROC_DIR`` to a fresh
+directory for its workers; prometheus_client sees it when it is imported and keeps every value in a file
+there, and ``/metrics`` serves the sum over all workers (dead ones included, so counters never go back),
+from whichever worker answers. One gauge is added in that mode, ``caller_memory_worker_requests``, per
+live worker (``pid`` label): it shows how connections are spread over the workers. Without the variable
+nothing changes: values live in memory and the per-request path is the same code.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of prometheus_client's multi-process mode, if this process runs in it (the variables
+    prometheus_client itself reads when it is imported)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+
 
 #: Latency buckets for a service whose reads should take a few milliseconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -60,6 +84,21 @@ class Metrics:
         self.erasures = Counter(
             "caller_memory_erasures", "Callers erased on request.", registry=self.registry
         )
+        self._exposed = self.registry
+        shared = multiprocess_dir()
+        if shared is not None:
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=shared)  # type: ignore[no-untyped-call]
+            # "liveall": one series per live worker, labelled with its pid by the collector, removed when
+            # the supervisor marks the worker dead.
+            self._worker_requests = Gauge(
+                "caller_memory_worker_requests",
+                "Requests handled by each live worker process since it started (with --workers > 1).",
+                multiprocess_mode="liveall",
+                registry=self.registry,
+            )
+            # Chosen once here, so the single-process path does not test for this mode on every request.
+            self.observe = self._observe_in_worker  # type: ignore[method-assign]
 
     def observe(self, request: web.Request, status: int, started: float) -> None:
         """Count and time one request, by route template (never the path), method and status."""
@@ -77,7 +116,11 @@ class Metrics:
         children[0].inc()
         children[1].observe(time.perf_counter() - started)
 
+    def _observe_in_worker(self, request: web.Request, status: int, started: float) -> None:
+        Metrics.observe(self, request, status, started)
+        self._worker_requests.inc()
+
     def response(self) -> web.Response:
-        response = web.Response(body=generate_latest(self.registry))
+        response = web.Response(body=generate_latest(self._exposed))
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response

@@ -1,0 +1,38 @@
+"""Token lookups cached per process: how long another process's revocation can take to be seen."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from caller_memory.service.domain.clock import FakeClock
+from caller_memory.service.domain.errors import Unauthenticated
+from caller_memory.service.domain.tokens import TokenService
+from caller_memory.service.storage.sqlite import SQLiteStore
+
+CACHE_SECONDS = 0.4
+
+
+async def test_a_revocation_elsewhere_is_seen_within_the_cache_time_however_the_header_is_written(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore.from_url(f"sqlite:///{tmp_path / 'tokens.db'}")
+    await store.open()
+    try:
+        clock = FakeClock()
+        here = TokenService(store, clock, None, CACHE_SECONDS)  # the process that revokes
+        there = TokenService(store, clock, None, CACHE_SECONDS)  # another process (or replica)
+        minted = await here.mint("shop", "agent")
+        assert (await there.authenticate(f"Bearer {minted.secret}")).token_id == minted.record.token_id
+        await asyncio.sleep(CACHE_SECONDS * 0.6)
+        # The same token, written differently: a new entry of the credential cache, from the token record
+        # read 0.6 cache-times ago.
+        assert (await there.authenticate(f"bearer  {minted.secret}")).token_id == minted.record.token_id
+        await here.revoke("shop", minted.record.token_id)
+        await asyncio.sleep(CACHE_SECONDS * 0.6)  # 1.2 cache-times after the token was read
+        for header in (f"Bearer {minted.secret}", f"bearer  {minted.secret}"):
+            with pytest.raises(Unauthenticated):
+                await there.authenticate(header)
+    finally:
+        await store.close()
