@@ -20,12 +20,15 @@ from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.middleware import Handler
 from multidict import CIMultiDict
 
+from tests.support.redis_cluster import RedisCluster
 from tests.support.redis_server import RedisServer
 
 OPERATOR_TOKEN = "operator-token-for-tests-0123456789"
 PSEUDONYM_KEY = b"pseudonym-key-for-tests-0123456789abcdef"
 
 BACKENDS = ["sqlite", "redis"]
+#: The Redis Cluster backend: an extra parameter of the storage contract suite and the HTTP tests only.
+CLUSTER = "redis-cluster"
 
 
 #: The national numbers the tests use (any written form of them contains one of these digit runs).
@@ -63,19 +66,35 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One local Redis Cluster (3 primaries, 3 replicas) for the whole run, started on first use."""
+    with RedisCluster() as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=BACKENDS)
-async def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "sqlite":
+def empty_store_url(request: pytest.FixtureRequest, backend: str, tmp_path: Any) -> str:
+    """The URL of an empty store of ``backend`` (a new SQLite file; a flushed Redis or Redis Cluster)."""
+    if backend == "sqlite":
         return f"sqlite:///{tmp_path}/memory.db"
+    if backend == CLUSTER:
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        cluster.flushall()
+        return cluster.url
     server: RedisServer = request.getfixturevalue("redis_server")
     with server.client() as client:
         client.flushall()
     return server.url
+
+
+@pytest.fixture(params=BACKENDS)
+async def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    return empty_store_url(request, request.param, tmp_path)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..domain.errors import InvalidInput
 from .base import Store
 
 
@@ -9,18 +10,27 @@ def open_store(url: str, *, timeout: float = 0.5) -> Store:
     """Build (not yet open) the store for ``url``.
 
     ``sqlite:///relative.db`` or ``sqlite:////absolute/path.db``; ``redis://host:port/db``, ``rediss://``,
-    ``unix:///path/redis.sock``. ``timeout`` bounds each network call to Redis, in seconds (SQLite is a
-    local file: its writers wait for one another instead, up to a few seconds).
+    ``unix:///path/redis.sock``; Redis Cluster: ``redis+cluster://host:port[,host:port...]/`` (or
+    ``rediss+cluster://``; any reachable node is enough, the others are discovered). ``timeout`` bounds each
+    network call to Redis, in seconds (SQLite is a local file: its writers wait for one another instead, up
+    to a few seconds). A URL that names no store (an unknown scheme, a malformed cluster URL, a database
+    other than 0 on a cluster) raises :class:`InvalidInput` (a ``ValueError``), which the command line
+    prints as an error rather than a traceback.
     """
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
         from .sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from .redis import RedisStore
 
-        return RedisStore(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    raise ValueError(
-        f"unsupported store URL scheme '{scheme}': use sqlite:///path/to/file.db or redis://host:port/db"
+        try:
+            return RedisStore(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        except ValueError as exc:
+            raise InvalidInput(f"store URL: {exc}", field="store") from exc
+    raise InvalidInput(
+        f"unsupported store URL scheme '{scheme}': use sqlite:///path/to/file.db, redis://host:port/db or "
+        "redis+cluster://host:port,host:port/",
+        field="store",
     )

@@ -24,6 +24,9 @@ Layout (all keys start with ``cm:``)::
     cm:lease:<name>                       string    a lease (the sweeper's), holder id, with a TTL
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was
                                                     ended for; cbucket is a hash of the conversation id
+    cm:{<tag>}:s, {<key>}:s               string    Redis Cluster only: an empty marker written (expiring
+                                                    within a second) to make a WAIT cover the slot's earlier
+                                                    writes; in the slot of the key it is derived from
 
 ``bucket = int(subject[:8], 16) % N_BUCKETS``. The ``{bucket}`` hash tag puts a caller's hash and its
 bucket's expiry index in one Redis Cluster slot, so one Lua script may touch both. Sweeps walk the expiry
@@ -153,6 +156,16 @@ def memory_key_prefix(bucket: int) -> str:
 PROJECTS = f"{_PREFIX}projects"
 #: The latest sweep reports (a list, newest first).
 SWEEPS = f"{_PREFIX}sweeps"
+
+
+def sync_key(key: str) -> str:
+    """A marker key in ``key``'s cluster slot: its hash tag, or the whole key as the tag when it has none
+    (a key without a tag is hashed whole, so ``{<key>}`` lands in the same slot)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if start >= 0 and end > start + 1:
+        return f"{_PREFIX}{key[start : end + 1]}:s"
+    return f"{{{key}}}:s"
 
 
 def lease_key(name: str) -> str:

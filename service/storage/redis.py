@@ -1,4 +1,4 @@
-"""Redis backend (standalone Redis 7.0+). Key layout in :mod:`.keys`; write scripts in ``lua/``.
+"""Redis backend (Redis 7.0+, standalone or Redis Cluster). Key layout in :mod:`.keys`; scripts in ``lua/``.
 
 Every memory operation is one round trip: reads are one ``HGETALL`` (expired fields are filtered here), writes
 and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and sent again with EVAL
@@ -9,6 +9,12 @@ kept in a plain free list (:meth:`RedisStore._run`). redis-py's client adds, per
 response callbacks and observability hooks, and its pool an asyncio lock and a socket probe per checkout:
 measured on this machine with 32 concurrent HGETALLs, 38 us of CPU per command through the client, 24 us
 this way; for a memory read that is a tenth of the request.
+
+On Redis Cluster (``redis+cluster://``) every call touches one slot (the key layout's hash tags make that
+possible) and is sent by :class:`.redis_cluster.ClusterLink`, which also makes every write wait for a
+replica before it is acknowledged. An operation that spans slots (a conversation's claim, the caller's
+memory, the project's analytics) is several calls, one after the other where the order matters: on one
+server they go in one transaction instead (:meth:`RedisStore._in_order`).
 """
 
 from __future__ import annotations
@@ -20,13 +26,12 @@ from importlib import resources
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-import hiredis
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt, StoreUnavailable
@@ -49,13 +54,35 @@ from .base import (
     encode_audit,
     encode_entry,
 )
+from .redis_cluster import (
+    ClusterLink,
+    Command,
+    NotReplicated,
+    is_cluster_url,
+    pack,
+    parse_cluster_url,
+    writes,
+)
 
 SCHEMES = ("redis", "rediss", "unix")
 MIN_SERVER_VERSION = (7, 0)
 
 
+#: The Lua scripts in ``lua/``.
+SCRIPTS = ("patch", "erase", "record", "unlist", "sweep_bucket", "lease")
+
+
 def _load_script(name: str) -> str:
     return resources.files(__package__).joinpath("lua", name).read_text(encoding="utf-8")
+
+
+def _check_version(info: Mapping[str, Any]) -> None:
+    version = str(info.get("redis_version", "0"))
+    numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if numbers < MIN_SERVER_VERSION:
+        raise StoreUnavailable(
+            f"Redis {version} is too old: version {'.'.join(map(str, MIN_SERVER_VERSION))} or newer is required"
+        )
 
 
 class _Call:
@@ -99,23 +126,16 @@ class _Call:
                     f"Redis holds data this version cannot read ({self.operation}): {exc}"
                 ) from exc
             raise StoreUnavailable(f"Redis refused {self.operation}: {exc}") from exc
-        if isinstance(exc, RedisError):  # ConnectionError and the rest of the driver's errors
+        if isinstance(exc, NotReplicated):
+            raise StoreUnavailable(f"Redis did not confirm {self.operation}: {exc}") from exc
+        # ConnectionError and the rest of the driver's errors (the cluster client's own are not RedisErrors)
+        if isinstance(exc, (RedisError, RedisClusterException)):
             raise StoreUnavailable(f"Redis did not answer {self.operation}: {exc}") from exc
-
-
-def _pack(command: Command) -> bytes:
-    # hiredis's stub declares a one-element tuple; any tuple of str, bytes and int is packed.
-    packed: bytes = hiredis.pack_command(cast(Any, tuple(command)))
-    return packed
 
 
 def _optional(value: str | None) -> str:
     """An optional string as the scripts take it: "" for none, else "=" and the value."""
     return "" if value is None else "=" + value
-
-
-#: What :meth:`RedisStore._run` takes: a command and its arguments.
-Command = Sequence[str | bytes | int]
 
 
 def _unpack_field(data: bytes) -> StoredField:
@@ -144,6 +164,13 @@ def _token_from_hash(token_id: str, data: Mapping[bytes, bytes]) -> TokenRecord:
         raise StoreCorrupt(f"token {token_id} is stored in a form this version cannot read") from exc
 
 
+def _hash(reply: Any) -> dict[bytes, bytes]:
+    """A raw HGETALL reply: a dict in RESP3 (redis-py 8's default), a flat list in RESP2."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
 def _live_erasure(erased: bytes | None, expires: bytes | None, now_ms: int) -> int | None:
     """A tombstone's erased_at, if the tombstone is live."""
     if erased is None or expires is None or int(expires) <= now_ms:
@@ -152,7 +179,9 @@ def _live_erasure(erased: bytes | None, expires: bytes | None, now_ms: int) -> i
 
 
 class RedisStore(Store):
-    """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL)."""
+    """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
+    Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`.redis_cluster.parse_cluster_url`).
+    """
 
     def __init__(
         self,
@@ -164,8 +193,12 @@ class RedisStore(Store):
         health_check_interval: int = 30,
         bulk_timeout: float = 60.0,
     ) -> None:
+        #: On Redis Cluster, commands of different slots must be separate calls (and are not ordered
+        #: unless sent one after the other).
+        self._cluster = is_cluster_url(url)
+        self._address = parse_cluster_url(url) if self._cluster else None  # a bad URL fails here, early
         scheme = urlsplit(url).scheme
-        if scheme not in SCHEMES:
+        if not self._cluster and scheme not in SCHEMES:
             raise ValueError(f"not a Redis store URL (expected one of {', '.join(SCHEMES)}): {scheme}://")
         self._url = url
         self._timeout = socket_timeout
@@ -177,9 +210,7 @@ class RedisStore(Store):
         self._pool: ConnectionPool | None = None  # makes the hot path's connections; None when closed
         self._idle: list[Any] = []  # the hot path's connections not in use (redis-py Connection objects)
         self._hot_connections = 0  # the hot path's connections, idle or in use
-        #: On Redis Cluster, commands of different slots must be separate calls (and are not ordered
-        #: unless sent one after the other).
-        self._cluster = False
+        self._link: ClusterLink | None = None  # on a cluster, what sends every call
         self._scripts: dict[str, AsyncScript] = {}
         self._sweep_from = 0  # the bucket where the next sweep round starts
 
@@ -219,46 +250,74 @@ class RedisStore(Store):
         return self._client
 
     async def open(self) -> None:
-        if self._client is not None:
+        if self._client is not None or self._link is not None:
+            return
+        if self._address is not None:
+            await self._open_cluster()
             return
         client = self._connect()
         try:
             async with _Call("open", self._timeout):
                 await client.ping()
                 info = await client.info("server")
-            version = str(info.get("redis_version", "0"))
-            numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
-            if numbers < MIN_SERVER_VERSION:
-                raise StoreUnavailable(
-                    f"Redis {version} is too old: version {'.'.join(map(str, MIN_SERVER_VERSION))} or newer"
-                    " is required"
-                )
+            _check_version(info)
         except BaseException:
             await client.aclose()
             raise
-        self._scripts = {
-            name: client.register_script(_load_script(f"{name}.lua"))
-            for name in ("patch", "erase", "record", "unlist", "sweep_bucket", "lease")
-        }
+        self._scripts = {name: client.register_script(_load_script(f"{name}.lua")) for name in SCRIPTS}
         self._client = client
         self._pool = client.connection_pool
 
+    async def _open_cluster(self) -> None:
+        assert self._address is not None
+        link = ClusterLink(
+            self._address,
+            connect_timeout=self._socket_connect_timeout,
+            # Half the call's budget: a replica that does not confirm by then fails the call cleanly (503)
+            # instead of letting the timeout cut it.
+            wait_timeout_ms=max(1, int(self._timeout * 500)),
+            max_connections=self._max_connections,
+            health_check_interval=self._health_check_interval,
+        )
+        # Discovery may try the listed nodes one after the other (one that is down costs a connect timeout)
+        # before it loads the slot map and the command table.
+        budget = self._timeout + self._socket_connect_timeout * len(self._address.nodes)
+        try:
+            async with _Call("open", budget):
+                await link.open()
+                info = await link.client.info("server")  # one node; all run the same version
+            _check_version(info)
+        except BaseException:
+            await link.aclose()
+            raise
+        self._scripts = {name: link.client.register_script(_load_script(f"{name}.lua")) for name in SCRIPTS}
+        self._link = link
+
     async def close(self) -> None:
         client, self._client, self._pool = self._client, None, None
+        link, self._link = self._link, None
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.disconnect()
         self._hot_connections -= len(idle)
         if client is not None:
             await client.aclose()
+        if link is not None:
+            await link.aclose()
 
     async def ping(self) -> None:
         async with _Call("ping", self._timeout):
-            await self._redis.ping()
+            if self._link is not None:
+                await self._link.client.ping()
+            else:
+                await self._redis.ping()
 
-    async def _run(self, *commands: Command) -> list[Any]:
+    async def _run(self, *commands: Command, replicate: bool | None = None) -> list[Any]:
         """Send ``commands`` in one write on one kept connection and return their raw replies (RESP3, as
         hiredis parses them: an HGETALL is a dict), in order. Run inside a ``_Call``.
+
+        On a cluster the commands must all touch one slot, and a call that writes (or with ``replicate``)
+        is acknowledged once a replica has it (:meth:`.redis_cluster.ClusterLink.run`).
 
         An error reply raises (the first one), after every reply was read so the connection stays in step.
         A connection error is retried once on a fresh connection, as the client's pool does: it hides a kept
@@ -266,6 +325,8 @@ class RedisStore(Store):
         (the ``_Call`` timeout) included, closes the connection: no late reply can be taken for another
         command's. At most ``max_connections`` are open; beyond, the call fails at once (store unavailable).
         """
+        if self._link is not None:
+            return await self._link.run(commands, replicate=replicate)
         pool = self._pool
         if pool is None:
             raise StoreUnavailable("the Redis store is not open")
@@ -297,13 +358,9 @@ class RedisStore(Store):
 
     @staticmethod
     async def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
-        # hiredis packs in C; redis-py's asyncio connections pack in Python (a seventh of an end of a
-        # conversation, whose scripts take some 60 arguments).
+        await connection.send_packed_command(pack(commands), check_health=False)
         if len(commands) == 1:
-            await connection.send_packed_command(_pack(commands[0]), check_health=False)
             return [await connection.read_response()]
-        packed = b"".join([_pack(command) for command in commands])
-        await connection.send_packed_command(packed, check_health=False)
         replies: list[Any] = []
         failure: ResponseError | None = None
         for _ in commands:
@@ -315,6 +372,43 @@ class RedisStore(Store):
         if failure is not None:
             raise failure
         return replies
+
+    async def _in_order(self, *commands: Command) -> list[Any]:
+        """Commands of different slots, run in this order: one transaction on one server (all or nothing,
+        one round trip); one call after the other on a cluster, each acknowledged before the next is sent,
+        so a failure leaves the earlier ones done and the later ones not."""
+        if self._link is None:
+            *_, results = await self._run(("MULTI",), *commands, ("EXEC",))
+            failure = next((r for r in results if isinstance(r, Exception)), None)
+            if failure is not None:
+                raise failure
+            return cast("list[Any]", results)
+        return [(await self._run(command))[0] for command in commands]
+
+    async def _each(self, commands: Sequence[Command], *, replicate: bool | None = None) -> list[Any]:
+        """Independent commands of any slots, in any order: one write on one server, one write per primary
+        on a cluster. An error reply raises."""
+        if not commands:
+            return []
+        if self._link is None:
+            return await self._run(*commands)
+        replies = await self._link.run_each(
+            commands, replicate=any(writes([c]) for c in commands) if replicate is None else replicate
+        )
+        failure = next((r for r in replies if isinstance(r, Exception)), None)
+        if failure is not None:
+            raise failure
+        return replies
+
+    async def _touch(self, key: str) -> None:
+        """On a cluster, wait until a replica has every write made so far in ``key``'s slot.
+
+        A call that writes nothing (a replayed end of a conversation, an already recorded one) would wait
+        for nothing: ``WAIT`` counts from the connection's own last write. The earlier write it reports on
+        may be one whose acknowledgement failed (that is why it is being retried), so a marker written in the
+        slot first makes the ``WAIT`` cover it: the replication stream of a primary is one sequence."""
+        if self._link is not None:
+            await self._run(("SET", keys.sync_key(key), b"", "PX", 1000))
 
     def _script_command(
         self, name: str, script_keys: Sequence[str], args: Sequence[str | bytes | int]
@@ -334,14 +428,15 @@ class RedisStore(Store):
     async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:
         async with _Call("put_project", self._timeout):
             # SET ... GET replaces and tells whether something was there, in one atomic command.
-            previous = await self._redis.set(keys.project_key(project), document, get=True)
-            await self._redis.sadd(keys.PROJECTS, project)
+            previous, _ = await self._in_order(
+                ("SET", keys.project_key(project), document, "GET"), ("SADD", keys.PROJECTS, project)
+            )
         return previous is None
 
     async def get_project(self, project: str) -> bytes | None:
         async with _Call("get_project", self._timeout):
-            document = cast("bytes | None", await self._redis.get(keys.project_key(project)))
-        return document
+            (document,) = await self._run(("GET", keys.project_key(project)))
+        return cast("bytes | None", document)
 
     # Tokens -------------------------------------------------------------------------------------------
 
@@ -350,45 +445,40 @@ class RedisStore(Store):
         # spans them. The order makes every intermediate state safe: the index entry comes first (a dangling
         # entry is skipped by list_tokens) and the hash, which makes the token usable, last.
         async with _Call("put_token", self._timeout):
-            await self._redis.zadd(keys.project_tokens_key(token.project), {token.token_id: token.created_at})
-            await self._redis.hset(
-                keys.token_key(token.token_id),
-                mapping={
-                    "project": token.project,
-                    "role": token.role,
-                    "secret_hash": token.secret_hash,
-                    "created_at": token.created_at,
-                    "label": token.label,
-                },
+            await self._in_order(
+                ("ZADD", keys.project_tokens_key(token.project), token.created_at, token.token_id),
+                (
+                    "HSET",
+                    keys.token_key(token.token_id),
+                    *("project", token.project, "role", token.role, "secret_hash", token.secret_hash),
+                    *("created_at", token.created_at, "label", token.label),
+                ),
             )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
         async with _Call("get_token", self._timeout):
-            data = cast("dict[bytes, bytes]", await self._redis.hgetall(keys.token_key(token_id)))
-        return _token_from_hash(token_id, data) if data else None
+            (data,) = await self._run(("HGETALL", keys.token_key(token_id)))
+        return _token_from_hash(token_id, _hash(data)) if data else None
 
     async def list_tokens(self, project: str) -> list[TokenRecord]:
         async with _Call("list_tokens", self._timeout):
-            ids = cast("list[bytes]", await self._redis.zrange(keys.project_tokens_key(project), 0, -1))
-            if not ids:
-                return []
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for token_id in ids:
-                    pipe.hgetall(keys.token_key(token_id.decode()))
-                hashes: list[dict[bytes, bytes]] = await pipe.execute()
-        tokens = (_token_from_hash(i.decode(), h) for i, h in zip(ids, hashes, strict=True) if h)
+            (ids,) = await self._run(("ZRANGE", keys.project_tokens_key(project), 0, -1))
+            # Each token's hash is in a slot of its own.
+            hashes = await self._each([("HGETALL", keys.token_key(i.decode())) for i in ids])
+        tokens = (_token_from_hash(i.decode(), _hash(h)) for i, h in zip(ids, hashes, strict=True) if h)
         return [t for t in tokens if t.project == project]
 
     async def delete_token(self, project: str, token_id: str) -> bool:
         # Revocation first (the hash is what authenticates), then the index entry; see put_token.
         token_key = keys.token_key(token_id)
         async with _Call("delete_token", self._timeout):
-            owner = cast("bytes | None", await self._redis.hget(token_key, "project"))
+            (owner,) = await self._run(("HGET", token_key, "project"))
             if owner is None or owner.decode() != project:
                 return False
-            deleted = int(await self._redis.delete(token_key))
-            await self._redis.zrem(keys.project_tokens_key(project), token_id)
-        return deleted > 0
+            deleted, _ = await self._in_order(
+                ("DEL", token_key), ("ZREM", keys.project_tokens_key(project), token_id)
+            )
+        return int(deleted) > 0
 
     # Caller memory ------------------------------------------------------------------------------------
 
@@ -431,8 +521,8 @@ class RedisStore(Store):
             args += [name, stored.packed()]
         args += deletes
         async with _Call("patch_fields", self._timeout):
-            reply: list[Any] = await self._scripts["patch"](
-                keys=[keys.memory_key(project, subject), keys.caller_index_key(subject)], args=args
+            reply: list[Any] = await self._script(
+                "patch", [keys.memory_key(project, subject), keys.caller_index_key(subject)], args
             )
         return PatchResult(applied=reply[0] == 1, fields=_fields_from_flat(reply[1:]))
 
@@ -496,12 +586,17 @@ class RedisStore(Store):
                 (previous,) = await self._run(("SET", claim, claimed, "NX", "PXAT", record.expires_at, "GET"))
                 if previous is not None:
                     owner, _, until = previous.decode().partition("|")
-                    if owner != subject:
-                        if int(until or 0) > now_ms:
-                            return EndResult(EndStatus.CONFLICT, None)
+                    if owner == subject:
+                        await self._touch(claim)  # claimed by an earlier attempt: see _touch
+                    elif int(until or 0) > now_ms:
+                        return EndResult(EndStatus.CONFLICT, None)
+                    else:
                         # Expired by the service's clock (Redis's may lag behind it): the id is free again.
                         await self._run(("SET", claim, claimed, "PXAT", record.expires_at))
             reply: list[Any] = await self._script("patch", script_keys, args)
+            if reply[0] == 2:
+                # A retry: acknowledged once the first attempt's write is on a replica (see _touch).
+                await self._touch(script_keys[2])
         if reply[0] == 2:
             seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
             return EndResult(EndStatus.REPLAYED, seen)
@@ -519,6 +614,8 @@ class RedisStore(Store):
         script_keys, args = self._record_arguments(project, entry, increments, expires_at)
         async with _Call("record_conversation", self._timeout):
             recorded = await self._script("record", script_keys, args)
+            if not recorded:
+                await self._touch(script_keys[0])  # recorded by an earlier attempt: see _touch
         return bool(recorded)
 
     @staticmethod
@@ -591,19 +688,15 @@ class RedisStore(Store):
             while len(entries) < limit:
                 want = limit - len(entries)
                 if descending:
-                    found = await self._redis.zrange(
-                        index, high, low, desc=True, bylex=True, offset=0, num=want
-                    )
+                    command: Command = ("ZRANGE", index, high, low, "BYLEX", "REV", "LIMIT", 0, want)
                 else:
-                    found = await self._redis.zrange(index, low, high, bylex=True, offset=0, num=want)
-                members = cast("list[bytes]", found)
+                    command = ("ZRANGE", index, low, high, "BYLEX", "LIMIT", 0, want)
+                (members,) = await self._run(command)
                 if not members:
                     break
                 ids = [m.decode().split(":", 1)[1] for m in members]
-                values = cast(
-                    "list[bytes | None]",
-                    await self._redis.mget([keys.analytics_entry_key(project, i) for i in ids]),
-                )
+                # The entries share the index's slot (the project's hash tag): one MGET.
+                (values,) = await self._run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
                 for value in values:
                     if value is None:
                         continue  # expired, not swept from the index yet
@@ -622,12 +715,13 @@ class RedisStore(Store):
     async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
         starts = bucket_starts(kind, first, last)
         async with _Call("counters", self._timeout):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for start in starts:
-                    pipe.hgetall(keys.analytics_counter_key(project, kind, start))
-                hashes: list[dict[bytes, bytes]] = await pipe.execute()
+            # One slot (the project's hash tag): one call.
+            replies = await self._run(
+                *(("HGETALL", keys.analytics_counter_key(project, kind, s)) for s in starts)
+            )
         out = []
-        for start, data in zip(starts, hashes, strict=True):
+        for start, reply in zip(starts, replies, strict=True):
+            data = _hash(reply)
             if not data or int(data.get(b"_expires_at", b"0")) <= now_ms:
                 continue
             values = {k.decode(): int(v) for k, v in data.items() if k != b"_expires_at"}
@@ -638,15 +732,16 @@ class RedisStore(Store):
         self, project: str, subject: str, now_ms: int, tombstone_until: int
     ) -> ErasureResult:
         async with _Call("erase_caller", self._timeout):
-            reply: list[Any] = await self._scripts["erase"](
-                keys=[
+            reply: list[Any] = await self._script(
+                "erase",
+                [
                     keys.memory_key(project, subject),
                     keys.caller_index_key(subject),
                     keys.first_interaction_key(project, subject),
                     keys.caller_conversations_key(project, subject),
                     keys.tombstone_key(project, subject),
                 ],
-                args=[
+                [
                     keys.index_member(project, subject),
                     keys.conversation_record_prefix(project, subject),
                     now_ms,
@@ -658,8 +753,7 @@ class RedisStore(Store):
             if ids:
                 # The rest lives in other slots (each claim in its own, the listing in the project's): it
                 # follows the atomic step above, which already cut every link from the caller to them.
-                for claim in (keys.conversation_claim_key(project, i) for i in ids):
-                    await self._redis.delete(claim)
+                await self._each([("DEL", keys.conversation_claim_key(project, i)) for i in ids])
                 listed = await self.unlist_conversations(project, ids)
         return ErasureResult(
             fields=int(reply[0]), first_interaction=int(reply[1]) > 0, conversations=len(ids), listed=listed
@@ -668,15 +762,14 @@ class RedisStore(Store):
     async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
         if not conversation_ids:
             return 0
+        script_keys = [
+            keys.analytics_index_key(project, None),
+            keys.analytics_index_key(project, True),
+            keys.analytics_index_key(project, False),
+            *(keys.analytics_entry_key(project, i) for i in conversation_ids),
+        ]
         async with _Call("unlist_conversations", self._timeout):
-            removed = await self._scripts["unlist"](
-                keys=[
-                    keys.analytics_index_key(project, None),
-                    keys.analytics_index_key(project, True),
-                    keys.analytics_index_key(project, False),
-                    *(keys.analytics_entry_key(project, i) for i in conversation_ids),
-                ]
-            )
+            removed = await self._script("unlist", script_keys, [])
         return int(removed)
 
     async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
@@ -691,23 +784,17 @@ class RedisStore(Store):
     async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
         # Buckets are visited in chunks, from where the previous round stopped, until about ``batch``
         # callers were visited: a round's work follows what expired (plus a constant walk of the buckets).
+        # Each bucket's script touches one slot (the bucket's hash tag); on a cluster, the buckets of a chunk
+        # go to their primaries, one write per primary, so a sweep covers every primary.
         counts = {"fields": 0, "callers": 0, "analytics_entries": 0}
         more = False
         visited = 0
-        script = self._scripts["sweep_bucket"]
         chunk = 256
         async with _Call("sweep", self._bulk_timeout):
             for offset in range(0, keys.N_BUCKETS, chunk):
                 first = (self._sweep_from + offset) % keys.N_BUCKETS
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for bucket in range(first, first + chunk):
-                        await script(
-                            keys=[keys.expiry_index_key(bucket % keys.N_BUCKETS)],
-                            args=[now_ms, batch, keys.memory_key_prefix(bucket % keys.N_BUCKETS)],
-                            client=pipe,
-                        )
-                    replies: list[list[int]] = await pipe.execute()
-                for fields, callers, bucket_more, due in replies:
+                buckets = [bucket % keys.N_BUCKETS for bucket in range(first, first + chunk)]
+                for fields, callers, bucket_more, due in await self._sweep_buckets(buckets, now_ms, batch):
                     counts["fields"] += int(fields)
                     counts["callers"] += int(callers)
                     visited += int(due)
@@ -716,72 +803,104 @@ class RedisStore(Store):
                     self._sweep_from = (first + chunk) % keys.N_BUCKETS
                     more = True
                     break
-            projects = cast("set[bytes]", await self._redis.smembers(keys.PROJECTS))
+            (projects,) = await self._run(("SMEMBERS", keys.PROJECTS))
             for project in sorted(p.decode() for p in projects):
                 removed, project_more = await self._sweep_listing(project, now_ms, batch)
                 counts["analytics_entries"] += removed
                 more = more or project_more
         return counts, more
 
+    async def _sweep_buckets(self, buckets: Sequence[int], now_ms: int, batch: int) -> list[list[int]]:
+        """Run the sweep script in each bucket: ``[fields, callers, more, due]`` per bucket.
+
+        Sweeps do not wait for replicas: what they remove had expired (reads skip it anyway), and a removal
+        lost in a failover is made again by the next sweep."""
+        if self._link is None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                script = self._scripts["sweep_bucket"]
+                for bucket in buckets:  # redis-py loads the script first if the server lacks it
+                    await script(
+                        keys=[keys.expiry_index_key(bucket)],
+                        args=[now_ms, batch, keys.memory_key_prefix(bucket)],
+                        client=pipe,
+                    )
+                replies: list[list[int]] = await pipe.execute()
+            return replies
+        calls = [
+            self._script_command(
+                "sweep_bucket", [keys.expiry_index_key(b)], [now_ms, batch, keys.memory_key_prefix(b)]
+            )
+            for b in buckets
+        ]
+        replies = await self._link.run_each(calls, replicate=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # a node that never ran it (promoted, restarted)
+                command = calls[i]
+                replies[i] = await self._script("sweep_bucket", [str(command[3])], command[4:])
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
+
     async def _sweep_listing(self, project: str, now_ms: int, batch: int) -> tuple[int, bool]:
         """Drop index members whose entry has expired, oldest first, stopping at the first live one (entries
-        expire in about the order they were recorded)."""
+        expire in about the order they were recorded). Every key is in the project's slot."""
         index = keys.analytics_index_key(project, None)
-        members = cast(
-            "list[bytes]", await self._redis.zrange(index, "-", "+", bylex=True, offset=0, num=batch)
-        )
+        (members,) = await self._run(("ZRANGE", index, "-", "+", "BYLEX", "LIMIT", 0, batch))
         if not members:
             return 0, False
         ids = [m.decode().split(":", 1)[1] for m in members]
-        values = cast(
-            "list[bytes | None]", await self._redis.mget([keys.analytics_entry_key(project, i) for i in ids])
-        )
+        (values,) = await self._run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
         dead = []
         for member, value in zip(members, values, strict=True):
             if value is not None and int(value.partition(b"|")[0]) > now_ms:
                 break
             dead.append(member)
         if dead:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                for repeat in (None, True, False):
-                    pipe.zrem(keys.analytics_index_key(project, repeat), *dead)
-                for member in dead:
-                    pipe.delete(keys.analytics_entry_key(project, member.decode().split(":", 1)[1]))
-                await pipe.execute()
+            await self._run(
+                ("MULTI",),
+                *(
+                    ("ZREM", keys.analytics_index_key(project, repeat), *dead)
+                    for repeat in (None, True, False)
+                ),
+                ("DEL", *(keys.analytics_entry_key(project, m.decode().split(":", 1)[1]) for m in dead)),
+                ("EXEC",),
+                replicate=False,  # as the buckets' sweep
+            )
         return len(dead), len(dead) == batch
 
     async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
+        # A lease lost in a failover would let two sweepers run at once: acquiring waits for a replica.
         async with _Call("acquire_lease", self._timeout):
-            acquired = await self._scripts["lease"](
-                keys=[keys.lease_key(name)], args=[holder, now_ms, ttl_ms]
-            )
+            acquired = await self._script("lease", [keys.lease_key(name)], [holder, now_ms, ttl_ms])
         return bool(acquired)
 
     async def release_lease(self, name: str, holder: str) -> None:
         async with _Call("release_lease", self._timeout):
-            await self._scripts["lease"](keys=[keys.lease_key(name)], args=[holder, 0, 0])
+            await self._script("lease", [keys.lease_key(name)], [holder, 0, 0])
 
     async def record_sweep(self, record: bytes) -> None:
         async with _Call("record_sweep", self._timeout):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.lpush(keys.SWEEPS, record)
-                pipe.ltrim(keys.SWEEPS, 0, 99)
-                await pipe.execute()
+            await self._run(
+                ("MULTI",),
+                ("LPUSH", keys.SWEEPS, record),
+                ("LTRIM", keys.SWEEPS, 0, 99),
+                ("EXEC",),
+                replicate=False,  # a report lost in a failover costs nothing: the data was swept
+            )
 
     async def list_sweeps(self, limit: int) -> list[bytes]:
         async with _Call("list_sweeps", self._timeout):
-            return cast("list[bytes]", await self._redis.lrange(keys.SWEEPS, 0, limit - 1))
+            (records,) = await self._run(("LRANGE", keys.SWEEPS, 0, limit - 1))
+        return cast("list[bytes]", records)
 
     async def append_audit(self, project: str, entry: AuditEntry) -> str:
         async with _Call("append_audit", self._timeout):
-            entry_id = await self._redis.xadd(keys.audit_key(project), {"e": encode_audit(entry)})
-        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            (entry_id,) = await self._run(("XADD", keys.audit_key(project), "*", "e", encode_audit(entry)))
+        return cast("bytes", entry_id).decode()
 
     async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
         high = "+" if before is None else "(" + before
         async with _Call("list_audit", self._timeout):
-            rows = cast(
-                "list[tuple[bytes, dict[bytes, bytes]]]",
-                await self._redis.xrevrange(keys.audit_key(project), max=high, min="-", count=limit),
-            )
-        return [decode_audit(i.decode(), fields[b"e"]) for i, fields in rows]
+            (rows,) = await self._run(("XREVRANGE", keys.audit_key(project), high, "-", "COUNT", limit))
+        # Each row is [id, [field, value, ...]] (a map of the fields in some RESP3 clients: both are read).
+        return [decode_audit(i.decode(), _hash(fields)[b"e"]) for i, fields in rows]

@@ -123,6 +123,11 @@ async def test_token_secrets_are_never_stored(
         from pathlib import Path
 
         blobs, _ = sqlite_blobs(Path(store_url.removeprefix("sqlite:///")))
+    elif store_url.startswith("redis+cluster"):
+        blobs = {}
+        for node in request.getfixturevalue("redis_cluster").primaries():
+            blobs.update(redis_blobs(node)[0])
+        assert any(key.startswith("cm:t:") for key in blobs)  # every primary was dumped, tokens included
     else:
         blobs, _ = redis_blobs(request.getfixturevalue("redis_server"))
     everything = b"\n".join(blobs.values())

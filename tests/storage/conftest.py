@@ -1,13 +1,15 @@
 """Fixtures of the storage contract suite: one ``store`` fixture parametrised over every backend.
 
-One real redis-server serves the whole session (the session fixture ``redis_server`` of
-``tests/conftest.py``); it is flushed before each test that uses it.
+One real redis-server and one real Redis Cluster (3 primaries, 3 replicas) serve the whole session (the
+session fixtures ``redis_server`` and ``redis_cluster`` of ``tests/conftest.py``); they are flushed before
+each test that uses them (every primary of the cluster).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -15,47 +17,54 @@ from caller_memory.service.storage import open_store
 from caller_memory.service.storage.base import Store
 from caller_memory.service.storage.redis import RedisStore
 
-from tests.support.redis_server import RedisServer
+from tests.conftest import CLUSTER, empty_store_url
+
+REDIS_BACKENDS = ["redis", CLUSTER]
 
 
-@pytest.fixture
-def flushed_redis(redis_server: RedisServer) -> RedisServer:
-    client = redis_server.client()
-    try:
-        client.flushall()
-    finally:
-        client.close()
-    return redis_server
-
-
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", *REDIS_BACKENDS])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "redis":
-        url = request.getfixturevalue("flushed_redis").url
+    backend = open_store(empty_store_url(request, request.param, tmp_path))
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+@pytest.fixture(params=REDIS_BACKENDS)
+def redis_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty standalone Redis, or an empty Redis Cluster."""
+    return empty_store_url(request, request.param, tmp_path)
+
+
+@pytest.fixture
+async def redis_store(redis_url: str) -> AsyncIterator[RedisStore]:
+    backend = RedisStore(redis_url)
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+class WholeCluster(redis.asyncio.RedisCluster):
+    """A cluster client whose ``KEYS`` looks at every primary (redis-py sends it to one node; ``SCRIPT FLUSH``
+    already goes to every primary)."""
+
+    async def keys(self, pattern: Any = "*", **kwargs: Any) -> Any:
+        return await super().keys(pattern, target_nodes=self.PRIMARIES, **kwargs)
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis | redis.asyncio.RedisCluster]:
+    """A plain client to look at what the Redis backend left on the server (or on every primary)."""
+    client: redis.asyncio.Redis | redis.asyncio.RedisCluster
+    if redis_url.startswith("redis+cluster://"):
+        host, _, port = redis_url.removeprefix("redis+cluster://").split(",")[0].rstrip("/").partition(":")
+        client = WholeCluster(host=host, port=int(port))
     else:
-        url = f"sqlite:///{tmp_path}/t.db"
-    backend = open_store(url)
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-
-
-@pytest.fixture
-async def redis_store(flushed_redis: RedisServer) -> AsyncIterator[RedisStore]:
-    backend = RedisStore(flushed_redis.url)
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-
-
-@pytest.fixture
-async def redis_client(flushed_redis: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    """A plain client to look at what the Redis backend left on the server."""
-    client = redis.asyncio.Redis.from_url(flushed_redis.url)
+        client = redis.asyncio.Redis.from_url(redis_url)
     try:
         yield client
     finally:
