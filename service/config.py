@@ -97,7 +97,7 @@ class Settings:
         seconds: dict[str, Any] = {
             attribute: _seconds(env, name) for name, attribute in _SECONDS if name in env
         }
-        if env.get("CALLER_MEMORY_WORKERS"):
+        if env.get("CALLER_MEMORY_WORKERS") and overrides.get("workers") is None:  # --workers wins
             seconds["workers"] = parse_workers(env["CALLER_MEMORY_WORKERS"])
         if "CALLER_MEMORY_MAX_IN_FLIGHT" in env:
             try:

@@ -260,7 +260,14 @@ class RedisStore(Store):
             async with _Call("open", self._timeout):
                 await client.ping()
                 info = await client.info("server")
+                cluster = await client.info("cluster")
             _check_version(info)
+            if str(cluster.get("cluster_enabled", "0")) == "1":
+                # Every request would get MOVED for the slots this node does not serve: refuse at start.
+                raise StoreUnavailable(
+                    "this Redis is a node of a Redis Cluster: use a redis+cluster://host:port[,host:port...]/ "
+                    "store URL (see README, Redis Cluster)"
+                )
         except BaseException:
             await client.aclose()
             raise

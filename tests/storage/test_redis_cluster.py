@@ -172,6 +172,14 @@ async def test_a_standalone_server_is_not_taken_for_a_cluster(redis_server: Redi
     await store.close()
 
 
+async def test_a_cluster_node_is_not_taken_for_a_standalone_server(redis_cluster: RedisCluster) -> None:
+    node = redis_cluster.primaries()[0]
+    store = RedisStore(node.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    with pytest.raises(StoreUnavailable, match=r"node of a Redis Cluster: use a redis\+cluster://"):
+        await store.open()
+    await store.close()
+
+
 def test_the_command_line_takes_a_cluster_url(redis_cluster: RedisCluster, tmp_path: Path) -> None:
     redis_cluster.flushall()
     config = tmp_path / "cheese-shop.json"
