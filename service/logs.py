@@ -76,3 +76,5 @@ def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # APScheduler logs every job it adds and runs at INFO; the service logs its sweeps itself.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))

@@ -60,3 +60,19 @@ async def test_a_request_aiohttp_refuses_is_logged_without_a_crash_or_a_number(
     assert "Unhandled exception" not in text  # the access logger copes with a request that was never routed
     assert "UNKNOWN <unmatched> 400" in text
     assert "4155550123" not in text  # aiohttp's own error quotes the header line: masked at the source
+
+
+def test_the_scheduler_logs_only_its_problems() -> None:
+    from caller_memory.service.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("INFO")
+        assert not logging.getLogger("apscheduler.scheduler").isEnabledFor(logging.INFO)
+        assert logging.getLogger("apscheduler.scheduler").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("caller_memory").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        logging.getLogger("apscheduler").setLevel(logging.NOTSET)
