@@ -130,8 +130,10 @@ class Server:
 def start_service(
     name: str, store_url: str, workdir: Path, pseudonym_key: bytes, cpus: set[int] | None, **env: str
 ) -> Server:
-    """``python -m caller_memory.service serve`` as shipped (log level INFO: its access log is on), with
-    scheduled sweeps off (CALLER_MEMORY_SWEEP_INTERVAL=0) so that none runs in the middle of a measurement."""
+    """``python -m caller_memory.service serve`` with the default settings (log level INFO, access log off:
+    nothing here sets CALLER_MEMORY_ACCESS_LOG, so it is off unless the calling environment sets it), except
+    that scheduled sweeps are off (CALLER_MEMORY_SWEEP_INTERVAL=0) so that none runs in the middle of a
+    measurement. ``env`` adds or overrides variables (``service-redis-quiet`` sets log level WARNING)."""
     port = free_port()
     log = workdir / f"{name}.log"
     environ = {
