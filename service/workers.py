@@ -150,6 +150,8 @@ class _Worker:
     #: Exits in a row soon after starting: sets the back-off before the next start.
     quick_exits: int = 0
     started_at: float = 0.0
+    #: The process reported ready (its event loop runs and handles SIGTERM); False while it starts.
+    ready: bool = False
 
 
 class Supervisor:
@@ -193,7 +195,11 @@ class Supervisor:
         try:
             keepers = [asyncio.create_task(self._keep(worker)) for worker in self._workers]
             await self._stop.wait()
-            self._signal_all(signal.SIGTERM)
+            # Workers still starting are not signalled: one that is failing on its own (when a start-up
+            # failure stops the supervisor, the others usually fail the same way) may be closing its event
+            # loop, and a signal in that window makes Python print a traceback about the loop's closed
+            # wakeup fd. They exit by themselves, or get SIGTERM once ready (_wait_ready).
+            self._signal_all(signal.SIGTERM, ready_only=True)
             _, pending = await asyncio.wait(keepers, timeout=STOP_TIMEOUT_S)
             clean = not pending
             if pending:
@@ -218,8 +224,10 @@ class Supervisor:
         log.info("stopping %d workers", len(self._workers))
         self._stop.set()
 
-    def _signal_all(self, signum: signal.Signals) -> None:
+    def _signal_all(self, signum: signal.Signals, *, ready_only: bool = False) -> None:
         for worker in self._workers:
+            if ready_only and not worker.ready:
+                continue
             if worker.process is not None and worker.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     worker.process.send_signal(signum)
@@ -302,8 +310,6 @@ class Supervisor:
         finally:
             theirs.close()
         worker.process = process
-        if self._stop.is_set():  # the stop came while it was being started
-            process.send_signal(signal.SIGTERM)
         writer: asyncio.StreamWriter | None = None
         try:
             reader, writer = await asyncio.open_unix_connection(sock=ours, limit=4 * _MAX_MESSAGE_CHARS)
@@ -315,6 +321,7 @@ class Supervisor:
             else:
                 ours.close()
             worker.process = None
+            worker.ready = False
             self._forget(process.pid)
         return ready, message, returncode
 
@@ -329,7 +336,11 @@ class Supervisor:
         except ValueError:  # a message longer than the limit: not from our worker
             return False, "it sent an unreadable message"
         if line == _READY:
+            worker.ready = True
             self._ready(worker, process.pid)
+            if self._stop.is_set():  # the stop came while it was starting
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
             return True, ""
         if line.startswith(_FAILED):
             try:
