@@ -97,6 +97,9 @@ class Settings:
         seconds: dict[str, Any] = {
             attribute: _seconds(env, name) for name, attribute in _SECONDS if name in env
         }
+        if seconds.get("store_timeout") == 0:
+            # Every store call would fail at once (and connecting could not even start).
+            raise SettingsError("CALLER_MEMORY_STORE_TIMEOUT must be more than 0 seconds")
         if env.get("CALLER_MEMORY_WORKERS") and overrides.get("workers") is None:  # --workers wins
             seconds["workers"] = parse_workers(env["CALLER_MEMORY_WORKERS"])
         if "CALLER_MEMORY_MAX_IN_FLIGHT" in env:

@@ -208,6 +208,8 @@ def test_cache_times_and_workers_come_from_the_environment() -> None:
     assert Settings.from_env(key | {"CALLER_MEMORY_WORKERS": "4"}, workers=2).workers == 2  # --workers wins
     # ... even over a value that would be refused on its own.
     assert Settings.from_env(key | {"CALLER_MEMORY_WORKERS": "abc"}, workers=1).workers == 1
+    with pytest.raises(SettingsError, match="CALLER_MEMORY_STORE_TIMEOUT must be more than 0 seconds"):
+        Settings.from_env(key | {"CALLER_MEMORY_STORE_TIMEOUT": "0"})
     for name in ("CALLER_MEMORY_CONFIG_CACHE_SECONDS", "CALLER_MEMORY_TOKEN_CACHE_SECONDS"):
         for bad in ("-1", "inf", "nan", "soon"):
             with pytest.raises(SettingsError, match=name):

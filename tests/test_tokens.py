@@ -36,3 +36,38 @@ async def test_a_revocation_elsewhere_is_seen_within_the_cache_time_however_the_
                 await there.authenticate(header)
     finally:
         await store.close()
+
+
+class SlowLookups:
+    """The store, with token lookups held until released (a lookup in flight while a revocation runs)."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+        self.release = asyncio.Event()
+
+    async def get_token(self, token_id: str) -> object:
+        record = await self.store.get_token(token_id)
+        await self.release.wait()
+        return record
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+async def test_a_lookup_that_overlaps_a_revocation_does_not_bring_the_token_back(tmp_path: Path) -> None:
+    store = SQLiteStore.from_url(f"sqlite:///{tmp_path / 'tokens.db'}")
+    await store.open()
+    try:
+        slow = SlowLookups(store)
+        tokens = TokenService(slow, FakeClock(), None, 60.0)  # type: ignore[arg-type]
+        minted = await tokens.mint("shop", "agent")
+        tokens._cache.clear()  # as in another process: the token must be looked up
+        lookup = asyncio.create_task(tokens.authenticate(f"Bearer {minted.secret}"))
+        await asyncio.sleep(0.05)  # the lookup has read the record and waits
+        await tokens.revoke("shop", minted.record.token_id)
+        slow.release.set()
+        assert (await lookup).token_id == minted.record.token_id  # it started before the revocation
+        with pytest.raises(Unauthenticated):  # but did not put the token back in the cache
+            await tokens.authenticate(f"Bearer {minted.secret}")
+    finally:
+        await store.close()

@@ -130,6 +130,8 @@ class TokenService:
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
         self._principals: dict[str, tuple[float, Principal]] = {}
+        #: Revocations made through this process: a lookup that overlapped one does not fill the cache.
+        self._revocations = 0
 
     async def mint(self, project: str, role: str, label: str = "") -> MintedToken:
         try:
@@ -158,6 +160,7 @@ class TokenService:
     async def revoke(self, project: str, token_id: str) -> None:
         if not await self._store.delete_token(project, token_id):
             raise NotFound(f"token '{token_id}' not found in project '{project}'")
+        self._revocations += 1
         self._cache[token_id] = (time.monotonic(), None)
         self._principals = {k: v for k, v in self._principals.items() if v[1].token_id != token_id}
 
@@ -165,9 +168,11 @@ class TokenService:
         cached = self._cache.get(token_id)
         if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
             return cached[1]
+        revocations = self._revocations
         record = await self._store.get_token(token_id)
-        # Only tokens that exist are cached: ids made up by a caller must not grow the cache.
-        if record is not None:
+        # Only tokens that exist are cached: ids made up by a caller must not grow the cache. A record read
+        # while a revocation ran here may be the revoked token's: it serves this request only.
+        if record is not None and revocations == self._revocations:
             self._cache[token_id] = (time.monotonic(), record)
         return record
 
@@ -197,8 +202,10 @@ class TokenService:
                 self._principals.clear()
             # Stamped with when the token record was read from the store, not now: a credential written
             # differently (``bearer``, extra spaces) must not stretch the bound on seeing a revocation.
+            # Not at all if the record was not cached (its lookup overlapped a revocation here).
             fetched = self._cache.get(principal.token_id)
-            self._principals[authorization] = (fetched[0] if fetched else time.monotonic(), principal)
+            if fetched is not None and fetched[1] is not None:
+                self._principals[authorization] = (fetched[0], principal)
         return principal
 
     async def _authenticate_afresh(self, authorization: str | None) -> Principal:

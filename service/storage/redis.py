@@ -235,7 +235,8 @@ class RedisStore(Store):
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             # PING a connection that sat idle this long before using it again.
             health_check_interval=self._health_check_interval,
-            socket_keepalive=True,
+            # TCP only: redis-py's unix-socket connections take no keepalive option (and need none).
+            **({} if urlsplit(self._url).scheme == "unix" else {"socket_keepalive": True}),
             decode_responses=False,
             # More than the service's bound on requests in flight, so a request never waits for a connection;
             # beyond it the pool refuses at once (the store is reported unavailable).
@@ -604,6 +605,11 @@ class RedisStore(Store):
             if reply[0] == 2:
                 # A retry: acknowledged once the first attempt's write is on a replica (see _touch).
                 await self._touch(script_keys[2])
+            if reply[0] == 4 and self._cluster:
+                # Refused for an erased caller: take back the claim naming them (the script on one server
+                # claims after its erasure check). A claim holds "<subject>|<expires_at>", the lease
+                # script's format: its release deletes the key only if it still names this subject.
+                await self._script("lease", [claim], [subject, 0, 0])
         if reply[0] == 2:
             seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
             return EndResult(EndStatus.REPLAYED, seen)

@@ -45,12 +45,15 @@ from redis.exceptions import (
     ClusterDownError,
     MaxConnectionsError,
     MovedError,
+    ReadOnlyError,
     RedisError,
     ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import keys
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,9 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     if not sep or scheme.lower() not in CLUSTER_SCHEMES:
         raise ValueError(f"not a Redis Cluster URL (expected {' or '.join(CLUSTER_SCHEMES)}://): {scheme}://")
     rest, _, fragment = rest.partition("#")
+    if fragment:
+        # Not echoed, nor what precedes it: a '#' is usually in a password, cut in two here.
+        raise ValueError("Redis Cluster URL: it holds a '#' (write '#' in a password as %23)")
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
@@ -137,8 +143,8 @@ def parse_cluster_url(url: str) -> ClusterAddress:
         )
     options = parse_qs(query, keep_blank_values=True)
     unknown = sorted(set(options) - {"replicas"})
-    if unknown or fragment:
-        raise ValueError(f"Redis Cluster URL: unknown option {', '.join(unknown) or '#' + fragment}")
+    if unknown:
+        raise ValueError(f"Redis Cluster URL: unknown option {', '.join(unknown)}")
     replicas = DEFAULT_REPLICAS
     if "replicas" in options:
         text = options["replicas"][-1]
@@ -246,15 +252,16 @@ class ClusterLink:
         and :class:`NotReplicated` is raised unless enough replicas confirmed."""
         slot = slot_of(commands)
         wait = (writes(commands) if replicate is None else replicate) and self.address.replicas > 0
-        batch = [*commands, self._wait] if wait else list(commands)
+        batch = [*commands, *self._confirmation(commands)] if wait else list(commands)
         replies = await self._send(slot, batch)
         failure = next((r for r in replies if isinstance(r, Exception)), None)
         if failure is not None:
-            if isinstance(failure, ClusterDownError) or str(failure).startswith("READONLY"):
+            if isinstance(failure, ClusterDownError | ReadOnlyError):
                 self._refresh_slot_map()  # failing over, or a node that came back as a replica
             raise failure
         if wait:
             self._check_replicas(replies.pop())
+            del replies[-2:]  # the marker's SET and DEL
         return replies
 
     async def run_each(self, commands: Sequence[Command], *, replicate: bool) -> list[Any]:
@@ -271,13 +278,16 @@ class ClusterLink:
             batch = [commands[i] for i in indexes]
             try:
                 answers = await self._exchange(
-                    node, [*batch, self._wait] if replicate else batch, asking=False
+                    node, [*batch, *self._confirmation(batch)] if replicate else batch, asking=False
                 )
+            except MaxConnectionsError:
+                raise  # the node is busy, not gone
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 await self._connection_lost(node)
                 raise
             if replicate:
                 self._check_replicas(answers.pop())
+                del answers[-2:]  # the marker's SET and DEL
             for i, answer in zip(indexes, answers, strict=True):
                 if isinstance(answer, (AskError, TryAgainError)):  # did not run: alone, wherever it is now
                     try:
@@ -286,12 +296,28 @@ class ClusterLink:
                         answer = exc
                 replies[i] = answer
 
-        await asyncio.gather(*(send(node, indexes) for node, indexes in groups.values()))
+        # Every node's part runs to its end before a failure is raised: none is left running unbounded.
+        outcomes = await asyncio.gather(
+            *(send(node, indexes) for node, indexes in groups.values()), return_exceptions=True
+        )
+        failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failure is not None:
+            raise failure
         return replies
 
-    @property
-    def _wait(self) -> Command:
-        return ("WAIT", self.address.replicas, self.wait_timeout_ms)
+    def _confirmation(self, commands: Sequence[Command]) -> list[Command]:
+        """What follows writes on their connection so that they are acknowledged only once replicated: a
+        marker written in their slot (set and deleted again: both replicate, nothing is left), then ``WAIT``. ``WAIT`` counts from the connection's own last
+        replicated write; without the marker, writes that change nothing (deleting a missing key, a retry
+        of a write that did land) would leave that at an earlier point, or at none on a fresh connection,
+        and ``WAIT`` would confirm at once what the replica may not have."""
+        key = next(k for command in commands for k in _keys(command))
+        marker = keys.sync_key(key.decode() if isinstance(key, bytes) else str(key))
+        return [
+            ("SET", marker, b"", "PX", 1000),
+            ("DEL", marker),
+            ("WAIT", self.address.replicas, self.wait_timeout_ms),
+        ]
 
     def _check_replicas(self, reply: Any) -> None:
         if isinstance(reply, Exception):

@@ -413,6 +413,33 @@ async def test_redis_hash_expiry_and_index_score(
     assert await redis_client.zscore(index_key, member) == t + 120_001
 
 
+async def test_redis_a_write_refused_for_an_erased_caller_leaves_no_claim(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    subject, t = new_subject(), now_ms()
+    record = ConversationRecord(fingerprint="f", extra=b"{}", expires_at=t + 86_400_000)
+    await redis_store.erase_caller(PROJECT, subject, t, t + 86_400_000)
+    ended = await redis_store.end_conversation(
+        PROJECT, "late-call", subject, {"a": field(1, t + 5)}, [], t + 5, record, None, made_at=t - 1
+    )
+    assert ended.status is EndStatus.ERASED
+    # The id's claim would name the erased caller's pseudonym for days.
+    assert await redis_client.exists(keys.conversation_claim_key(PROJECT, "late-call")) == 0
+
+
+async def test_redis_over_a_unix_socket() -> None:
+    with RedisServer(unix_socket=True) as server:
+        assert server.url.startswith("unix://")
+        store = RedisStore(server.url)
+        await store.open()
+        try:
+            subject, t = new_subject(), now_ms()
+            await store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+            assert set(await store.read_fields(PROJECT, subject, t)) == {"a"}
+        finally:
+            await store.close()
+
+
 async def test_redis_deleting_everything_leaves_no_key(
     redis_store: RedisStore, redis_client: redis.asyncio.Redis
 ) -> None:

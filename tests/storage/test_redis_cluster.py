@@ -125,6 +125,28 @@ async def test_a_write_is_acknowledged_only_once_a_replica_has_it(
         assert sorted(client.hkeys(key)) == [b"a", b"b", b"c"]
 
 
+async def test_a_write_that_changes_nothing_waits_for_the_replica_too(
+    redis_cluster: RedisCluster, paused: list[ClusterNodeServer]
+) -> None:
+    # A retry of a write that landed but was not confirmed changes nothing; it must not be acknowledged
+    # while the replica may still lack the first attempt's change. WAIT alone would confirm it at once on a
+    # fresh connection (nothing written on it yet): hence a store of its own here.
+    store = RedisStore(redis_cluster.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    await store.open()
+    try:
+        primary = redis_cluster.primary_of(keys.analytics_index_key(PROJECT, None))
+        replica = redis_cluster.replica_of(primary)
+        os.kill(replica.pid, signal.SIGSTOP)
+        paused.append(replica)
+        with pytest.raises(StoreUnavailable):
+            await store.unlist_conversations(PROJECT, ["never-listed"])
+        os.kill(replica.pid, signal.SIGCONT)
+        paused.remove(replica)
+        assert await store.unlist_conversations(PROJECT, ["never-listed"]) == 0
+    finally:
+        await store.close()
+
+
 def test_every_call_touches_one_slot() -> None:
     subject = new_subject()
     caller = [("HGETALL", keys.memory_key(PROJECT, subject)), ("HMGET", keys.tombstone_key(PROJECT, subject))]
@@ -160,6 +182,10 @@ def test_the_store_url() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             parse_cluster_url(url)
+    # A '#' in a password cuts the URL in two: refused without quoting any part of the password.
+    with pytest.raises(ValueError, match="holds a '#'") as cut:
+        parse_cluster_url("redis+cluster://:s3cr#et@h:1/")
+    assert "s3cr" not in str(cut.value) and "et@" not in str(cut.value)
     with pytest.raises(ValueError, match="a cluster has one database"):
         open_store("redis+cluster://127.0.0.1:7000/1")
 

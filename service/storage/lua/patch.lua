@@ -146,28 +146,28 @@ local function byte_less(a, b)
   return #a < #b
 end
 
-if record and record.claim ~= '' then
-  -- The id belongs to the caller that ended it first, until that conversation's record expires (by the
-  -- service's clock: Redis's may lag behind it).
-  local previous = redis.call('GET', KEYS[7])
-  local owner, until_ms = nil, 0
-  if previous then
-    local o, u = string.match(previous, '^([^|]*)|(%d*)$')
-    owner, until_ms = o, tonumber(u or '') or 0
-  end
-  if owner ~= record.subject then
-    if previous and until_ms > now then
-      return {3}
-    end
-    redis.call('SET', KEYS[7], record.claim, 'PXAT', record.expires_at)
-  end
-end
-
 if record then
   -- An erasure at or after the moment this write was made wins: the write must not bring the caller back.
   local tomb = redis.call('HMGET', KEYS[4], 'erased_at', 'expires_at')
   if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= record.made_at then
     return {4}
+  end
+  -- After the erasure check: a write refused for an erased caller leaves no claim naming them.
+  if record.claim ~= '' then
+    -- The id belongs to the caller that ended it first, until that conversation's record expires (by the
+    -- service's clock: Redis's may lag behind it).
+    local previous = redis.call('GET', KEYS[7])
+    local owner, until_ms = nil, 0
+    if previous then
+      local o, u = string.match(previous, '^([^|]*)|(%d*)$')
+      owner, until_ms = o, tonumber(u or '') or 0
+    end
+    if owner ~= record.subject then
+      if previous and until_ms > now then
+        return {3}
+      end
+      redis.call('SET', KEYS[7], record.claim, 'PXAT', record.expires_at)
+    end
   end
   -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
   local seen = redis.call('HMGET', KEYS[3], 'subject', 'fingerprint', 'extra', 'expires_at')
