@@ -45,6 +45,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .logs import mask_text
+
 log = logging.getLogger("caller_memory.workers")
 
 #: Wait before restarting a worker that exited: doubles with each quick exit of that worker, up to the cap.
@@ -133,8 +135,9 @@ class SupervisorLink:
         signal.raise_signal(signal.SIGTERM)
 
     def failed(self, message: str) -> None:
-        """Report why this worker could not start; the supervisor prints it (once)."""
-        text = json.dumps(message[-_MAX_MESSAGE_CHARS:]).encode()
+        """Report why this worker could not start; the supervisor prints it (once), masked as log lines are
+        (a traceback may quote anything)."""
+        text = json.dumps(mask_text(message)[-_MAX_MESSAGE_CHARS:]).encode()
         with contextlib.suppress(OSError):
             self._sock.setblocking(True)
             self._sock.sendall(_FAILED + text + b"\n")
