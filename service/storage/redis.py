@@ -408,16 +408,6 @@ class RedisStore(Store):
             raise failure
         return replies
 
-    async def _touch(self, key: str) -> None:
-        """On a cluster, wait until a replica has every write made so far in ``key``'s slot.
-
-        A call that writes nothing (a replayed end of a conversation, an already recorded one) would wait
-        for nothing: ``WAIT`` counts from the connection's own last write. The earlier write it reports on
-        may be one whose acknowledgement failed (that is why it is being retried), so a marker written in the
-        slot first makes the ``WAIT`` cover it: the replication stream of a primary is one sequence."""
-        if self._link is not None:
-            await self._run(("SET", keys.sync_key(key), b"", "PX", 1000))
-
     def _script_command(
         self, name: str, script_keys: Sequence[str], args: Sequence[str | bytes | int]
     ) -> Command:
@@ -592,19 +582,17 @@ class RedisStore(Store):
             if self._cluster:
                 # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
                 (previous,) = await self._run(("SET", claim, claimed, "NX", "PXAT", record.expires_at, "GET"))
-                if previous is not None:
-                    owner, _, until = previous.decode().partition("|")
-                    if owner == subject:
-                        await self._touch(claim)  # claimed by an earlier attempt: see _touch
-                    elif int(until or 0) > now_ms:
+                # Already claimed for this caller (an earlier attempt): nothing to do; the SET was followed
+                # by a WAIT covering that attempt's writes in the slot (ClusterLink.run).
+                owner, _, until = (previous or b"").decode().partition("|")
+                if previous is not None and owner != subject:
+                    if int(until or 0) > now_ms:
                         return EndResult(EndStatus.CONFLICT, None)
-                    else:
-                        # Expired by the service's clock (Redis's may lag behind it): the id is free again.
-                        await self._run(("SET", claim, claimed, "PXAT", record.expires_at))
+                    # Expired by the service's clock (Redis's may lag behind it): the id is free again.
+                    await self._run(("SET", claim, claimed, "PXAT", record.expires_at))
+            # A replay is acknowledged only once the first attempt's write is on a replica: the script call
+            # is followed by a marker and a WAIT in its slot (ClusterLink.run).
             reply: list[Any] = await self._script("patch", script_keys, args)
-            if reply[0] == 2:
-                # A retry: acknowledged once the first attempt's write is on a replica (see _touch).
-                await self._touch(script_keys[2])
             if reply[0] == 4 and self._cluster:
                 # Refused for an erased caller: take back the claim naming them (the script on one server
                 # claims after its erasure check). A claim holds "<subject>|<expires_at>", the lease
@@ -627,8 +615,6 @@ class RedisStore(Store):
         script_keys, args = self._record_arguments(project, entry, increments, expires_at)
         async with _Call("record_conversation", self._timeout):
             recorded = await self._script("record", script_keys, args)
-            if not recorded:
-                await self._touch(script_keys[0])  # recorded by an earlier attempt: see _touch
         return bool(recorded)
 
     @staticmethod
