@@ -263,7 +263,12 @@ class Store(ABC):
         """Remove everything stored about the caller: memory, first-interaction record, the records that link
         conversation ids to the caller, and the analytics listing entries of those conversations (counters,
         which are anonymous, stay). Leaves a tombstone (erased at ``now_ms``, kept until
-        ``tombstone_until``) so that a write made before the erasure and arriving after it is dropped."""
+        ``tombstone_until``) so that a write made before the erasure and arriving after it is dropped.
+
+        Each conversation record still live is replaced by an erasure marker that keeps nothing about the
+        caller and expires when the record would have: until then every end of that conversation id, for
+        whichever caller and whenever made, is ERASED (a retry of a conversation whose effects the erasure
+        removed must not re-apply them). ``conversations`` counts the records unlinked."""
 
     @abstractmethod
     async def end_conversation(
@@ -281,7 +286,8 @@ class Store(ABC):
         """Apply the end of a conversation exactly once.
 
         ``made_at`` is when the write was made (default ``now_ms``): if the caller was erased at or after
-        that time (a live tombstone), nothing is written and the status is ERASED.
+        that time (a live tombstone), or an erasure left a live marker for this conversation id (see
+        :meth:`erase_caller`), nothing is written and the status is ERASED.
 
         If a live record (``expires_at`` after ``now_ms``) exists for ``(project, conversation_id)``: when it
         was stored for the same ``subject`` with the same fingerprint, nothing is written and the stored

@@ -9,7 +9,8 @@ Layout (all keys start with ``cm:``)::
     cm:p:<project>:tokens                 zset      token ids of the project, scored by created_at
     cm:t:<token_id>                       hash      project, role, secret_hash (raw bytes), created_at, label
     cm:{<bucket>}:c:<project>:<conv_id>   hash      an ended conversation (subject, fingerprint, extra), in its
-                                                    caller's bucket; expires by itself
+                                                    caller's bucket; expires by itself. After an erasure of
+                                                    the caller, a marker {erased, expires_at} until then
     cm:{<bucket>}:f:<project>:<subject>   hash      the caller's first interaction (analytics), in the caller's
                                                     bucket; expires with the retention period
     cm:{a:<project>}:e:<conv_id>          string    "<expires_at>|<json>": a conversation as analytics lists it
@@ -23,7 +24,8 @@ Layout (all keys start with ``cm:``)::
     cm:sweeps                             list      the latest 100 sweep reports, newest first
     cm:lease:<name>                       string    a lease (the sweeper's), holder id, with a TTL
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was
-                                                    ended for; cbucket is a hash of the conversation id
+                                                    ended for; cbucket is a hash of the conversation id;
+                                                    "!|<expires_at>" once that caller was erased
     cm:{<tag>}:s, {<key>}:s               string    Redis Cluster only: an empty marker written (expiring
                                                     within a second) to make a WAIT cover the slot's earlier
                                                     writes; in the slot of the key it is derived from

@@ -65,6 +65,8 @@ from .redis_cluster import (
 )
 
 SCHEMES = ("redis", "rediss", "unix")
+#: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
+ERASED_CLAIM = b"!"
 MIN_SERVER_VERSION = (7, 0)
 
 
@@ -587,7 +589,9 @@ class RedisStore(Store):
                 owner, _, until = (previous or b"").decode().partition("|")
                 if previous is not None and owner != subject:
                     if int(until or 0) > now_ms:
-                        return EndResult(EndStatus.CONFLICT, None)
+                        # An erasure removed what this id wrote (erase_caller): it wins over any end of it.
+                        erased = owner == ERASED_CLAIM.decode()
+                        return EndResult(EndStatus.ERASED if erased else EndStatus.CONFLICT, None)
                     # Expired by the service's clock (Redis's may lag behind it): the id is free again.
                     await self._run(("SET", claim, claimed, "PXAT", record.expires_at))
             # A replay is acknowledged only once the first attempt's write is on a replica: the script call
@@ -747,12 +751,26 @@ class RedisStore(Store):
                     tombstone_until,
                 ],
             )
-            ids = [i.decode() for i in reply[2:]]
+            pairs = reply[2:]
+            ids = [i.decode() for i in pairs[::2]]
             listed = 0
             if ids:
                 # The rest lives in other slots (each claim in its own, the listing in the project's): it
-                # follows the atomic step above, which already cut every link from the caller to them.
-                await self._each([("DEL", keys.conversation_claim_key(project, i)) for i in ids])
+                # follows the atomic step above, which already cut every link from the caller to them and
+                # left a marker in place of each live record. A live claim becomes an erasure marker too,
+                # naming nobody, so that an end of the id is refused as erased whoever sends it.
+                await self._each(
+                    [
+                        (
+                            ("SET", claim, ERASED_CLAIM + b"|" + until, "PXAT", int(until))
+                            if int(until) > 0
+                            else ("DEL", claim)
+                        )
+                        for claim, until in zip(
+                            (keys.conversation_claim_key(project, i) for i in ids), pairs[1::2], strict=True
+                        )
+                    ]
+                )
                 listed = await self.unlist_conversations(project, ids)
         return ErasureResult(
             fields=int(reply[0]), first_interaction=int(reply[1]) > 0, conversations=len(ids), listed=listed

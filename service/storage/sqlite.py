@@ -42,6 +42,9 @@ from .base import (
 
 T = TypeVar("T")
 
+#: The ``subject`` of a conversation record whose caller was erased (a pseudonym is never empty).
+ERASED_SUBJECT = ""
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -400,6 +403,8 @@ class SQLiteStore(Store):
                 (project, conversation_id, now_ms),
             ).fetchone()
             if row is not None:
+                if row[0] == ERASED_SUBJECT:  # an erasure removed what this id wrote: it wins
+                    return EndResult(EndStatus.ERASED, None)
                 if row[0] == subject and row[1] == record.fingerprint:
                     stored = ConversationRecord(fingerprint=row[1], extra=bytes(row[2]), expires_at=row[3])
                     return EndResult(EndStatus.REPLAYED, stored)
@@ -554,11 +559,15 @@ class SQLiteStore(Store):
             first = conn.execute(
                 "DELETE FROM first_interactions WHERE project = ? AND subject = ?", key
             ).rowcount
+            # Each record loses what linked it to the caller (subject, fingerprint, stored answer) but stays,
+            # as a marker, until it would have expired: a later end of the id is then refused as erased,
+            # whenever the client says it was made.
             ids = [
                 row[0]
                 for row in conn.execute(
-                    "DELETE FROM conversations WHERE project = ? AND subject = ? RETURNING conversation_id",
-                    key,
+                    "UPDATE conversations SET subject = ?, fingerprint = '', extra = x'' "
+                    "WHERE project = ? AND subject = ? RETURNING conversation_id",
+                    (ERASED_SUBJECT, *key),
                 ).fetchall()
             ]
             listed = self._unlist(conn, project, ids)

@@ -134,3 +134,35 @@ async def test_the_tombstone_drops_writes_made_before_the_erasure(store: Store) 
     assert set(await store.read_fields(PROJECT, subject, t + 30)) == {"a"}
     # The tombstone does not outlive its time.
     assert await end("c4", t + 5, t + DAY_MS + 1) is EndStatus.APPLIED
+
+
+async def test_an_erasure_wins_over_a_replay_made_after_it(store: Store) -> None:
+    """The erasure removed what c1 wrote: an end of c1 is refused as erased however late it says it was made
+    (a retry without ``ended_at`` counts as made when it arrives), for any caller, until c1's record would
+    have expired; the receipt still counts the link it cut."""
+    subject, other, t = uuid.uuid4().hex, uuid.uuid4().hex, now_ms()
+
+    async def end(conv: str, who: str, at: int, made_at: int | None = None, value: str = "x") -> EndStatus:
+        record = ConversationRecord(fingerprint=conv + value, extra=b"{}", expires_at=at + DAY_MS)
+        sets = {"a": field(value, at, 7 * DAY_MS)}
+        result = await store.end_conversation(
+            PROJECT, conv, who, sets, [], at, record, analytics(at), at if made_at is None else made_at
+        )
+        return result.status
+
+    assert await end("c1", subject, t) is EndStatus.APPLIED
+    erased = await store.erase_caller(PROJECT, subject, t + 10, t + 7 * DAY_MS)
+    assert erased.conversations == 1 and erased.fields == 1
+    for at in (t + 20, t + HOUR_MS, t + DAY_MS - 1):  # the record of c1 lived until t + DAY_MS
+        assert await end("c1", subject, at) is EndStatus.ERASED  # made after the erasure: still erased
+        assert await end("c1", subject, at, value="y") is EndStatus.ERASED  # whatever the body
+        assert await end("c1", other, at) is EndStatus.ERASED  # whoever sends it
+        assert await store.read_fields(PROJECT, subject, at) == {}
+        assert await store.read_fields(PROJECT, other, at) == {}
+    # A second erasure finds no link left to cut (the marker names nobody).
+    again = await store.erase_caller(PROJECT, subject, t + 30, t + 7 * DAY_MS)
+    assert again.conversations == 0 and again.fields == 0
+    # Another conversation of the caller after the erasure is kept; c1 is a free id once its time is over.
+    assert await end("c2", subject, t + 40) is EndStatus.APPLIED
+    assert await end("c1", other, t + DAY_MS) is EndStatus.APPLIED
+    assert set(await store.read_fields(PROJECT, other, t + DAY_MS)) == {"a"}

@@ -12,20 +12,33 @@ ARGV[2]  the prefix of the caller's conversation records, "cm:{<bucket>}:c:<proj
          records are named from the set's members, which is why they are not in KEYS)
 ARGV[3]  erased_at (ms), ARGV[4] when the tombstone expires (ms)
 
-Returns {fields removed, first interaction removed (0/1), conversation id, ...}.
+Each conversation record still live (by the service's clock, ARGV[3]) is replaced by an erasure marker
+{erased = "1", expires_at} that keeps nothing about the caller and lives as long as the record would have:
+a later end of that conversation id is refused as erased (patch.lua), whenever it says it was made.
+
+Returns {fields removed, first interaction removed (0/1), then for each conversation id: the id and the
+expires_at of its marker ("0" when its record had expired and no marker was left)}.
 ]]
+local now = tonumber(ARGV[3])
 local fields = redis.call('HLEN', KEYS[1])
 local first = redis.call('DEL', KEYS[3])
 local ids = redis.call('SMEMBERS', KEYS[4])
+local out = {fields, first}
 for _, id in ipairs(ids) do
-  redis.call('DEL', ARGV[2] .. id)
+  local key = ARGV[2] .. id
+  local expires = redis.call('HGET', key, 'expires_at')
+  redis.call('DEL', key)
+  if expires and tonumber(expires) > now then
+    redis.call('HSET', key, 'erased', '1', 'expires_at', expires)
+    redis.call('PEXPIREAT', key, expires)
+  else
+    expires = '0'
+  end
+  out[#out + 1] = id
+  out[#out + 1] = expires
 end
 redis.call('DEL', KEYS[1], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[5], 'erased_at', ARGV[3], 'expires_at', ARGV[4])
 redis.call('PEXPIREAT', KEYS[5], ARGV[4])
-local out = {fields, first}
-for _, id in ipairs(ids) do
-  out[#out + 1] = id
-end
 return out

@@ -34,10 +34,12 @@ ARGV, in order:
 Returns a flat array: status, then name, packed for every field whose stored expiry is after now_ms once
 the script is done (unchanged memory unless status is 1). Status: 1 applied, 0 condition failed,
 2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict,
-4 the caller was erased at or after made_at (nothing written);
+4 the caller was erased at or after made_at, or an erasure removed what this conversation id wrote (an
+erasure marker in KEYS[3] or KEYS[7]; nothing written);
 the end of a conversation, once applied, returns {1, extra} only.
 
-The conversation record is a hash {subject, fingerprint, extra, expires_at}, also expiring by itself then.
+The conversation record is a hash {subject, fingerprint, extra, expires_at}, also expiring by itself then;
+after an erasure of its caller, {erased = "1", expires_at} (erase.lua).
 With analytics, extra is built here (see Store.end_conversation): {"hour", "first": null | {...}, "new"}.
 The first-interaction record is a hash {conversation_id, hour, qa, handoff_reason, handoff_to, expires_at,
 seen_hour, seen_day, seen_week}.
@@ -152,10 +154,17 @@ if record then
   if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= record.made_at then
     return {4}
   end
-  -- After the erasure check: a write refused for an erased caller leaves no claim naming them.
+  -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
+  local seen = redis.call('HMGET', KEYS[3], 'subject', 'fingerprint', 'extra', 'expires_at', 'erased')
+  -- An erasure removed what this conversation id wrote (erase.lua left a marker): whenever this write says
+  -- it was made, it is a replay of an erased conversation and changes nothing.
+  if seen[5] and tonumber(seen[4]) > now then
+    return {4}
+  end
+  -- After the erasure checks: a write refused for an erased caller leaves no claim naming them.
   if record.claim ~= '' then
     -- The id belongs to the caller that ended it first, until that conversation's record expires (by the
-    -- service's clock: Redis's may lag behind it).
+    -- service's clock: Redis's may lag behind it). An erasure turns the claim into "!|<expires_at>".
     local previous = redis.call('GET', KEYS[7])
     local owner, until_ms = nil, 0
     if previous then
@@ -164,13 +173,14 @@ if record then
     end
     if owner ~= record.subject then
       if previous and until_ms > now then
+        if owner == '!' then
+          return {4}
+        end
         return {3}
       end
       redis.call('SET', KEYS[7], record.claim, 'PXAT', record.expires_at)
     end
   end
-  -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
-  local seen = redis.call('HMGET', KEYS[3], 'subject', 'fingerprint', 'extra', 'expires_at')
   if seen[1] and tonumber(seen[4]) > now then
     if seen[1] == record.subject and seen[2] == record.fingerprint then
       return {2, seen[2], seen[3], seen[4]}
