@@ -27,6 +27,8 @@ _PARSE_REASONS = {
     phonenumbers.NumberParseException.TOO_LONG: "too long",
 }
 
+_LETTERS = "it holds letters (vanity numbers are refused: send the digits)"
+
 #: Pseudonyms are 128 bits, hex encoded.
 PSEUDONYM_HEX_CHARS = 32
 PSEUDONYM_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -36,16 +38,22 @@ PSEUDONYM_RE = re.compile(r"^[0-9a-f]{32}$")
 def normalize(raw: str, default_region: str | None = None) -> str:
     """Return the E.164 form of ``raw`` or raise :class:`InvalidIdentifier` (the message holds no digits).
 
-    Possible but unassigned numbers (test numbers) are accepted; only the shape is checked.
+    Possible but unassigned numbers (test numbers) are accepted; only the shape is checked. Letters are
+    refused: libphonenumber reads a vanity number's letters as keypad digits (``CALL`` as ``2255``), and
+    a caller identifier is the number as dialled, never a spelling of it.
     """
     if not raw or len(raw) > MAX_IDENTIFIER_CHARS:
         raise InvalidIdentifier(f"empty or longer than {MAX_IDENTIFIER_CHARS} characters")
+    letters = any(ch.isalpha() for ch in raw)
     try:
         number = phonenumbers.parse(raw, default_region)
     except phonenumbers.NumberParseException as exc:
-        raise InvalidIdentifier(_PARSE_REASONS.get(exc.error_type, "it cannot be parsed")) from None
+        reason = _LETTERS if letters else _PARSE_REASONS.get(exc.error_type, "it cannot be parsed")
+        raise InvalidIdentifier(reason) from None
     if number.extension:
         raise InvalidIdentifier("extensions are not part of a caller identifier")
+    if letters:
+        raise InvalidIdentifier(_LETTERS)
     if not phonenumbers.is_possible_number(number):
         raise InvalidIdentifier("not a possible number for its country (wrong length)")
     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)

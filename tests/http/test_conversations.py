@@ -143,3 +143,49 @@ async def test_roles_and_tenancy(api: Api, shop: dict[str, str]) -> None:
     assert_problem(await api.call("POST", end_path("conv-1"), token=other["agent"], json=body), 404)
     assert_problem(await api.call("POST", end_path("conv-1"), json=body), 401)
     assert (await api.call("POST", end_path("conv-1"), token=shop["admin"], json=body)).status == 200
+
+
+#: Vanity numbers and other spellings with letters: libphonenumber would read the letters as keypad digits
+#: (``+1 415 555 CALL`` as +14155552255); the README's contract refuses them.
+LETTERED = ["+1 415 555 CALL", "+1-800-FLOWERS", "+1 415 555 01OO", "tel:+14155550100", "+1 415 555 ０１Ｏ０"]
+
+
+@pytest.mark.parametrize("identifier", LETTERED)
+async def test_identifiers_with_letters_are_refused_everywhere(
+    api: Api, shop: dict[str, str], identifier: str
+) -> None:
+    """In a path, in the body of an end, and in a blacklist entry: the same clear 422, and nothing changes."""
+    from urllib.parse import quote
+
+    path = memory_path("cheese-shop", quote(identifier, safe=""))
+    for method, body in (("GET", None), ("PATCH", {"caller_name": "Ada"})):
+        reply = await api.call(method, path, token=shop["admin"], json=body)
+        assert_problem(reply, 422, mentions="letters")
+        assert reply.body["errors"][0]["field"] == "identifier"
+    erase = await api.call(
+        "DELETE", f"/v1/projects/cheese-shop/callers/{quote(identifier, safe='')}", token=shop["admin"]
+    )
+    assert_problem(erase, 422, mentions="letters")
+    ended = await api.call(
+        "POST",
+        end_path("conv-1"),
+        token=shop["agent"],
+        json=end_body({"booking_day": "Friday"}, caller=identifier),
+    )
+    assert_problem(ended, 422, mentions="letters")
+    assert ended.body["errors"][0]["field"] == "caller"
+    configured = await api.put_project(
+        "cheese-shop", {**CONFIG, "identifier_blacklist": ["+440000000000", identifier]}
+    )
+    assert_problem(configured, 422, mentions="letters")
+    assert configured.body["errors"][0]["field"] == "memory.repeat_caller.identifier_blacklist[1]"
+    # Nothing changed: not the number the letters spell, not the blacklist.
+    spelled = await api.call("GET", memory_path("cheese-shop", "+14155552255"), token=shop["agent"])
+    assert spelled.body["fields"] == {}
+    stored = await api.call("GET", "/v1/projects/cheese-shop", token=shop["admin"])
+    assert len(stored.body["memory"]["repeat_caller"]["identifier_blacklist"]) == 2  # CONFIG's two entries
+    # The digits of the same number are a caller as usual.
+    fine = await api.call(
+        "POST", end_path("conv-2"), token=shop["agent"], json=end_body({}, caller="+1 415 555 2255")
+    )
+    assert fine.status == 200, fine.body
