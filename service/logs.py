@@ -7,21 +7,61 @@ import logging
 import re
 import traceback
 
-#: Runs of 7+ digits, optionally with a leading '+' and the separators people write numbers with, that are
-#: not part of a longer word (hex ids and pseudonyms hold digit runs too, and are not numbers).
-_PHONE_LIKE = re.compile(r"(?<![0-9A-Za-z])\+?\d(?:[\s().-]{0,2}\d){6,}(?![0-9A-Za-z])")
-
+#: What may stand between two digits of a phone number that the service would accept as one: the
+#: punctuation libphonenumber skips when it parses (dashes of every width, dots, slashes, brackets, tildes,
+#: '*', spaces of every kind, soft hyphen and zero-width characters), plus '_' and '+' (a '+' is a space in a
+#: URL query). Digits are any Unicode decimal digits (libphonenumber reads full-width and Arabic-Indic ones).
+_SEPARATOR = (
+    r"[\s\-\u2010-\u2015\u2212\u30fc\uff0d-\uff0f./()\uff08\uff09\[\]\uff3b\uff3d~\u2053\u223c\uff5e*_+"
+    r"\u00ad\u200b\u2060\ufeff]"
+)
+#: An ISO 8601 calendar date (2026-11-30) is left as it is: eight digits with dashes are a date.
+_ISO_DATE = r"(?:1[89]|2\d)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d|[-./_~]\d)"
+#: Runs of 7+ digits, optionally with a leading plus and separators, that are not part of a longer word
+#: (hex ids and pseudonyms hold digit runs too, and are not numbers).
+_PHONE_LIKE = re.compile(
+    rf"(?<![^\W_])(?:(?P<date>{_ISO_DATE})|[+\uff0b]?\d(?:{_SEPARATOR}{{0,3}}\d){{6,}})(?![^\W_])"
+)
+#: What a client may have written in an escaped form that a log line or error message quotes as it came:
+#: percent-encoding (a URL) and ``\xNN`` escapes (the repr of the bytes aiohttp could not parse).
+_ESCAPES = re.compile(r"(?:%[0-9A-Fa-f]{2})+|(?:\\x[0-9a-f]{2})+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 #: Credentials: a project token's secret part, or whatever follows "Bearer".
 _TOKEN_LIKE = re.compile(r"\b(cm_[0-9a-f]{12}_)[A-Za-z0-9_-]+")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
+def _unescape(match: re.Match[str]) -> str:
+    text = match.group()
+    decoded = bytes.fromhex(text.replace("%", "").replace("\\x", "")).decode("utf-8", "replace")
+    # What decodes to a control character (a line break, say) stays escaped: a log line stays one line.
+    return _CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", decoded)
+
+
+def _decoded(text: str) -> str:
+    """``text`` with percent-encoding and ``\\xNN`` escapes decoded (up to three levels, as a URL may be
+    encoded twice over), so that a number written escaped is masked like one written plainly."""
+    for _ in range(3):
+        decoded = _ESCAPES.sub(_unescape, text)
+        if decoded == text:
+            break
+        text = decoded
+    return text
+
+
+def _phone(match: re.Match[str]) -> str:
+    return match.group() if match.group("date") else "[number]"
+
+
 def mask_text(text: str) -> str:
-    """Mask phone-number-shaped digit runs and credentials."""
+    """Mask credentials and phone-number-shaped digit runs, in every form the service accepts an identifier
+    in; escaped forms are decoded first (a masked line shows them decoded)."""
+    if "%" in text or "\\x" in text:
+        text = _decoded(text)
     text = _TOKEN_LIKE.sub(r"\1***", text)
     text = _BEARER.sub(r"\1***", text)
-    return _PHONE_LIKE.sub("[number]", text)
+    return _PHONE_LIKE.sub(_phone, text)
 
 
 class MaskingFormatter(logging.Formatter):

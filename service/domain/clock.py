@@ -66,4 +66,6 @@ def bucket_starts(kind: str, first: int, last: int) -> list[int]:
 @lru_cache(maxsize=4096)  # times about callers are hour-rounded: few distinct values
 def iso_utc(ms: int) -> str:
     """``2026-11-30T14:00:00Z``: how the API writes times (whole seconds, UTC)."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    # Formatted by hand: strftime's %Y writes year 1 as "1", which is not RFC 3339 (four digits always).
+    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"

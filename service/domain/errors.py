@@ -43,6 +43,14 @@ class MalformedRequest(CallerMemoryError, ValueError):
     type_slug = "malformed-request"
 
 
+class UnsupportedCharset(CallerMemoryError, ValueError):
+    """The body is declared in a character set other than UTF-8 (HTTP 415)."""
+
+    status = 415
+    title = "Unsupported media type"
+    type_slug = "unsupported-charset"
+
+
 class InvalidIdentifier(InvalidInput):
     """The caller identifier is not a possible phone number."""
 
@@ -89,8 +97,12 @@ class PreconditionFailed(CallerMemoryError):
     title = "Precondition failed"
     type_slug = "precondition-failed"
 
-    def __init__(self, current_etag: str) -> None:
-        super().__init__("the caller's memory changed since the ETag given in If-Match was issued")
+    def __init__(self, current_etag: str, *, wildcard: bool = False) -> None:
+        super().__init__(
+            "If-Match: * needs the caller to have memory, and it has none"
+            if wildcard
+            else "the caller's memory changed since the ETag given in If-Match was issued"
+        )
         self.current_etag = current_etag
 
 

@@ -7,8 +7,11 @@ them; the contract suite checks that both agree.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .errors import MalformedRequest
 
 
 @dataclass(slots=True)
@@ -76,14 +79,31 @@ class WriteCondition:
 
     @classmethod
     def from_header(cls, header: str, ttl_ms: Mapping[str, int]) -> WriteCondition:
-        header = header.strip()
-        if header == "*":
+        tags = entity_tags(header, "If-Match")
+        if tags == ("*",):
             return cls(etags=(), any_existing=True, ttl_ms=ttl_ms)
-        return cls(
-            etags=tuple(t.strip() for t in header.split(",") if t.strip()), any_existing=False, ttl_ms=ttl_ms
-        )
+        return cls(etags=tags, any_existing=False, ttl_ms=ttl_ms)
 
     def holds(self, live: Mapping[str, StoredField]) -> bool:
         if self.any_existing:
             return bool(live)
         return compute_etag(live) in self.etags
+
+
+#: An entity tag (RFC 9110 8.8.3): optionally weak, then printable ASCII other than '"' between quotes.
+_ENTITY_TAG = re.compile(r'(?:W/)?"[\x21\x23-\x7e]{0,64}"', re.ASCII)
+_MAX_TAGS = 16
+
+
+def entity_tags(header: str, name: str) -> tuple[str, ...]:
+    """The entity tags listed in an ``If-Match`` or ``If-None-Match`` header, or ``("*",)``; anything else
+    is a malformed header (400), never a precondition that silently fails."""
+    header = header.strip()
+    if header == "*":
+        return ("*",)
+    tags = tuple(tag.strip() for tag in header.split(","))
+    if not 1 <= len(tags) <= _MAX_TAGS or not all(_ENTITY_TAG.fullmatch(tag) for tag in tags):
+        raise MalformedRequest(
+            f'{name}: not a list of at most {_MAX_TAGS} entity tags (such as "5d41402abc4b2a76b971") or *'
+        )
+    return tags

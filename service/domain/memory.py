@@ -173,7 +173,7 @@ class MemoryService:
         )
         view = self._view(project, caller, result.fields, now)
         if not result.applied:
-            raise PreconditionFailed(view.etag)
+            raise PreconditionFailed(view.etag, wildcard=condition is not None and condition.any_existing)
         return view
 
     async def erase(self, project: Project, raw_identifier: str) -> ErasureReceipt:

@@ -7,26 +7,15 @@ from dataclasses import asdict
 from aiohttp import web
 
 from ..domain.clock import iso_utc
-from ..domain.errors import Conflict, InvalidInput
+from ..domain.errors import Conflict
 from ..domain.tokens import Role
 from ..storage.base import AuditEntry
 from .keys import METRICS
+from .queries import AuditQuery, SweepsQuery, parse_query
 from .responses import json_response
 from .routes import authorize, project_for
 
 routes = web.RouteTableDef()
-
-MAX_AUDIT_PAGE = 500
-
-
-def _limit(request: web.Request, default: int, most: int) -> int:
-    try:
-        limit = int(request.query.get("limit", str(default)))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= most:
-        raise InvalidInput(f"limit: must be a whole number between 1 and {most}", field="limit")
-    return limit
 
 
 @routes.post("/v1/admin/sweeps")
@@ -52,7 +41,8 @@ def record_sweep_metrics(app: web.Application, removed: dict[str, int], duration
 @routes.get("/v1/admin/sweeps")
 async def list_sweeps(request: web.Request) -> web.Response:
     services, _ = await authorize(request, None)
-    return json_response({"sweeps": await services.sweeper.recent(_limit(request, 20, 100))})
+    query = parse_query(request, SweepsQuery)
+    return json_response({"sweeps": await services.sweeper.recent(query.limit)})
 
 
 def audit_body(entry: AuditEntry) -> dict[str, object]:
@@ -69,9 +59,9 @@ def audit_body(entry: AuditEntry) -> dict[str, object]:
 @routes.get("/v1/projects/{project}/audit")
 async def list_audit(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
-    limit = _limit(request, 100, MAX_AUDIT_PAGE)
-    entries = await services.audit.list(project.project_id, limit, request.query.get("before"))
-    next_cursor = entries[-1].id if len(entries) == limit else None
+    query = parse_query(request, AuditQuery)
+    entries = await services.audit.list(project.project_id, query.limit, query.before)
+    next_cursor = entries[-1].id if len(entries) == query.limit else None
     return json_response({"records": [audit_body(e) for e in entries], "next_cursor": next_cursor})
 
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
 from ..domain.analytics import metrics
-from ..domain.clock import DAY_MS, HOUR_MS, floor_hour_ms, iso_utc
+from ..domain.clock import DAY_MS, HOUR_MS, ceil_hour_ms, floor_hour_ms, iso_utc
 from ..domain.errors import InvalidInput
 from ..domain.tokens import Role
 from ..storage.base import ConversationEntry
+from .queries import EARLIEST, ConversationsQuery, RangeQuery, RepeatCallersQuery, parse_query
 from .responses import json_response
 from .routes import project_for
 
@@ -38,24 +37,11 @@ CSV_COLUMNS = (
 )
 
 
-def parse_time(value: str, name: str) -> int:
-    """An ISO 8601 date or date-time (UTC unless it carries an offset) as epoch milliseconds."""
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidInput(
-            f"{name}: not an ISO 8601 date or date-time (e.g. 2026-11-30 or 2026-11-30T14:00:00Z)", field=name
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1000)
-
-
-def time_range(query: Mapping[str, str], now: int) -> tuple[int, int]:
+def time_range(query: RangeQuery, now: int) -> tuple[int, int]:
     """``[from, to)`` from the query, hour-aligned; by default the last 30 days up to the current hour."""
-    stop = parse_time(query["to"], "to") if "to" in query else floor_hour_ms(now) + HOUR_MS
-    start = parse_time(query["from"], "from") if "from" in query else stop - DEFAULT_RANGE_MS
-    start, stop = floor_hour_ms(start), -(-stop // HOUR_MS) * HOUR_MS
+    stop = query.to if query.to is not None else floor_hour_ms(now) + HOUR_MS
+    start = query.from_ if query.from_ is not None else max(EARLIEST, stop - DEFAULT_RANGE_MS)
+    start, stop = floor_hour_ms(start), ceil_hour_ms(stop)
     if start >= stop:
         raise InvalidInput("from: must be before to", field="from")
     return start, stop
@@ -78,14 +64,45 @@ def entry_body(entry: ConversationEntry) -> dict[str, Any]:
     return body
 
 
+#: What a spreadsheet may read as the start of a formula (or of a DDE command): '=', '+', '-', '@', '|', and
+#: their full-width forms, and whitespace or a line break before them (some strip it first).
+_FORMULA_START = frozenset("=+-@|\uff1d\uff0b\uff0d\uff20\uff5c")
+
+
 def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     text = str(value)
-    # A cell a spreadsheet would run as a formula is quoted (CSV injection).
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    # A cell a spreadsheet would run as a formula is quoted (CSV injection): one that starts with a formula
+    # character, or with any whitespace or control character (which could hide one).
+    if text and (text[0] in _FORMULA_START or text[0].isspace() or not text[0].isprintable()):
+        return "'" + text
+    return text
+
+
+def wants_csv(accept: str) -> bool:
+    """Content negotiation (RFC 9110 12.5.1) between JSON, the default, and CSV: CSV only if the client
+    prefers it (a higher q-value than JSON's; media types are case-insensitive)."""
+    csv_q = json_q = -1.0
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+                q = q if 0.0 <= q <= 1.0 else 0.0
+        media = media.lower()
+        if media == "text/csv":
+            csv_q = max(csv_q, q)
+        elif media in ("application/json", "application/*", "*/*"):
+            json_q = max(json_q, q)
+    return csv_q > 0 and csv_q > json_q
 
 
 def csv_body(rows: list[dict[str, Any]]) -> str:
@@ -97,39 +114,20 @@ def csv_body(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def _flag(query: Mapping[str, str], name: str) -> bool | None:
-    if name not in query:
-        return None
-    value = query[name].lower()
-    if value not in ("true", "false"):
-        raise InvalidInput(f"{name}: must be true or false", field=name)
-    return value == "true"
-
-
-def _int(query: Mapping[str, str], name: str, default: int) -> int:
-    try:
-        return int(query.get(name, str(default)))
-    except ValueError:
-        raise InvalidInput(f"{name}: must be a whole number", field=name) from None
-
-
 @routes.get("/v1/projects/{project}/analytics/conversations")
 async def list_conversations(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ANALYTICS)
-    query = request.query
+    query = parse_query(request, ConversationsQuery)
     now = services.clock.now_ms()
     start, stop = time_range(query, now)
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidInput("order: must be asc or desc", field="order")
     entries, cursor = await services.analytics.conversations(
         project,
         start=start,
         stop=stop,
-        repeat=_flag(query, "repeat"),
-        cursor=query.get("cursor"),
-        limit=_int(query, "limit", 100),
-        descending=order == "desc",
+        repeat=query.repeat,
+        cursor=query.cursor,
+        limit=query.limit,
+        descending=query.order == "desc",
         now=now,
     )
     rows = [entry_body(e) for e in entries]
@@ -137,7 +135,7 @@ async def list_conversations(request: web.Request) -> web.Response:
     if cursor is not None:
         headers["X-Next-Cursor"] = cursor
         headers["Link"] = f'<{request.rel_url.update_query(cursor=cursor)}>; rel="next"'
-    if "text/csv" in request.headers.get("Accept", ""):
+    if wants_csv(request.headers.get("Accept", "")):
         return web.Response(text=csv_body(rows), content_type="text/csv", charset="utf-8", headers=headers)
     return json_response({"conversations": rows, "next_cursor": cursor}, headers=headers)
 
@@ -145,9 +143,10 @@ async def list_conversations(request: web.Request) -> web.Response:
 @routes.get("/v1/projects/{project}/analytics/repeat-callers")
 async def repeat_callers(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ANALYTICS)
+    query = parse_query(request, RepeatCallersQuery)
     now = services.clock.now_ms()
-    start, stop = time_range(request.query, now)
+    start, stop = time_range(query, now)
     report = await services.analytics.repeat_callers(
-        project, start=start, stop=stop, interval=request.query.get("interval", "day"), now=now
+        project, start=start, stop=stop, interval=query.interval, now=now
     )
     return json_response(report, headers={"Cache-Control": "no-store"})

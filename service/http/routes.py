@@ -10,7 +10,9 @@ from pydantic import BaseModel, ValidationError
 
 from ..domain.clock import iso_utc
 from ..domain.conversations import Outcome
-from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable
+from ..domain.documents import parse_document
+from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable, UnsupportedCharset
+from ..domain.fields import entity_tags
 from ..domain.memory import ErasureReceipt, MemoryView
 from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
@@ -35,14 +37,14 @@ async def read_json(request: web.Request) -> Any:
     body = await request.read()  # aiohttp enforces client_max_size: 413 beyond it
     if request.content_type not in JSON_TYPES:
         raise web.HTTPUnsupportedMediaType(reason="Unsupported Media Type")
+    charset = request.charset
+    if charset is not None and charset.lower() not in ("utf-8", "utf8"):
+        raise UnsupportedCharset(
+            f"the body must be UTF-8 (JSON is, RFC 8259); Content-Type names charset {charset[:40]!r}"
+        )
     if not body.strip():
         raise MalformedRequest("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(
-            f"the request body is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
-        ) from None
+    return parse_document(body)
 
 
 async def read_model(request: web.Request, model: type[M], what: str) -> M:
@@ -54,8 +56,21 @@ async def read_model(request: web.Request, model: type[M], what: str) -> M:
         raise validation_problem(exc, what=what, error=InvalidInput) from None
 
 
+def check_headers(request: web.Request) -> None:
+    """Refuse a request whose header values are not text. aiohttp keeps bytes that are not UTF-8 as
+    surrogate escapes, which nothing downstream can encode; ``Authorization`` is left to authentication
+    (a garbled credential is a failed authentication, and counted as one)."""
+    for name, value in request.headers.items():
+        if not value.isascii() and name.lower() != "authorization":
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise MalformedRequest(f"the {name[:64]} header is not valid UTF-8") from None
+
+
 async def authorize(request: web.Request, role: Role | None) -> tuple[Services, Principal]:
     """Authenticate the caller and check it may act on the path's project with ``role`` (None: operator)."""
+    check_headers(request)
     services = request.app[SERVICES]
     if "project" in request.match_info:
         check_project_id(request.match_info["project"])
@@ -209,7 +224,7 @@ async def read_memory(request: web.Request) -> web.Response:
 
 def _none_match(header: str, etag: str) -> bool:
     """``If-None-Match`` uses weak comparison (RFC 9110 13.1.2): ``W/"x"`` matches ``"x"``; ``*`` matches."""
-    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    tags = [tag.removeprefix("W/") for tag in entity_tags(header, "If-None-Match")]
     return "*" in tags or etag in tags
 
 

@@ -1,0 +1,125 @@
+"""JSON documents as the service accepts them: I-JSON (RFC 7493), so that what it acknowledges is exactly
+what it was sent.
+
+orjson checks the syntax and the encoding (UTF-8, no lone surrogates) and gives precise messages; a second
+pass with the standard library's C scanner, whose hooks see each object's members and each number's text,
+refuses what orjson would silently change: a member name given twice (the last would win), an integer
+beyond what a double holds exactly (I-JSON's +-(2^53 - 1)), a number a double cannot hold as written
+(``1e-400`` would become 0, ``1e400`` infinity, ``0.10000000000000000001`` 0.1), ``NaN`` and ``Infinity``.
+Both passes cost about 5 microseconds for a typical end-of-call body. Nesting is bounded too, so that
+no value deeper than the service can store, hash or answer ever reaches it.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+from .errors import InvalidInput, MalformedRequest
+
+#: Deepest nesting of arrays and objects in a request document (the document itself is level 1).
+MAX_DEPTH = 32
+#: Largest integer magnitude accepted: beyond it a double (what most JSON readers use) changes the value.
+MAX_EXACT_INT = 2**53 - 1
+
+
+class _Refused(ValueError):
+    def __init__(self, detail: str, member: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.member = member
+
+
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise _Refused(f"the member {name!r} appears twice in one object; send each name once", name)
+            seen.add(name)
+    return members
+
+
+def _integer(text: str) -> int:
+    value = int(text)
+    if abs(value) > MAX_EXACT_INT:
+        raise _Refused(
+            f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is beyond +-(2^53 - 1), what JSON "
+            "numbers carry exactly (I-JSON); send it as a string"
+        )
+    return value
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    try:
+        exact = Decimal(text) == Decimal(repr(value))
+    except InvalidOperation:  # pragma: no cover - the scanner passes only JSON number syntax
+        exact = False
+    if not exact:
+        raise _Refused(
+            f"the number {text[:24]}{'...' if len(text) > 24 else ''} cannot be kept exactly as written "
+            "(out of range or more precise than a double); send it as a string"
+        )
+    return value
+
+
+def _constant(text: str) -> Any:
+    raise _Refused(f"{text} is not a JSON value")
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_members, parse_int=_integer, parse_float=_number, parse_constant=_constant
+)
+
+
+def _too_deep(document: Any) -> str | None:
+    """The path (``state.a[0]``) of the first value nested deeper than :data:`MAX_DEPTH`, if any."""
+    stack: list[tuple[Any, int, str]] = [(document, 1, "")]
+    while stack:
+        value, depth, path = stack.pop()
+        if isinstance(value, dict):
+            children = [(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            children = [(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return path or "the document"
+        stack.extend((v, depth + 1, p) for v, p in children if isinstance(v, dict | list))
+    return None
+
+
+def parse_document(body: bytes, what: str = "the request body") -> Any:
+    """The JSON document in ``body``, or :class:`MalformedRequest` (not JSON at all) or
+    :class:`InvalidInput` (JSON, but not what the service can keep exactly), each naming what is wrong."""
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        # A number out of a double's range or nesting past orjson's bound is JSON all the same: the second
+        # pass names what it is. Anything else is not JSON.
+        if not ("infinity" in exc.msg or "depth" in exc.msg):
+            raise MalformedRequest(
+                f"{what} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+            ) from None
+    path: str | None = None
+    try:
+        document = _DECODER.decode(body.decode())
+    except _Refused as exc:
+        raise InvalidInput(f"{what}: {exc.detail}", field=exc.member or "body") from None
+    except (RecursionError, ValueError):
+        # The standard scanner gives up past about 1,000 levels (RecursionError); orjson past 1,024.
+        path = "the document"
+    else:
+        path = _too_deep(document)
+    if path is not None:
+        path = path if len(path) <= 60 else path[:57] + "..."
+        raise InvalidInput(
+            f"{what}: {path} is nested more than {MAX_DEPTH} levels deep; flatten it",
+            field="body" if path == "the document" else path,
+        )
+    return document

@@ -1,0 +1,160 @@
+"""Query parameters: one typed model per operation, validated once at the edge, before anything reaches a
+store. A value that passes its model is one every backend can take; a store error is then always the
+store's fault (and counted as one), never the client's.
+
+Numbers are ASCII digits only (``int()`` would also take ``+5``, ``1_0``, `` 5`` and non-ASCII digits), times
+are ISO 8601 within :data:`EARLIEST` and :data:`LATEST`, and a parameter given twice is refused rather than
+one of its values picked.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
+
+from ..domain.analytics import MAX_PAGE
+from ..domain.errors import InvalidInput
+from ..domain.projects import validation_problem
+
+M = TypeVar("M", bound="QueryModel")
+
+#: The range of times the analytics queries accept: from the Unix epoch to 9999-01-01T00:00:00Z (the year
+#: left over is room for rounding a range out to whole hours, days and weeks, all written with four-digit
+#: years).
+EARLIEST = 0
+LATEST = int(datetime(9999, 1, 1, tzinfo=UTC).timestamp() * 1000)
+_TIME_EXAMPLE = "2026-11-30 or 2026-11-30T14:00:00Z"
+_DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
+#: An audit record id: a SQLite row id, or a Redis stream id (milliseconds and sequence); each part fits in
+#: a signed 64-bit integer (SQLite's) and so in an unsigned one (Redis's); SQLite ids are zero-padded to 20 digits.
+_AUDIT_ID = re.compile(r"[0-9]{1,20}(?:-[0-9]{1,20})?", re.ASCII)
+_INT64 = 2**63 - 1
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,400}", re.ASCII)
+
+
+def _whole_number(value: Any) -> Any:
+    if isinstance(value, str) and not _DIGITS.fullmatch(value):
+        raise ValueError("must be a whole number written in digits")
+    return value
+
+
+def _time(value: Any) -> Any:
+    """An ISO 8601 date or date-time (UTC unless it carries an offset) as epoch milliseconds."""
+    if not isinstance(value, str):
+        return value
+    try:
+        if not value.isascii() or len(value) > 40:
+            raise ValueError
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        ms = int(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise ValueError(f"not an ISO 8601 date or date-time (e.g. {_TIME_EXAMPLE})") from None
+    if not EARLIEST <= ms <= LATEST:
+        raise ValueError("must be between 1970-01-01T00:00:00Z and 9999-01-01T00:00:00Z")
+    return ms
+
+
+def _audit_id(value: Any) -> Any:
+    if not isinstance(value, str) or not _AUDIT_ID.fullmatch(value):
+        raise ValueError("not an audit record id (use next_cursor from the previous page)")
+    if any(int(part) > _INT64 for part in value.split("-")):
+        raise ValueError("not an audit record id (use next_cursor from the previous page)")
+    return value
+
+
+def _flag(value: Any) -> Any:
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false"):
+            raise ValueError("must be true or false")
+        return value.lower() == "true"
+    return value
+
+
+def _limit(default: int, most: int) -> Any:
+    return Field(default=default, ge=1, le=most, description=f"page size, 1 to {most}")
+
+
+Limit = Annotated[int, BeforeValidator(_whole_number)]
+Time = Annotated[
+    int,
+    BeforeValidator(_time),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "description": f"ISO 8601 date or date-time, UTC unless an offset is given (e.g. {_TIME_EXAMPLE}), "
+            "from 1970-01-01 to 9999-01-01",
+        }
+    ),
+]
+Flag = Annotated[bool, BeforeValidator(_flag), WithJsonSchema({"type": "string", "enum": ["true", "false"]})]
+AuditId = Annotated[
+    str,
+    BeforeValidator(_audit_id),
+    WithJsonSchema({"type": "string", "pattern": r"^[0-9]{1,20}(-[0-9]{1,20})?$"}),
+]
+
+
+class QueryModel(BaseModel):
+    # Parameters no operation knows are left alone (cache busters, tracking parameters); known ones are
+    # validated strictly.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+class AuditQuery(QueryModel):
+    """``GET /v1/projects/{project}/audit``."""
+
+    limit: Limit = _limit(100, 500)
+    before: AuditId | None = Field(default=None, description="next_cursor of the previous page")
+
+
+class SweepsQuery(QueryModel):
+    """``GET /v1/admin/sweeps``."""
+
+    limit: Limit = _limit(20, 100)
+
+
+class RangeQuery(QueryModel):
+    from_: Time | None = Field(
+        default=None, alias="from", description="start of the range (default: 30 days before to)"
+    )
+    to: Time | None = Field(default=None, description="end of the range (default: the end of this hour)")
+
+
+class ConversationsQuery(RangeQuery):
+    """``GET /v1/projects/{project}/analytics/conversations``."""
+
+    repeat: Flag | None = Field(default=None, description="only repeat (true) or first (false) calls")
+    cursor: str | None = Field(
+        default=None, pattern=_CURSOR.pattern, description="next_cursor of the previous page"
+    )
+    limit: Limit = _limit(100, MAX_PAGE)
+    order: Literal["asc", "desc"] = "desc"
+
+
+class RepeatCallersQuery(RangeQuery):
+    """``GET /v1/projects/{project}/analytics/repeat-callers``."""
+
+    interval: Literal["hour", "day", "week"] = "day"
+
+
+def parse_query(request: web.Request, model: type[M]) -> M:
+    """The request's query validated as ``model``; errors name each offending parameter."""
+    query = request.query
+    values: dict[str, str] = {}
+    for field_name, info in model.model_fields.items():
+        name = info.alias or field_name
+        given = query.getall(name, [])
+        if len(given) > 1:
+            raise InvalidInput(f"{name}: given {len(given)} times; give it once", field=name)
+        if given:
+            values[name] = given[0]
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise validation_problem(exc, what="query", error=InvalidInput) from None
