@@ -63,7 +63,14 @@ def create_app(
     metrics = Metrics()
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
-        middlewares=[service_middleware(metrics, settings.max_in_flight)],
+        middlewares=[
+            service_middleware(
+                metrics,
+                settings.max_in_flight,
+                project_limit=settings.project_in_flight,
+                body_timeout=settings.body_timeout,
+            )
+        ],
     )
     services = build_services(settings, clock=clock, store=store)
     app[SERVICES] = services

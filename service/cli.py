@@ -161,37 +161,40 @@ def _serve(
     settings: Settings, *, sockets: list[socket.socket] | None = None, link: SupervisorLink | None = None
 ) -> None:
     """Run the service in this process: on ``host:port``, or as a worker of ``serve --workers N`` on the
-    supervisor's ``sockets``, reporting to it through ``link``."""
-    from aiohttp import web
-
+    supervisor's ``sockets``, reporting to it through ``link``. Raises ``CannotListen`` if the address
+    cannot be bound."""
     from .app import create_app
     from .http.access_log import RouteAccessLogger
+    from .http.keys import METRICS
+    from .http.server import fit_open_files, quiet_repeats, serve
 
+    quiet_repeats()
+    max_connections = fit_open_files(settings.max_connections)
     app = create_app(settings)
+    on_listening: Callable[[], Awaitable[None]]
     if link is None:
         _log_start(settings)
 
-        async def announce(app: web.Application) -> None:
-            # Runs after the store has been opened (cleanup contexts start first).
+        async def announce() -> None:
+            # Once the port is bound (and the store opened): a port in use fails before this line.
             log.info(
                 "listening on http://%s:%d (API description at /openapi.json)", settings.host, settings.port
             )
 
+        on_listening = announce
     else:
-
-        async def announce(app: web.Application) -> None:
-            await link.ready()
-
-    app.on_startup.append(announce)
-    web.run_app(
+        on_listening = link.ready
+    serve(
         app,
-        host=settings.host if sockets is None else None,
-        port=settings.port if sockets is None else None,
-        sock=sockets,
+        header_timeout=settings.header_timeout,
+        max_connections=max_connections,
+        metrics=app[METRICS],
+        host=settings.host,
+        port=settings.port,
+        sockets=sockets or (),
+        on_listening=on_listening,
         access_log_class=RouteAccessLogger,
         access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
-        print=None,
-        handle_signals=True,
     )
 
 
@@ -274,10 +277,15 @@ def _run_serve(args: argparse.Namespace, settings: Settings) -> int:
         return _serve_as_worker(settings, args.worker_control, args.worker_listen or [])
     if settings.workers > 1:
         return _serve_workers(settings)
+    from .http.server import CannotListen
+
     try:
         _serve(settings)
     except CallerMemoryError as exc:
         sys.stderr.write(f"error: {exc.detail}\n")
+        return 1
+    except CannotListen as exc:
+        sys.stderr.write(f"error: {exc}\n")
         return 1
     return 0
 

@@ -21,6 +21,20 @@ _SECONDS = (
     ("CALLER_MEMORY_SWEEP_INTERVAL", "sweep_interval"),
     ("CALLER_MEMORY_CONFIG_CACHE_SECONDS", "config_cache_seconds"),
     ("CALLER_MEMORY_TOKEN_CACHE_SECONDS", "token_cache_seconds"),
+    ("CALLER_MEMORY_HEADER_TIMEOUT", "header_timeout"),
+    ("CALLER_MEMORY_BODY_TIMEOUT", "body_timeout"),
+)
+#: Of those, the ones that must be more than 0 (0 would fail every call, or every request, at once).
+_POSITIVE = {
+    "store_timeout": "CALLER_MEMORY_STORE_TIMEOUT",
+    "header_timeout": "CALLER_MEMORY_HEADER_TIMEOUT",
+    "body_timeout": "CALLER_MEMORY_BODY_TIMEOUT",
+}
+#: Environment variables holding a whole number, the setting each one sets, and its least allowed value.
+_WHOLE = (
+    ("CALLER_MEMORY_MAX_IN_FLIGHT", "max_in_flight", 1),
+    ("CALLER_MEMORY_MAX_IN_FLIGHT_PER_PROJECT", "max_in_flight_per_project", 1),
+    ("CALLER_MEMORY_MAX_CONNECTIONS", "max_connections", 1),
 )
 
 
@@ -48,6 +62,16 @@ def _seconds(env: Mapping[str, str], name: str) -> float:
     return value
 
 
+def _whole(env: Mapping[str, str], name: str, least: int) -> int:
+    digits = env[name].strip()
+    # Digits only: int() would also take "+2", "1_0" and non-ASCII digits.
+    if not (digits.isascii() and digits.isdigit()):
+        raise SettingsError(f"{name} must be a whole number")
+    if int(digits) < least:
+        raise SettingsError(f"{name} must be at least {least}")
+    return int(digits)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     pseudonym_key: bytes
@@ -69,8 +93,28 @@ class Settings:
     #: items of each kind per round.
     sweep_interval: float = 300.0
     sweep_batch: int = 1000
-    #: Requests under /v1 handled at once; beyond it a request gets 503 at once rather than waiting.
+    #: Requests under /v1 handled at once by one process; beyond it a request gets 503 at once rather than
+    #: waiting (``CALLER_MEMORY_MAX_IN_FLIGHT``).
     max_in_flight: int = 256
+    #: Of those, most held at once by the requests naming one project in their path
+    #: (``CALLER_MEMORY_MAX_IN_FLIGHT_PER_PROJECT``; None: a quarter of ``max_in_flight``, at least 16).
+    #: Beyond it that project's requests get 429 with ``Retry-After: 1`` while other projects are served,
+    #: so that one tenant (slow bodies, a burst) cannot take every slot. See :attr:`project_in_flight`.
+    max_in_flight_per_project: int | None = None
+    #: Seconds a client has to send a request's head (request line and headers) once its connection is
+    #: open, or once it sent the first byte of the next request on a kept-alive connection
+    #: (``CALLER_MEMORY_HEADER_TIMEOUT``); then the connection is closed (with a 408). aiohttp has no such
+    #: deadline of its own (see service/http/server.py).
+    header_timeout: float = 10.0
+    #: Seconds a request's body may take to arrive, counted from the end of its head
+    #: (``CALLER_MEMORY_BODY_TIMEOUT``); then the request gets 408 and its connection is closed.
+    body_timeout: float = 10.0
+    #: Connections one process keeps open (``CALLER_MEMORY_MAX_CONNECTIONS``). Beyond it, the oldest
+    #: connection with an incomplete request head is closed first (then the oldest idle kept-alive one);
+    #: a connection whose request is being handled is never closed for it. The process raises its soft limit
+    #: of open files (``RLIMIT_NOFILE``) toward the hard limit when it starts, if it is lower than this needs,
+    #: and bounds connections below what it got (logged) rather than fail on ``accept()``.
+    max_connections: int = 4096
     #: Log one line per request (route template, status, time). Off by default: /metrics counts requests,
     #: and a log line per request costs a sixth of the service's throughput.
     access_log: bool = False
@@ -97,21 +141,25 @@ class Settings:
         seconds: dict[str, Any] = {
             attribute: _seconds(env, name) for name, attribute in _SECONDS if name in env
         }
-        if seconds.get("store_timeout") == 0:
-            # Every store call would fail at once (and connecting could not even start).
-            raise SettingsError("CALLER_MEMORY_STORE_TIMEOUT must be more than 0 seconds")
+        for attribute, name in _POSITIVE.items():
+            if seconds.get(attribute) == 0:
+                # Every store call (or request) would fail at once.
+                raise SettingsError(f"{name} must be more than 0 seconds")
         if env.get("CALLER_MEMORY_WORKERS") and overrides.get("workers") is None:  # --workers wins
             seconds["workers"] = parse_workers(env["CALLER_MEMORY_WORKERS"])
-        if "CALLER_MEMORY_MAX_IN_FLIGHT" in env:
-            try:
-                seconds["max_in_flight"] = int(env["CALLER_MEMORY_MAX_IN_FLIGHT"])
-            except ValueError:
-                raise SettingsError("CALLER_MEMORY_MAX_IN_FLIGHT must be a whole number") from None
-            if seconds["max_in_flight"] < 1:
-                raise SettingsError("CALLER_MEMORY_MAX_IN_FLIGHT must be at least 1")
+        for name, attribute, least in _WHOLE:
+            if name in env:
+                seconds[attribute] = _whole(env, name, least)
         access_log = env.get("CALLER_MEMORY_ACCESS_LOG", "0").strip().lower()
         if access_log not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
             raise SettingsError("CALLER_MEMORY_ACCESS_LOG must be 1 or 0")
         seconds["access_log"] = access_log in ("1", "true", "yes", "on")
         settings = replace(settings, **seconds)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+    @property
+    def project_in_flight(self) -> int:
+        """The in-flight bound of one project: ``max_in_flight_per_project`` if set, else a quarter of
+        ``max_in_flight`` and at least 16 (never more than ``max_in_flight``, which bounds it anyway)."""
+        share = self.max_in_flight_per_project or max(16, self.max_in_flight // 4)
+        return min(share, self.max_in_flight)

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from ..storage.base import Store, TokenRecord
@@ -30,34 +31,33 @@ class FailureThrottle:
     A source over ``limit`` failures in ``window`` seconds gets 429 for its *failed* attempts until the window
     has room again; a valid token from the same source is never refused, so a client with a typo next to a
     good one (or many clients behind one proxy) cannot lock the good ones out. At most ``max_sources`` are
-    tracked (the oldest are forgotten first), so the table cannot grow without bound.
+    tracked (the least recently failing are forgotten first), so the table cannot grow without bound.
+
+    Each source keeps the times of its last ``limit + 1`` failures only: the source is over its limit
+    exactly when the oldest of them is still in the window, so the window is exact, and a failure costs
+    the same (an append, a move to the end of the table) whether the source has failed 20 times or a
+    million: memory is at most ``max_sources * (limit + 1)`` times.
     """
 
     def __init__(self, limit: int = 20, window: float = 60.0, max_sources: int = 10_000) -> None:
         self.limit = limit
         self.window = window
         self.max_sources = max_sources
-        self._failures: dict[str, list[float]] = {}
-
-    def _recent(self, source: str, now: float) -> list[float]:
-        times = [t for t in self._failures.get(source, []) if now - t < self.window]
-        if times:
-            self._failures[source] = times
-        else:
-            self._failures.pop(source, None)
-        return times
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
     def failure(self, source: str) -> int | None:
         """Record a failure; returns seconds to wait if the source is now over its limit, else None."""
         now = time.monotonic()
-        times = self._recent(source, now)
+        times = self._failures.get(source)
+        if times is None:
+            times = self._failures[source] = deque(maxlen=self.limit + 1)
+            if len(self._failures) > self.max_sources:
+                self._failures.popitem(last=False)
+        else:
+            self._failures.move_to_end(source)  # most recently failing last
         times.append(now)
-        self._failures.pop(source, None)
-        self._failures[source] = times  # most recently failing last
-        while len(self._failures) > self.max_sources:
-            del self._failures[next(iter(self._failures))]
-        if len(times) > self.limit:
-            return max(1, int(self.window - (now - times[-self.limit - 1])) + 1)
+        if len(times) > self.limit and now - times[0] < self.window:
+            return max(1, int(self.window - (now - times[0])) + 1)
         return None
 
 
@@ -211,6 +211,9 @@ class TokenService:
     async def _authenticate_afresh(self, authorization: str | None) -> Principal:
         if not authorization:
             raise Unauthenticated("missing Authorization header; send 'Authorization: Bearer <token>'")
+        if not (authorization.isascii() and authorization.isprintable()):
+            # Tokens are printable ASCII: anything else (bytes that are not UTF-8 included) is no token.
+            raise Unauthenticated("the Authorization header holds characters that no token has")
         scheme, _, credential = authorization.partition(" ")
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:

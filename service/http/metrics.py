@@ -84,6 +84,20 @@ class Metrics:
         self.erasures = Counter(
             "caller_memory_erasures", "Callers erased on request.", registry=self.registry
         )
+        self.connections_closed = Counter(
+            "caller_memory_connections_closed",
+            "Connections the server closed to protect itself, by reason (header_timeout: no complete request "
+            "head within CALLER_MEMORY_HEADER_TIMEOUT; over_limit: the oldest waiting one, to stay within "
+            "CALLER_MEMORY_MAX_CONNECTIONS).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.open_connections = Gauge(
+            "caller_memory_open_connections",
+            "HTTP connections open now (summed over the workers with --workers > 1).",
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
         self._exposed = self.registry
         shared = multiprocess_dir()
         if shared is not None:

@@ -1,13 +1,15 @@
 """The service's middleware: the one place where errors become HTTP responses (RFC 9457 problem details),
-plus the bound on requests in flight and the request metrics."""
+plus the bounds on requests in flight (in all, and per project), the deadline on request bodies, and the
+request metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
 
 from ..domain.errors import (
@@ -36,6 +38,21 @@ _HTTP_DETAILS = {
 }
 
 
+class BodyTimeout(TimeoutError):
+    """A request's body did not arrive within the body deadline. Set on the request's payload by the
+    middleware's timer, so that whatever reads the body raises it; a TimeoutError, so that aiohttp's
+    lingering read of an unread body after the response stops at it quietly."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the request body did not arrive within {seconds:g} s; send it at once")
+        self.seconds = seconds
+
+
+def _expire_body(payload: StreamReader, seconds: float) -> None:
+    if not payload.is_eof():
+        payload.set_exception(BodyTimeout(seconds))
+
+
 def _from_domain(exc: CallerMemoryError) -> web.Response:
     extra: dict[str, object] = {}
     headers: dict[str, str] = {}
@@ -54,6 +71,10 @@ def _from_domain(exc: CallerMemoryError) -> web.Response:
 
 def problem_for(request: web.Request, exc: Exception) -> web.StreamResponse:
     """The response for an exception a handler raised (re-raises redirects and other non-errors)."""
+    if isinstance(exc, BodyTimeout):
+        response = problem_response(408, "Request timeout", str(exc), slug="request-timeout")
+        response.force_close()  # the rest of the body may still come: do not read it as the next request
+        return response
     if isinstance(exc, CallerMemoryError):
         if exc.status >= 500:
             log.error("%s %s failed: %s", request.method, _route(request), exc.detail)
@@ -78,33 +99,70 @@ def problem_for(request: web.Request, exc: Exception) -> web.StreamResponse:
     )
 
 
-def service_middleware(metrics: Metrics, limit: int) -> Middleware:
+def service_middleware(
+    metrics: Metrics, limit: int, *, project_limit: int | None = None, body_timeout: float | None = None
+) -> Middleware:
     """The service's one middleware (one layer is cheaper than three on every request):
 
     - refuses at once (503, ``Retry-After: 1``) what would exceed ``limit`` requests in flight under /v1, so
       that a slow store cannot pile up unbounded work: the excess fails fast instead of queueing;
+    - refuses at once (429, ``Retry-After: 1``) what would exceed ``project_limit`` requests in flight whose
+      path names the same project, so that one tenant cannot take every slot (requests are counted by the
+      path's project before they are authenticated: a token of another project, or none, is refused in
+      microseconds, before any body is read, so it cannot hold a project's slots);
+    - gives a request ``body_timeout`` seconds from the end of its head for its body to arrive (408);
     - turns every error into a problem document (the one place where that happens);
     - counts and times the request for /metrics.
     """
     in_flight = 0
+    per_project: dict[str, int] = {}
+    share = min(limit, project_limit or limit)
+    busy = (
+        f"requests of this project hold {share} of the service's {limit} slots for requests in flight, "
+        "the most one project may hold; retry shortly"
+    )
 
     @web.middleware
     async def serve(request: web.Request, handler: Handler) -> web.StreamResponse:
         nonlocal in_flight
         started = time.perf_counter()
         counted = request.path.startswith("/v1/")
+        project = None
+        deadline = None
         try:
             if counted:
                 if in_flight >= limit:
                     counted = False
                     raise Overloaded(f"the service has {limit} requests in flight, its limit; retry shortly")
+                project = request.match_info.get("project")
+                if project is not None:
+                    held = per_project.get(project, 0)
+                    if held >= share:
+                        counted = False
+                        raise TooManyRequests(busy, 1)
+                    per_project[project] = held + 1
                 in_flight += 1
+            if body_timeout is not None and not request.content.is_eof():
+                # Only a body still on its way costs a timer (a GET's, or a small body that came with its
+                # head, is complete already).
+                deadline = asyncio.get_running_loop().call_later(
+                    body_timeout, _expire_body, request.content, body_timeout
+                )
             response = await handler(request)
         except Exception as exc:
             response = problem_for(request, exc)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             if counted:
                 in_flight -= 1
+                if project is not None:
+                    # Emptied entries go: project names come from paths, which anyone may make up.
+                    held = per_project[project] - 1
+                    if held:
+                        per_project[project] = held
+                    else:
+                        del per_project[project]
         metrics.observe(request, response.status, started)
         return response
 
