@@ -11,7 +11,7 @@ import traceback
 #: punctuation libphonenumber skips when it parses (dashes of every width, dots, slashes, brackets, tildes,
 #: '*', spaces of every kind, soft hyphen and zero-width characters), plus '_' and '+' (a '+' is a space in a
 #: URL query). Digits are any Unicode decimal digits (libphonenumber reads full-width and Arabic-Indic ones).
-_SEPARATOR = (
+SEPARATOR = (
     r"[\s\-\u2010-\u2015\u2212\u30fc\uff0d-\uff0f./()\uff08\uff09\[\]\uff3b\uff3d~\u2053\u223c\uff5e*_+"
     r"\u00ad\u200b\u2060\ufeff]"
 )
@@ -20,7 +20,7 @@ _ISO_DATE = r"(?:1[89]|2\d)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d|[
 #: Runs of 7+ digits, optionally with a leading plus and separators, that are not part of a longer word
 #: (hex ids and pseudonyms hold digit runs too, and are not numbers).
 _PHONE_LIKE = re.compile(
-    rf"(?<![^\W_])(?:(?P<date>{_ISO_DATE})|[+\uff0b]?\d(?:{_SEPARATOR}{{0,3}}\d){{6,}})(?![^\W_])"
+    rf"(?<![^\W_])(?:(?P<date>{_ISO_DATE})|[+\uff0b]?\d(?:{SEPARATOR}{{0,3}}\d){{6,}})(?![^\W_])"
 )
 #: What a client may have written in an escaped form that a log line or error message quotes as it came:
 #: percent-encoding (a URL) and ``\xNN`` escapes (the repr of the bytes aiohttp could not parse).
@@ -39,7 +39,7 @@ def _unescape(match: re.Match[str]) -> str:
     return _CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", decoded)
 
 
-def _decoded(text: str) -> str:
+def unescaped(text: str) -> str:
     """``text`` with percent-encoding and ``\\xNN`` escapes decoded (up to three levels, as a URL may be
     encoded twice over), so that a number written escaped is masked like one written plainly."""
     for _ in range(3):
@@ -58,7 +58,7 @@ def mask_text(text: str) -> str:
     """Mask credentials and phone-number-shaped digit runs, in every form the service accepts an identifier
     in; escaped forms are decoded first (a masked line shows them decoded)."""
     if "%" in text or "\\x" in text:
-        text = _decoded(text)
+        text = unescaped(text)
     text = _TOKEN_LIKE.sub(r"\1***", text)
     text = _BEARER.sub(r"\1***", text)
     return _PHONE_LIKE.sub(_phone, text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import unicodedata
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.middleware import Handler
+from caller_memory.service.logs import SEPARATOR, unescaped
 from multidict import CIMultiDict
 
 from tests.support.redis_cluster import RedisCluster
@@ -35,6 +37,19 @@ CLUSTER = "redis-cluster"
 TEST_NUMBERS = re.compile(r"415555\d{4}|7700900\d{3}|20794600\d\d|612345678|15112345678|44000000000")
 
 
+def canonical_digits(text: str) -> str:
+    """``text`` as a reader would see the numbers in it: escapes decoded, every Unicode digit as its ASCII
+    digit, and the separators the service accepts inside a number removed, so that a number logged in any
+    form it can be sent in (``%2B1%20415...``, ``+1/415/...``, full-width, Arabic-Indic) shows as a run of
+    digits."""
+    decoded = unescaped(text)
+    digits = "".join(str(unicodedata.digit(c)) if c.isdigit() else c for c in decoded)
+    return _BETWEEN_DIGITS.sub("", digits)
+
+
+_BETWEEN_DIGITS = re.compile(r"(?<=\d)" + SEPARATOR + r"{1,3}(?=\d)")
+
+
 class _Everything(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -42,7 +57,7 @@ class _Everything(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
-        if TEST_NUMBERS.search(text):
+        if TEST_NUMBERS.search(text) or TEST_NUMBERS.search(canonical_digits(text)):
             self.leaks.append(f"{record.name}: {text[:200]}")
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from caller_memory.service.logs import MaskingFormatter, mask_text
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests.conftest import Api
+from tests.conftest import TEST_NUMBERS, Api, canonical_digits
 
 
 def test_tracebacks_and_credentials_are_masked() -> None:
@@ -76,3 +79,119 @@ def test_the_scheduler_logs_only_its_problems() -> None:
         root.handlers[:], level = saved
         root.setLevel(level)
         logging.getLogger("apscheduler").setLevel(logging.NOTSET)
+
+
+# Every form the service accepts an identifier in is masked, escaped or not --------------------------------
+
+_FULL_WIDTH = str.maketrans("0123456789+", "".join(map(chr, range(0xFF10, 0xFF1A))) + "\uff0b")
+_ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+#: Separators libphonenumber skips inside a number (a sample of each kind), and '_' and '+'.
+_SEPARATORS = [
+    " ",
+    "-",
+    ".",
+    "/",
+    "(",
+    ")",
+    "[",
+    "]",
+    "~",
+    "*",
+    "_",
+    "\u00a0",
+    "\u2010",
+    "\u2212",
+    "\u3000",
+    "\uff0d",
+    "\uff0f",
+    "\u200b",
+    "\u00ad",
+]
+
+
+def _written(digits: list[str], separators: list[str]) -> str:
+    return (
+        "+"
+        + "".join(d + s for d, s in zip(digits, separators, strict=False))
+        + "".join(digits[len(separators) :])
+    )
+
+
+def _encodings(form: str) -> list[str]:
+    from urllib.parse import quote
+
+    once = quote(form, safe="")
+    return [
+        form,
+        once,
+        quote(once, safe=""),  # encoded twice over
+        once.replace("%20", "+"),  # a query string's space
+        repr(form.encode())[2:-1],  # how aiohttp quotes the bytes of a request line it refuses
+    ]
+
+
+@given(
+    separators=st.lists(st.sampled_from(["", *_SEPARATORS]), min_size=0, max_size=11),
+    script=st.sampled_from([None, _FULL_WIDTH, _ARABIC_INDIC]),
+)
+@settings(max_examples=300, deadline=None)
+def test_every_accepted_form_is_masked_in_every_escape(separators: list[str], script: Any) -> None:
+    from caller_memory.service.domain.errors import InvalidIdentifier
+    from caller_memory.service.domain.identifiers import normalize
+
+    form = _written(list("14155550100"), separators)
+    if script is not None:
+        form = form.translate(script)
+    try:
+        assert normalize(form, "US") == "+14155550100"
+    except InvalidIdentifier:
+        return  # not a form the service accepts (e.g. two brackets in a row): nothing to promise
+    for written in _encodings(form):
+        line = f"Invalid char in url path: b'GET /v1/projects/shop/callers/{written}/memory HTTP/1.1'"
+        masked = mask_text(line)
+        assert "[number]" in masked, (form, written, masked)
+        assert not TEST_NUMBERS.search(canonical_digits(masked)), (form, written, masked)
+
+
+def test_dates_in_messages_are_not_numbers() -> None:
+    text = "from: not an ISO 8601 date or date-time (e.g. 2026-11-30 or 2026-11-30T14:00:00Z)"
+    assert mask_text(text) == text
+    assert mask_text("on 2026-11-30 call +1 415 555 0100") == "on 2026-11-30 call [number]"
+    assert mask_text("2026-11-30-0100 and 2026-1130") == "[number] and [number]"
+    kept = "listening on http://127.0.0.1:18080 (API description at /openapi.json), 12.5 ms"
+    assert mask_text(kept) == kept
+
+
+def test_a_control_character_decoded_from_an_escape_stays_escaped() -> None:
+    assert mask_text("path /a%0Ab %2B14155550100") == "path /a\\x0ab [number]"
+    assert "\n" not in mask_text("GET /%0D%0AX-Injected:%20yes")
+
+
+async def test_malformed_requests_holding_a_number_are_logged_masked(api: Api, caplog: Any) -> None:
+    host, port = api.base_url.removeprefix("http://").split(":")
+    forms = [
+        "%2B14155550100",
+        "%2B1%20415%20555%200100",
+        "%252B1%2520415%2520555%25200100",
+        "+1/415/555/0100",
+        "+1_415_555_0100",
+        "+1.415.555.0100",
+        "(415)%20555-0100",
+        "+14155550100".translate(_FULL_WIDTH),
+        "+١٤١٥٥٥٥٠١٠٠",
+    ]
+    caplog.set_level(logging.DEBUG)
+    for form in forms:
+        for malformed in (b"\x01 HTTP/1.1", b" HTTP/9.9", b" HTTP/1.1 extra"):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            path = f"/v1/projects/shop/callers/{form}/memory".encode()
+            writer.write(b"GET " + path + malformed + b"\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            answer = await reader.read(100)
+            writer.close()
+            assert b" 400 " in answer.split(b"\r\n", 1)[0]
+    quoted = [r for r in caplog.records if r.name.startswith("aiohttp")]
+    assert quoted, "aiohttp logged none of the refused requests: the test would prove nothing"
+    for record in quoted:
+        text = record.getMessage() + (record.exc_text or "")
+        assert not TEST_NUMBERS.search(canonical_digits(text)), text
