@@ -17,6 +17,7 @@ Exceptions are described in :mod:`caller_memory.sdk.errors`.
 
 import logging
 
+from ._wire import MaskingFilter
 from .client import CircuitBreaker, FlushReport, MemoryClient, RetryPolicy
 from .conversation import Conversation, EndResult
 from .errors import (
@@ -57,4 +58,8 @@ __all__ = [
 ]
 
 # Library convention: the application decides where log records go (logging.basicConfig or its own setup).
-logging.getLogger("caller_memory.sdk").addHandler(logging.NullHandler())
+# Every record of the SDK's logger is masked (numbers and e-mail addresses, also percent-encoded) first.
+_log = logging.getLogger("caller_memory.sdk")
+_log.addHandler(logging.NullHandler())
+if not any(isinstance(f, MaskingFilter) for f in _log.filters):
+    _log.addFilter(MaskingFilter())

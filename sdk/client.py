@@ -6,7 +6,6 @@ import asyncio
 import logging
 import random
 import re
-import sqlite3
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -19,15 +18,27 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from ._wire import MAX_BODY_BYTES, AnswerTooLarge, EndAnswer, MemoryAnswer, decode, parse, problem
 from .conversation import Conversation, EndResult
-from .errors import OutboxUnavailableError, ServiceError, ServiceUnavailableError, error_for
+from .errors import (
+    OutboxUnavailableError,
+    ServiceError,
+    ServiceUnavailableError,
+    error_for,
+    is_client_error,
+)
 from .memory import Memory
-from .outbox import Outbox, default_outbox_path
+from .outbox import DEFAULT_TIMEOUT, Outbox, default_outbox_path
 
 log = logging.getLogger("caller_memory.sdk")
 
 #: The service's rule for conversation ids, checked here so that a bad id fails at once, not at the end.
-CONVERSATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+#: Always used with ``fullmatch`` (``$`` would let a trailing line break through).
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+#: The service's rule for project ids.
+PROJECT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+#: A bearer token (RFC 6750 ``b64token``): no spaces, line breaks or control characters.
+TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,11 @@ class CircuitBreaker:
         self._count = 0
         self._probing = False
 
+    def release(self) -> None:
+        """The probe ended without a verdict (it was cancelled, or the request itself was wrong): the next
+        read may probe again; the circuit stays as it was."""
+        self._probing = False
+
     def failure(self) -> None:
         self._count += 1
         self._probing = False
@@ -124,6 +140,9 @@ class MemoryClient:
     - ``outbox_path``: the outbox file (default :func:`~caller_memory.sdk.outbox.default_outbox_path`).
     - ``circuit``: the read circuit breaker.
     - ``deliver_outbox_on_start``: deliver earlier runs' queued writes in the background on entering (True).
+    - ``outbox_timeout``: seconds an outbox operation may wait for another process's lock on the file (2);
+      beyond it (and for a file that is corrupt or cannot be written) the outbox raises
+      :class:`~caller_memory.sdk.errors.OutboxUnavailableError`.
     """
 
     def __init__(
@@ -138,19 +157,34 @@ class MemoryClient:
         outbox_path: str | Path | None = None,
         circuit: CircuitBreaker | None = None,
         deliver_outbox_on_start: bool = True,
+        outbox_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        if read_budget <= 0:
+        if not read_budget > 0:
             raise ValueError("read_budget must be a positive number of seconds")
-        token = token.strip()
-        if not token or any(ch.isspace() or ord(ch) < 32 for ch in token):
-            raise ValueError("token must be a non-empty string without spaces or line breaks")
+        token = token.strip(" \t\r\n") if isinstance(token, str) else ""  # a line end from a .env file
+        if not TOKEN.fullmatch(token):
+            raise ValueError(
+                "token must be a non-empty string of letters, digits and '-._~+/' (a bearer token), without "
+                "spaces, line breaks or control characters"
+            )
+        if not isinstance(project, str) or not PROJECT_ID.fullmatch(project):
+            raise ValueError(
+                "project must be 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+            )
         self.base_url = base_url.rstrip("/")
         self.project = project
         self.read_budget = read_budget
         self.retry = retry or RetryPolicy()
         self.circuit = circuit or CircuitBreaker()
-        self.outbox = Outbox(outbox_path or default_outbox_path(), self.base_url, project)
-        self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "caller-memory-sdk"}
+        self.outbox = Outbox(
+            outbox_path or default_outbox_path(), self.base_url, project, timeout=outbox_timeout
+        )
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "User-Agent": "caller-memory-sdk",
+            # Decoded here, within a size bound (aiohttp's own decompression is turned off per request).
+            "Accept-Encoding": "gzip, deflate",
+        }
         self._session = session
         self._owns_session = session is None
         self._background: set[asyncio.Task[Any]] = set()
@@ -208,9 +242,11 @@ class MemoryClient:
         """A conversation with ``caller`` (a phone number, in any form the project can read).
 
         ``conversation_id`` is the id your voice platform gives the call: 1-128 letters, digits, '.', '_',
-        ':' or '-', starting with a letter or digit (ValueError otherwise).
+        ':' or '-', starting with a letter or digit (ValueError otherwise, e.g. for a trailing line break).
         """
-        if not CONVERSATION_ID.match(conversation_id):
+        if not isinstance(caller, str):
+            raise ValueError(f"caller must be a string, not {type(caller).__name__}")
+        if not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id):
             raise ValueError(
                 "conversation_id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
             )
@@ -225,26 +261,60 @@ class MemoryClient:
     async def _request(
         self, method: str, url: URL, *, seconds: float, headers: dict[str, str], **kwargs: Any
     ) -> tuple[int, Any, Any]:
-        """One request within ``seconds``: (status, headers, decoded JSON body or None).
+        """One request within ``seconds``, reading and decoding included: (status, headers, JSON body or
+        None).
 
-        Raises ServiceUnavailableError on a network failure or timeout. A body that is not JSON is dropped
-        unread: it may echo the URL, which holds the caller's number.
+        No redirect is followed (a 3xx is returned as it is, and is never a success). The body is read up to
+        MAX_BODY_BYTES, decoded here within the same bound, and parsed only if it is JSON; anything else is
+        dropped unread (it may echo the URL, which holds the caller's number). Raises
+        ServiceUnavailableError for a network failure, a timeout, or a body that is too large or corrupt:
+        never anything else for what a server sent.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
         try:
-            async with asyncio.timeout(seconds):
-                async with self.session.request(method, url, headers=headers, **kwargs) as resp:
-                    raw = await resp.read()
-                    body = orjson.loads(raw) if raw and resp.content_type.endswith("json") else None
-                    return resp.status, resp.headers, body
+            async with asyncio.timeout_at(deadline):
+                async with self.session.request(
+                    method, url, headers=headers, allow_redirects=False, auto_decompress=False, **kwargs
+                ) as resp:
+                    status, resp_headers = resp.status, resp.headers
+                    is_json = resp.content_type.endswith("json")
+                    raw = await _read_bounded(resp) if is_json else b""
+                body = orjson.loads(decode(raw, resp_headers.get("Content-Encoding", ""))) if raw else None
+            if loop.time() > deadline:  # decoding counts in the budget too
+                raise TimeoutError
+            return status, resp_headers, body
         except TimeoutError:
             raise ServiceUnavailableError(f"no answer within {seconds * 1000:.0f} ms") from None
-        except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
-            raise ServiceUnavailableError(f"{type(exc).__name__}: the service could not be reached") from None
+        except AnswerTooLarge:
+            raise ServiceUnavailableError(f"the answer is larger than {MAX_BODY_BYTES} bytes") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise ServiceUnavailableError(
+                f"{type(exc).__name__}: no usable answer from the service"
+            ) from None
+        except Exception as exc:  # whatever a server sends must not raise into agent code
+            raise ServiceUnavailableError(
+                f"{type(exc).__name__}: no usable answer from the service"
+            ) from None
 
     async def read_memory(self, caller: str, *, previous: Memory | None = None) -> Memory:
         """The caller's memory, or an empty unavailable one; never raises because of the service."""
+        probe = self.circuit.is_open
         if not self.circuit.allow():
             return Memory.unavailable("circuit open: recent reads failed")
+        verdict: bool | None = None  # True: the service works; False: it failed; None: no verdict
+        try:
+            memory, verdict = await self._read(caller, previous)
+        finally:
+            if verdict is True:
+                self.circuit.success()
+            elif verdict is False:
+                self.circuit.failure()
+            elif probe:  # cancelled, or a client error: let the next read probe
+                self.circuit.release()
+        return memory
+
+    async def _read(self, caller: str, previous: Memory | None) -> tuple[Memory, bool | None]:
         headers = dict(self._headers)
         if previous is not None and previous.available and previous.etag:
             headers["If-None-Match"] = previous.etag
@@ -253,29 +323,30 @@ class MemoryClient:
                 "GET", self._url("callers", caller, "memory"), seconds=self.read_budget, headers=headers
             )
         except ServiceUnavailableError as exc:
-            self.circuit.failure()
             log.warning("memory read failed, going on with empty memory: %s", exc)
-            return Memory.unavailable(str(exc))
-        if status == 304 and previous is not None:
-            self.circuit.success()
-            return previous
-        if status == 200 and isinstance(body, dict):
-            self.circuit.success()
+            return Memory.unavailable(str(exc)), False
+        if status == 304 and previous is not None and previous.available:
+            return previous, True
+        answer = parse(MemoryAnswer, body) if status == 200 else None
+        if answer is not None:
+            etag = resp_headers.get("ETag")
             return Memory(
-                body.get("fields") or {},
-                etag=resp_headers.get("ETag"),
-                expires_at=body.get("expires_at"),
-                blacklisted=bool(body.get("blacklisted")),
-            )
-        error = error_for(status, body)
-        if isinstance(error, ServiceUnavailableError):
-            self.circuit.failure()
+                answer.fields, etag=etag, expires_at=answer.expires_at, blacklisted=answer.blacklisted
+            ), True
+        if status == 200:
+            error: Exception = ServiceUnavailableError("the answer was not the service's (is the URL right?)")
         else:
-            self.circuit.success()  # the service answered: it is up, the request was wrong
+            error = error_for(status, body)
         log.warning("memory read refused, going on with empty memory: %s", error)
-        return Memory.unavailable(str(error))
+        if is_client_error(status):
+            # The request was wrong (a caller that is no phone number, a bad token): the caller's error,
+            # not an outage. The service's own problem document also says it is up.
+            return Memory.unavailable(str(error)), True if problem(status, body) is not None else None
+        return Memory.unavailable(str(error)), False
 
     async def _post_end(self, conversation_id: str, body: bytes) -> EndResult:
+        """One attempt. Raises ServiceUnavailableError unless the answer is a 200 of the documented shape
+        for this conversation, or ServiceError for the service's refusal."""
         status, headers, answer = await self._request(
             "POST",
             self._url("conversations", conversation_id, "end"),
@@ -285,28 +356,48 @@ class MemoryClient:
         )
         if status != 200:
             raise error_for(status, answer, headers.get("Retry-After"))
-        if not isinstance(answer, dict):
+        ended = parse(EndAnswer, answer)
+        if ended is None or ended.conversation_id != conversation_id:
             raise ServiceUnavailableError("the answer was not the service's (is the URL right?)", status)
         return EndResult(
             conversation_id=conversation_id,
-            persisted=tuple(answer.get("persisted", ())),
-            ignored=tuple(answer.get("ignored", ())),
-            blacklisted=bool(answer.get("blacklisted")),
-            repeat_caller=dict(answer.get("repeat_caller") or {}),
+            persisted=tuple(ended.persisted),
+            ignored=tuple(ended.ignored),
+            blacklisted=ended.blacklisted,
+            repeat_caller=dict(ended.repeat_caller),
             replayed=headers.get("Idempotent-Replayed") == "true",
-            erased=bool(answer.get("erased")),
+            erased=ended.erased,
         )
 
     async def end_conversation(self, conversation_id: str, body: dict[str, Any]) -> EndResult:
-        """POST the end of a conversation, kept in the outbox from the start until it is acknowledged."""
-        encoded = orjson.dumps(body)
+        """POST the end of a conversation, kept in the outbox from the start until it is acknowledged.
+
+        If the conversation is still in the outbox (an earlier call was cancelled, or its process died),
+        that entry is taken over and its ``ended_at`` is sent."""
         entry_id: int | None = None
         try:
-            entry_id = await self.outbox.add(conversation_id, encoded, lease=self.retry.worst_case + 1)
-        except (OSError, sqlite3.Error) as exc:
-            log.error(
-                "conversation %s: the outbox cannot be written (%s); sending anyway", conversation_id, exc
+            entry_id, encoded = await self.outbox.keep(conversation_id, body, lease=self.retry.worst_case + 1)
+        except OutboxUnavailableError as exc:
+            encoded = orjson.dumps(body)
+            log.error("conversation %s: %s; sending anyway", conversation_id, exc)
+        try:
+            result = await self._deliver(conversation_id, encoded, entry_id)
+        except asyncio.CancelledError:
+            if entry_id is not None:  # hand the entry to the next delivery rather than wait for its lease
+                self._track(self._quietly(self.outbox.release(entry_id)))
+            raise
+        if result is not None:
+            return result
+        if entry_id is None:
+            raise OutboxUnavailableError(
+                f"conversation {conversation_id}: the service could not be reached and the outbox "
+                f"{self.outbox.path} cannot be written: this write is lost"
             )
+        await self._quietly(self.outbox.release(entry_id))
+        return EndResult(conversation_id=conversation_id, queued=True)
+
+    async def _deliver(self, conversation_id: str, encoded: bytes, entry_id: int | None) -> EndResult | None:
+        """Every attempt of one end; None when they all failed transiently (the entry stays queued)."""
         last: ServiceUnavailableError | None = None
         for attempt in range(self.retry.attempts):
             if last is not None:
@@ -316,25 +407,18 @@ class MemoryClient:
             except ServiceUnavailableError as exc:
                 last = exc
                 continue
-            except asyncio.CancelledError:
-                if entry_id is not None:  # hand the entry to the next delivery rather than wait for its lease
-                    self._track(self.outbox.release(entry_id))
-                raise
-            except ServiceError:
-                if entry_id is not None:
-                    await self.outbox.delivered(entry_id)  # refused for good: the exception says why
+            except ServiceError as exc:
+                if (
+                    entry_id is not None
+                ):  # refused: set aside, kept for retry_rejected(); the exception says why
+                    await self._quietly(self.outbox.reject(entry_id, str(exc)))
+                log.error("conversation %s: refused (%s); set aside in the outbox", conversation_id, exc)
                 raise
             if entry_id is not None:
-                await self.outbox.delivered(entry_id)
+                await self._quietly(self.outbox.delivered(entry_id))
             self.circuit.success()
             self._spawn_flush()  # the service is back: deliver what was queued earlier, if anything
             return result
-        if entry_id is None:
-            raise OutboxUnavailableError(
-                f"conversation {conversation_id}: the service could not be reached ({last}) and the outbox "
-                f"{self.outbox.path} cannot be written: this write is lost"
-            )
-        await self.outbox.release(entry_id)
         log.warning(
             "conversation %s: not delivered after %d attempts (%s); kept in the outbox %s",
             conversation_id,
@@ -342,14 +426,24 @@ class MemoryClient:
             last,
             self.outbox.path,
         )
-        return EndResult(conversation_id=conversation_id, queued=True)
+        return None
+
+    @staticmethod
+    async def _quietly(step: Coroutine[Any, Any, None]) -> None:
+        """An outbox step after the fact (the service already answered): a failure of the file is logged,
+        not raised. The entry then stays, and a later delivery gets a harmless replay."""
+        try:
+            await step
+        except OutboxUnavailableError as exc:
+            log.error("%s", exc)
 
     # Outbox -------------------------------------------------------------------------------------------
 
     async def flush_outbox(self) -> FlushReport:
         """Deliver every queued end of conversation, oldest first; stops at the first transient failure.
 
-        One delivery runs at a time per client; entries another process is sending are left alone.
+        One delivery runs at a time per client; entries another process is sending are left alone (unless
+        that process is dead). Raises OutboxUnavailableError if the outbox file cannot be used.
         """
         delivered = rejected = 0
         async with self._flush_lock:
@@ -358,31 +452,40 @@ class MemoryClient:
                 batch = await self.outbox.claim(limit=50, lease=self.retry.attempt_timeout * 50 + 5)
                 if not batch:
                     break
-                for entry in batch:
-                    if stopped:
-                        await self.outbox.release(entry.id)
-                        continue
-                    try:
-                        await self._post_end(entry.conversation_id, entry.body)
-                    except ServiceUnavailableError:
-                        await self.outbox.release(entry.id)
-                        stopped = True
-                        continue
-                    except ServiceError as exc:
-                        await self.outbox.reject(entry.id, str(exc))
-                        log.error("queued end of conversation %s refused: %s", entry.conversation_id, exc)
-                        rejected += 1
-                        continue
-                    await self.outbox.delivered(entry.id)
-                    delivered += 1
+                unsettled = {entry.id for entry in batch}
+                try:
+                    for entry in batch:
+                        outcome = await self._flush_one(entry.id, entry.conversation_id, entry.body)
+                        unsettled.discard(entry.id)
+                        delivered += outcome == "delivered"
+                        rejected += outcome == "rejected"
+                        if outcome == "stopped":
+                            stopped = True
+                            break
+                finally:  # whatever happens (a cancellation too), nothing of the batch stays claimed
+                    if unsettled:
+                        self._track(self._quietly(self.outbox.release(*unsettled)))
             remaining = len(await self.outbox.pending())
         return FlushReport(delivered=delivered, remaining=remaining, rejected=rejected)
+
+    async def _flush_one(self, entry_id: int, conversation_id: str, body: bytes) -> str:
+        try:
+            await self._post_end(conversation_id, body)
+        except ServiceUnavailableError:
+            await self.outbox.release(entry_id)
+            return "stopped"
+        except ServiceError as exc:
+            await self.outbox.reject(entry_id, str(exc))
+            log.error("queued end of conversation %s refused: %s", conversation_id, exc)
+            return "rejected"
+        await self.outbox.delivered(entry_id)
+        return "delivered"
 
     async def _flush_quietly(self) -> None:
         try:
             report = await self.flush_outbox()
-        except Exception:  # a background delivery must never take the agent down
-            log.exception("delivering the outbox failed; entries stay queued")
+        except Exception as exc:  # a background delivery must never take the agent down
+            log.error("delivering the outbox failed (%s); entries stay queued", exc)
             return
         if report.delivered or report.rejected:
             log.info(
@@ -391,3 +494,17 @@ class MemoryClient:
                 report.rejected,
                 report.remaining,
             )
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
+    """The raw body, or AnswerTooLarge as soon as it is larger than MAX_BODY_BYTES."""
+    if resp.content_length is not None and resp.content_length > MAX_BODY_BYTES:
+        raise AnswerTooLarge("the answer is too large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise AnswerTooLarge("the answer is too large")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -11,6 +13,84 @@ from .memory import Memory
 
 if TYPE_CHECKING:
     from .client import MemoryClient
+
+
+#: The largest integer magnitude JSON carries exactly everywhere (I-JSON, RFC 7493): 2**53 - 1.
+MAX_EXACT_INTEGER = 2**53 - 1
+#: How deeply values may nest (the service refuses values over 2048 bytes anyway).
+MAX_DEPTH = 64
+
+
+def check_json(value: Any, where: str, depth: int = 0) -> None:
+    """Raise ValueError unless ``value`` is JSON that arrives as it was meant: str (valid Unicode), bool,
+    None, an int within +-(2**53 - 1), a finite float, a list or tuple of such, a dict with str keys."""
+    if value is None or isinstance(value, bool):
+        return
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{where}: nested more than {MAX_DEPTH} levels deep (or it contains itself)")
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_json(item, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{where}: object keys must be strings, not {type(key).__name__}")
+            check_json(item, f"{where}[{key!r}]", depth + 1)
+    else:
+        problem = _scalar_problem(value)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+
+
+def _scalar_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "the string holds a lone surrogate, which JSON cannot carry"
+        return None
+    if isinstance(value, int):
+        if abs(value) > MAX_EXACT_INTEGER:
+            return "integers beyond +-(2**53 - 1) do not survive JSON exactly; send a string"
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"{value!r} cannot be sent as JSON (it would arrive as null, which deletes the field)"
+        return None
+    return f"a {type(value).__name__} cannot be sent as JSON; convert it first"
+
+
+class State(dict[str, Any]):
+    """``conv.state``: a dict that refuses, at assignment, keys and values JSON cannot carry exactly
+    (``conv.end()`` checks everything again, including values changed in place)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise ValueError(f"conv.state keys must be strings, not {type(key).__name__}")
+        check_json(value, f"conv.state[{key!r}]")
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __ior__(self, other: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> State:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+
+def checked_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` to send, after checking every key and value (ValueError otherwise)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"conv.state must be a dict, not {type(state).__name__}")
+    copy = dict(state)
+    check_json(copy, "conv.state")
+    return copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +120,11 @@ class Conversation:
         self.conversation_id = conversation_id
         self.caller = caller
         #: What to remember about the caller; written at the end of the conversation, keys in state_keys only.
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, Any] = State()
         self._memory: Memory | None = None
         self._result: EndResult | None = None
+        #: When end() was first called; every later call (after a cancellation) sends the same moment.
+        self._ended_at: str | None = None
         self._ending = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -77,22 +159,30 @@ class Conversation:
         """Send ``conv.state`` and the outcome. Retries transient failures, then queues in the outbox.
 
         The request is kept in the durable outbox from the start, so a crash or a cancellation of this call
-        does not lose it. Raises :class:`~caller_memory.sdk.errors.ServiceError` subclasses for requests the
-        service refuses for good (invalid state values, a revoked token): retrying would not help. Raises
+        does not lose it; calling it again after a cancellation sends the first call's ``ended_at``. Raises
+        ValueError, before sending anything, if ``conv.state`` holds what JSON cannot carry exactly (NaN,
+        Infinity, integers beyond 2**53, non-str keys, other types). Raises
+        :class:`~caller_memory.sdk.errors.ServiceError` subclasses for requests the service refuses (invalid
+        state values, a revoked token): the entry is then set aside in the outbox (see
+        ``client.outbox.rejected()``), not deleted. Raises
         :class:`~caller_memory.sdk.errors.OutboxUnavailableError` if the service is unreachable *and* the
         outbox cannot be written. Once it returned a result (delivered or queued), calling it again returns
         that result without sending anything, whatever the arguments.
         """
         async with self._ending:  # two concurrent end() calls send one request
             if self._result is None:
+                if self._ended_at is None:
+                    self._ended_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+                state = checked_state(self.state)
                 body = {
                     "caller": self.caller,
-                    "state": dict(self.state),
+                    "state": state,
                     "outcome": {"qa": qa, "handoff_reason": handoff_reason, "handoff_to": handoff_to},
                     "channel": channel,
-                    # When the call ended, sent with every attempt (and kept in the outbox): an erasure of the
+                    # When end() was first called, sent with every attempt and every later call (kept here
+                    # and in the outbox, which keeps the first one across processes): an erasure of the
                     # caller after this moment wins over this write, however late it is delivered.
-                    "ended_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                    "ended_at": self._ended_at,
                 }
                 self._result = await self._client.end_conversation(self.conversation_id, body)
             return self._result

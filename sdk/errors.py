@@ -10,14 +10,18 @@
     │   ├── ConflictError            409: a conversation id reused with a different request
     │   ├── PreconditionFailedError  412: If-Match did not match
     │   └── InvalidRequestError      400, 413, 415, 422: the request itself is wrong; fix it, do not retry
-    ├── ServiceUnavailableError      the service could not be reached, timed out, or answered 5xx/429;
+    ├── ServiceUnavailableError      the service could not be reached, timed out, answered 5xx/429/408,
+    │                                redirected, or sent something that is not its documented answer;
     │                                retrying may help
-    └── OutboxUnavailableError       an end of conversation could be neither delivered nor kept
+    └── OutboxUnavailableError       the outbox file cannot be used (cannot be written, corrupt, locked)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from ._wire import mask, problem
 
 
 class CallerMemoryError(Exception):
@@ -30,7 +34,8 @@ class ServiceError(CallerMemoryError):
     def __init__(self, status: int, problem: dict[str, Any]) -> None:
         self.status = status
         self.problem = problem
-        self.detail: str = str(problem.get("detail") or problem.get("title") or f"HTTP {status}")
+        #: The problem's detail (or title), with anything shaped like a phone number masked.
+        self.detail: str = mask(str(problem.get("detail") or problem.get("title") or f"HTTP {status}"))
         super().__init__(f"{status}: {self.detail}")
 
 
@@ -75,7 +80,9 @@ class ServiceUnavailableError(CallerMemoryError, ConnectionError):
 
 
 class OutboxUnavailableError(CallerMemoryError, OSError):
-    """``conv.end()`` could not reach the service and could not write the outbox either."""
+    """The outbox file cannot be used: it cannot be created or written, it is corrupt, or another process
+    kept it locked for longer than the client's ``outbox_timeout``. ``conv.end()`` raises it only when the
+    service could not be reached either (the write would be lost)."""
 
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
@@ -91,14 +98,28 @@ _BY_STATUS: dict[int, type[ServiceError]] = {
 }
 
 
+def is_client_error(status: int) -> bool:
+    """A 4xx that says the request was wrong (not 408 or 429, which say "later"): the caller's error, not
+    an outage of the service."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    try:
+        seconds = float(retry_after) if retry_after else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
+
+
 def error_for(status: int, body: Any, retry_after: str | None = None) -> CallerMemoryError:
-    """The exception for an answer that is not a success. Transient failures (5xx, 408, 429, and answers
-    that are not the service's problem documents, e.g. from a proxy) are ServiceUnavailableError."""
-    if status >= 500 or status in (408, 429) or status < 400 or not isinstance(body, dict):
-        try:
-            seconds = float(retry_after) if retry_after else None
-        except ValueError:
-            seconds = None
-        detail = body.get("detail", "") if isinstance(body, dict) else "(no problem document)"
-        return ServiceUnavailableError(f"the service answered {status}: {detail}", status, seconds)
-    return _BY_STATUS.get(status, ServiceError)(status, body)
+    """The exception for an answer that is not a success.
+
+    A client error (4xx but 408/429) with the service's problem document is a ServiceError subclass;
+    everything else (5xx, 408, 429, redirects, and answers that are not the service's problem documents,
+    e.g. from a proxy) is ServiceUnavailableError. What the server wrote is masked before it is quoted."""
+    document = problem(status, body)
+    if document is not None and is_client_error(status):
+        return _BY_STATUS.get(status, ServiceError)(status, document)
+    detail = mask(str(document.get("detail", ""))) if document else "(not the service's answer)"
+    return ServiceUnavailableError(f"the service answered {status}: {detail}", status, _seconds(retry_after))

@@ -6,9 +6,18 @@ agent process dies, or the call's task is cancelled, while the service is unreac
 delivered later. Delivering an entry twice is harmless: the service applies the end of a conversation once
 per conversation id.
 
-Each entry carries a lease (``claimed_until``): whoever is sending it (the ``end()`` that wrote it, or one
-delivery run, in this process or another one sharing the file) holds it, and nobody else picks it up until
-the lease runs out. So several processes may share one outbox file without sending the same entries.
+There is at most one entry per conversation: an ``end()`` called again for a conversation that is still in
+the outbox (after a cancellation, or in a new process after a crash) takes that entry over and keeps its
+``ended_at``, so that an erasure of the caller in between still wins.
+
+Each entry carries a lease (``claimed_until``) and its holder (``owner``: host and process id): whoever is
+sending it (the ``end()`` that wrote it, or one delivery run, in this process or another one sharing the
+file) holds it, and nobody else picks it up until the lease runs out, or until the holder is seen to be dead
+(a process of this host that no longer exists). So several processes may share one outbox file without
+sending the same entries, and the entries of a killed process are delivered by the next one at once.
+
+Every failure of the file (it cannot be created or written, it is corrupt, it stays locked by another
+process for longer than ``timeout``) is an :class:`~caller_memory.sdk.errors.OutboxUnavailableError`.
 
 Entries hold the request as it will be sent, including the caller's phone number: the file is created
 readable by its owner only, deleted rows are overwritten (``secure_delete``), and entries are removed as
@@ -19,13 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-_SCHEMA = """
+import orjson
+
+from .errors import OutboxUnavailableError
+
+_TABLE = """
 CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     base_url TEXT NOT NULL,
@@ -35,10 +50,19 @@ CREATE TABLE IF NOT EXISTS outbox (
     created_at REAL NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     claimed_until REAL NOT NULL DEFAULT 0,
-    rejected TEXT
+    rejected TEXT,
+    owner TEXT NOT NULL DEFAULT ''
 );
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (base_url, project, rejected, id);
 """
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (base_url, project, rejected, id);
+CREATE INDEX IF NOT EXISTS outbox_conversation ON outbox (base_url, project, conversation_id);
+"""
+
+T = TypeVar("T")
+
+#: Seconds a statement waits for another process's lock on the file before it fails.
+DEFAULT_TIMEOUT = 2.0
 
 
 def default_outbox_path() -> Path:
@@ -68,13 +92,58 @@ def _entry(row: tuple[Any, ...]) -> OutboxEntry:
     return OutboxEntry(int(row[0]), str(row[1]), bytes(row[2]), float(row[3]), int(row[4]), row[5])
 
 
-class Outbox:
-    """The entries of one service URL and project in an outbox file."""
+def _this_process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
-    def __init__(self, path: str | os.PathLike[str], base_url: str, project: str) -> None:
+
+def _is_dead(owner: str) -> bool:
+    """Whether ``owner`` ("host:pid") is a process of this host that no longer runs (or is a zombie).
+    Owners on other hosts, and owners of unknown form, count as alive: their lease applies."""
+    host, _, pid_text = owner.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: it exists, run by another user
+        return False
+    try:  # a killed process that its parent has not reaped yet still answers signal 0
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def _ended_at(body: bytes) -> str | None:
+    try:
+        stored = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    value = stored.get("ended_at") if isinstance(stored, dict) else None
+    return value if isinstance(value, str) else None
+
+
+class Outbox:
+    """The entries of one service URL and project in an outbox file.
+
+    ``timeout``: seconds one operation may wait for another process's lock on the file (default 2);
+    beyond it, and for any other failure of the file, operations raise OutboxUnavailableError.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], base_url: str, project: str, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError("the outbox timeout must be a positive number of seconds")
         self.path = Path(path)
+        self.timeout = timeout
         self._base_url = base_url
         self._project = project
+        self._owner = _this_process()
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -86,20 +155,50 @@ class Outbox:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
             os.close(fd)
-            conn = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA secure_delete = ON")
-            conn.executescript(_SCHEMA)
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+            )
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+                conn.execute("PRAGMA secure_delete = ON")
+                conn.executescript(_TABLE)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
+                if "owner" not in columns:  # a file written by an earlier version of the SDK
+                    conn.execute("ALTER TABLE outbox ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+                conn.executescript(_INDEXES)
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
         return self._conn
 
-    async def _run(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        def run() -> list[tuple[Any, ...]]:
-            return self._connection().execute(sql, params).fetchall()
+    async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            try:
+                return work(self._connection())
+            except (sqlite3.Error, OSError) as exc:
+                raise OutboxUnavailableError(f"the outbox {self.path} cannot be used: {exc}") from exc
 
         async with self._lock:  # one connection, one statement at a time
             return await asyncio.to_thread(run)
+
+    async def _run(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        return await self._call(lambda conn: conn.execute(sql, params).fetchall())
+
+    async def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        def run(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+
+        return await self._call(run)
 
     async def open(self) -> None:
         """Create or open the file now, so that a path that cannot be written fails at start-up."""
@@ -115,38 +214,89 @@ class Outbox:
         """Keep a request, claimed for ``lease`` seconds by the caller that is about to send it."""
         now = time.time()
         rows = await self._run(
-            "INSERT INTO outbox (base_url, project, conversation_id, body, created_at, claimed_until) "
-            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-            (self._base_url, self._project, conversation_id, body, now, now + lease),
+            "INSERT INTO outbox (base_url, project, conversation_id, body, created_at, claimed_until, owner) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (self._base_url, self._project, conversation_id, body, now, now + lease, self._owner),
         )
         return int(rows[0][0])
 
-    async def claim(self, limit: int, lease: float) -> list[OutboxEntry]:
-        """Take up to ``limit`` unclaimed entries, oldest first, for ``lease`` seconds."""
-        now = time.time()
-        return [
-            _entry(row)
-            for row in await self._run(
-                "UPDATE outbox SET claimed_until = ? WHERE id IN (SELECT id FROM outbox WHERE base_url = ? "
-                "AND project = ? AND rejected IS NULL AND claimed_until < ? ORDER BY id LIMIT ?) "
-                f"RETURNING {_COLUMNS}",
-                (now + lease, self._base_url, self._project, now, limit),
-            )
-        ]
+    async def keep(self, conversation_id: str, body: dict[str, Any], *, lease: float) -> tuple[int, bytes]:
+        """Keep the end of a conversation, claimed for ``lease`` seconds; returns (entry id, body to send).
 
-    async def release(self, entry_id: int) -> None:
-        """Give an entry back after a failed attempt: the next delivery picks it up."""
-        await self._run(
-            "UPDATE outbox SET claimed_until = 0, attempts = attempts + 1 WHERE id = ?", (entry_id,)
-        )
+        If the conversation is already in the outbox (an earlier ``end()`` was cancelled, or its process
+        died), that entry is taken over (and put back in line if it had been set aside) and its ``ended_at``
+        is kept: the body sent carries the first call's time.
+        """
+
+        def keep(conn: sqlite3.Connection) -> tuple[int, bytes]:
+            now = time.time()
+            row = conn.execute(
+                "SELECT id, body FROM outbox WHERE base_url = ? AND project = ? AND conversation_id = ? "
+                "ORDER BY id LIMIT 1",
+                (self._base_url, self._project, conversation_id),
+            ).fetchone()
+            first = _ended_at(bytes(row[1])) if row is not None else None
+            encoded = orjson.dumps(body | {"ended_at": first} if first else body)
+            if row is None:
+                inserted = conn.execute(
+                    "INSERT INTO outbox (base_url, project, conversation_id, body, created_at, claimed_until, "
+                    "owner) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    (self._base_url, self._project, conversation_id, encoded, now, now + lease, self._owner),
+                ).fetchone()
+                return int(inserted[0]), encoded
+            conn.execute(
+                "UPDATE outbox SET body = ?, claimed_until = ?, owner = ?, rejected = NULL WHERE id = ?",
+                (encoded, now + lease, self._owner, row[0]),
+            )
+            return int(row[0]), encoded
+
+        return await self._transaction(keep)
+
+    async def claim(self, limit: int, lease: float) -> list[OutboxEntry]:
+        """Take up to ``limit`` unclaimed entries, oldest first, for ``lease`` seconds. Entries whose holder
+        is a dead process of this host count as unclaimed."""
+
+        def claim(conn: sqlite3.Connection) -> list[OutboxEntry]:
+            now = time.time()
+            scope = (self._base_url, self._project)
+            holders = conn.execute(
+                "SELECT DISTINCT owner FROM outbox WHERE base_url = ? AND project = ? AND rejected IS NULL "
+                "AND claimed_until >= ? AND owner != ?",
+                (*scope, now, self._owner),
+            ).fetchall()
+            for (owner,) in holders:
+                if _is_dead(owner):
+                    conn.execute(
+                        "UPDATE outbox SET claimed_until = 0 WHERE base_url = ? AND project = ? AND owner = ?",
+                        (*scope, owner),
+                    )
+            rows = conn.execute(
+                "UPDATE outbox SET claimed_until = ?, owner = ? WHERE id IN (SELECT id FROM outbox WHERE "
+                "base_url = ? AND project = ? AND rejected IS NULL AND claimed_until < ? ORDER BY id LIMIT ?) "
+                f"RETURNING {_COLUMNS}",
+                (now + lease, self._owner, *scope, now, limit),
+            ).fetchall()
+            return sorted((_entry(row) for row in rows), key=lambda entry: entry.id)
+
+        return await self._transaction(claim)
+
+    async def release(self, *entry_ids: int) -> None:
+        """Give entries back after a failed attempt: the next delivery picks them up."""
+        if entry_ids:
+            marks = ", ".join("?" * len(entry_ids))
+            await self._run(
+                f"UPDATE outbox SET claimed_until = 0, attempts = attempts + 1 WHERE id IN ({marks})",
+                entry_ids,
+            )
 
     async def delivered(self, entry_id: int) -> None:
         await self._run("DELETE FROM outbox WHERE id = ?", (entry_id,))
 
     async def reject(self, entry_id: int, reason: str) -> None:
-        """Set an entry aside: the service refused it for good. It is kept for inspection."""
+        """Set an entry aside: the service refused it. It is kept (see :meth:`retry_rejected`)."""
         await self._run(
-            "UPDATE outbox SET rejected = ?, attempts = attempts + 1 WHERE id = ?", (reason, entry_id)
+            "UPDATE outbox SET rejected = ?, claimed_until = 0, attempts = attempts + 1 WHERE id = ?",
+            (reason, entry_id),
         )
 
     async def pending(self) -> list[OutboxEntry]:
@@ -160,7 +310,7 @@ class Outbox:
         ]
 
     async def rejected(self) -> list[OutboxEntry]:
-        """Entries the service refused for good (e.g. the token was revoked), oldest first."""
+        """Entries the service refused (e.g. the token was revoked), oldest first."""
         return [
             _entry(row)
             for row in await self._run(

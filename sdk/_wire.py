@@ -1,0 +1,155 @@
+"""What the SDK accepts from a server: bounded, decoded by the SDK itself, and of the documented shape only.
+
+Nothing here trusts the server. A body is read up to :data:`MAX_BODY_BYTES` (before and after decoding:
+``gzip``/``deflate`` are decoded here with that bound, aiohttp's own decompression is turned off), parsed as
+JSON, and checked against the documented shape of the answer with strict pydantic models (no coercion:
+``"true"`` is not a boolean). Unknown extra members are ignored, so that a newer service stays readable.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from typing import Any
+from urllib.parse import unquote
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+#: Largest answer body accepted, in bytes, both as received and once decoded. The largest memory the
+#: service can hold (64 fields of at most 2048 bytes each) is well below it.
+MAX_BODY_BYTES = 1024 * 1024
+
+#: What a number looks like in text: 7 or more digits, with separators (spaces, dots, dashes, slashes,
+#: underscores, brackets) between them. Digits of any script count (``\d`` is Unicode-aware).
+_NUMBER = re.compile(r"[+\uff0b]?\d(?:[\s\-./_()\u2010-\u2015\u00a0]{0,3}\d){6,}")
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+class AnswerTooLarge(ValueError):
+    """A body (as received or decoded) is larger than :data:`MAX_BODY_BYTES`."""
+
+
+def mask(text: str) -> str:
+    """``text`` with anything shaped like a phone number or an e-mail address replaced.
+
+    Percent-encoding is undone first (repeatedly: ``%252B`` is ``%2B`` is ``+``), so that an error page
+    echoing the request path (``/callers/%2B1%20415%20555%200100/memory``) shows no number in any form.
+    """
+    decoded = text
+    for _ in range(4):
+        again = unquote(decoded, errors="replace")
+        if again == decoded:
+            break
+        decoded = again
+    return _EMAIL.sub("[email]", _NUMBER.sub("[number]", decoded))
+
+
+class MaskingFilter(logging.Filter):
+    """Masks every record of the SDK's logger (its formatted message), whatever a caller of it passed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = mask(message)
+        if masked != message or record.args:
+            record.msg = masked
+            record.args = None
+        return True
+
+
+# Decoding ---------------------------------------------------------------------------------------------
+
+
+def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
+    out = bytearray()
+    while data:
+        inflater = zlib.decompressobj(wbits)
+        out += inflater.decompress(data, limit + 1 - len(out))
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise AnswerTooLarge("the decoded answer is too large")
+        if not inflater.eof:
+            raise ValueError("the compressed answer is truncated")
+        data = inflater.unused_data if wbits == 31 else b""  # gzip may hold several members
+    return bytes(out)
+
+
+def decode(raw: bytes, content_encoding: str, limit: int = MAX_BODY_BYTES) -> bytes:
+    """``raw`` decoded as ``Content-Encoding`` says (identity, gzip, deflate; in the order applied), at most
+    ``limit`` bytes. Raises ValueError (AnswerTooLarge, zlib errors as ValueError) for anything else."""
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    body = raw
+    for coding in reversed(codings):
+        try:
+            if coding in ("gzip", "x-gzip"):
+                body = _inflate(body, 31, limit)
+            elif coding == "deflate":  # zlib-wrapped as the RFC says, or raw deflate as some servers send
+                try:
+                    body = _inflate(body, 15, limit)
+                except zlib.error:
+                    body = _inflate(body, -15, limit)
+            elif coding != "identity":
+                raise ValueError(f"unsupported Content-Encoding {coding[:20]!r}")
+        except zlib.error as exc:
+            raise ValueError("the compressed answer is corrupt") from exc
+    if len(body) > limit:
+        raise AnswerTooLarge("the answer is too large")
+    return body
+
+
+# Documented shapes --------------------------------------------------------------------------------------
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class MemoryAnswer(_Answer):
+    """``GET .../callers/{identifier}/memory`` 200 (the ``Memory`` schema of the OpenAPI document)."""
+
+    identifier: str
+    fields: dict[str, Any]
+    expires_at: str | None
+    blacklisted: bool
+
+
+class EndAnswer(_Answer):
+    """``POST .../conversations/{id}/end`` 200 (the ``ConversationEnded`` schema)."""
+
+    conversation_id: str
+    persisted: list[str]
+    ignored: list[str]
+    blacklisted: bool
+    erased: bool
+    repeat_caller: dict[str, Any]
+
+
+class FieldError(_Answer):
+    field: str
+    message: str
+
+
+class ProblemAnswer(_Answer):
+    """An RFC 9457 problem document as the service sends it."""
+
+    title: str
+    status: int
+    detail: str | None = None
+    type: str | None = None
+    errors: list[FieldError] | None = None
+
+
+def parse(model: type[_Answer], body: Any) -> Any:
+    """``body`` as ``model``, or None if it is not of that shape."""
+    try:
+        return model.model_validate(body)
+    except ValidationError:
+        return None
+
+
+def problem(status: int, body: Any) -> dict[str, Any] | None:
+    """``body`` if it is the service's problem document for ``status``, else None."""
+    parsed = parse(ProblemAnswer, body)
+    if parsed is None or parsed.status != status:
+        return None
+    document: dict[str, Any] = parsed.model_dump(exclude_none=True)
+    return document
