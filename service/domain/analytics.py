@@ -100,6 +100,8 @@ class AnalyticsService:
             handoff_reason=reason,
             handoff_to=to,
             first_expires_at=now + project.retention_ms,
+            # The retention in force now, not the one a stored first interaction was created under.
+            first_after=now - project.retention_ms,
         )
 
     async def record(
@@ -153,15 +155,20 @@ class AnalyticsService:
     ) -> tuple[list[ConversationEntry], str | None]:
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}", field="limit")
+        # The project's current retention applies to what was recorded under a longer one: nothing recorded
+        # before its cutoff is listed (an entry's hour is at most an hour before it was recorded, so the
+        # range starts at the cutoff's hour; the store checks the exact time).
+        cutoff = now - project.retention_ms
         entries = await self._store.list_conversations(
             project.project_id,
-            start=f"{start:013d}:",
+            start=f"{max(start, floor_hour_ms(cutoff)):013d}:",
             stop=f"{stop:013d}:",
             repeat=repeat,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,  # one more, to know whether there is a next page
             descending=descending,
             now_ms=now,
+            recorded_after=cutoff,
         )
         if len(entries) > limit:
             return entries[:limit], encode_cursor(entries[limit - 1].sort_key)
@@ -179,7 +186,9 @@ class AnalyticsService:
                 f"the range spans {count} {interval}s; at most {MAX_BUCKETS} (use a wider interval)",
                 field="interval",
             )
-        buckets = await self._store.counters(project.project_id, interval, first, last, now)
+        buckets = await self._store.counters(
+            project.project_id, interval, first, last, now, recorded_after=now - project.retention_ms
+        )
         return summarise(buckets, first, last, interval)
 
 

@@ -15,12 +15,13 @@ import orjson
 from ..storage.base import AuditEntry, Store
 from .clock import Clock, iso_utc
 from .errors import InvalidInput
+from .projects import ProjectConfig
 
 log = logging.getLogger("caller_memory.retention")
 
 SWEEP_LEASE = "sweep"
 #: Audit record ids as the backends make them (a counter, or a Redis stream id).
-AUDIT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
+AUDIT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,25 @@ class Sweeper:
         self.budget_seconds = budget_seconds
         self.lease_ms = int(lease_seconds * 1000)
 
+    async def retention_cutoffs(self, now: int) -> dict[str, int]:
+        """Each project's current retention cutoff (``now`` - retention): analytics listed before it go, even
+        if they were recorded under a longer retention. A project whose configuration cannot be read is left
+        to the expiry its data was written with."""
+        cutoffs: dict[str, int] = {}
+        for project in await self._store.list_projects():
+            raw = await self._store.get_project(project)
+            if raw is None:
+                continue
+            try:
+                retention = ProjectConfig.model_validate(orjson.loads(raw)).memory.repeat_caller.retention
+            except ValueError:
+                log.warning(
+                    "sweep: the configuration of project %r is unreadable; its retention is skipped", project
+                )
+                continue
+            cutoffs[project] = now - int(retention.total_seconds()) * 1000
+        return cutoffs
+
     async def run(self) -> SweepReport | None:
         now = self._clock.now_ms()
         if not await self._store.acquire_lease(SWEEP_LEASE, self.holder, now, self.lease_ms):
@@ -74,8 +94,9 @@ class Sweeper:
         rounds = 0
         more = True
         try:
+            cutoffs = await self.retention_cutoffs(now)
             while more and time.perf_counter() - started < self.budget_seconds:
-                counts, more = await self._store.sweep(self._clock.now_ms(), self.batch)
+                counts, more = await self._store.sweep(self._clock.now_ms(), self.batch, cutoffs)
                 rounds += 1
                 for kind, count in counts.items():
                     removed[kind] = removed.get(kind, 0) + count
@@ -127,8 +148,14 @@ class AuditLog:
         return await self._store.append_audit(project, entry)
 
     async def list(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
-        if before is not None and not AUDIT_ID.match(before):
-            raise InvalidInput(
-                "before: not an audit record id (use next_cursor from the previous page)", field="before"
-            )
+        """Records newest first, those older than ``before`` (an id of either backend's form: ``17`` or
+        ``1733046000000-0``, each part at most 2^63 - 1)."""
+        if before is not None:
+            parts = before.split("-")
+            if not AUDIT_ID.fullmatch(before) or any(int(part) > 2**63 - 1 for part in parts):
+                raise InvalidInput(
+                    "before: not an audit record id (use next_cursor from the previous page)", field="before"
+                )
+            if not any(int(part) for part in parts):
+                return []  # nothing comes before the first possible id
         return await self._store.list_audit(project, limit, before)

@@ -58,6 +58,8 @@ class AnalyticsInput:
     """What the end of a conversation gives analytics: no caller data, times already hour-rounded.
 
     ``first_expires_at`` is when a first-interaction record created now expires (exact: now + retention).
+    ``first_after`` applies the project's *current* retention to a stored first interaction: one created at
+    or before it (now - retention) is past retention, whatever retention it was created under.
     """
 
     hour: int
@@ -67,6 +69,7 @@ class AnalyticsInput:
     handoff_reason: str | None
     handoff_to: str | None
     first_expires_at: int
+    first_after: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,8 +299,10 @@ class Store(ABC):
         atomically with respect to the caller's memory (APPLIED).
 
         With ``analytics``, the same atomic step looks up the caller's first-interaction record: a live
-        one (``expires_at`` after ``now_ms``) makes this a repeat call; otherwise a new one is created from
-        this conversation (hour-rounded, expiring at ``analytics.first_expires_at``). It also notes which of
+        one (``expires_at`` after ``now_ms``, created after ``analytics.first_after``; a record without its
+        creation time counts as created at its hour) makes this a repeat call; otherwise a new one is
+        created from this conversation (hour-rounded, created at ``now_ms``, expiring at
+        ``analytics.first_expires_at``). It also notes which of
         the hour, day and week buckets see this caller for the first time. The stored ``record.extra`` is
         then the JSON ``{"hour": analytics.hour, "first": null | {"conversation_id", "hour", "qa",
         "handoff_reason", "handoff_to"}, "new": "hour,day,week"}`` (the buckets new to the caller) ("first" null on a first
@@ -306,13 +311,20 @@ class Store(ABC):
 
     @abstractmethod
     async def record_conversation(
-        self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+        self,
+        project: str,
+        entry: ConversationEntry,
+        increments: Sequence[Counters],
+        expires_at: int,
+        recorded_at: int | None = None,
     ) -> bool:
         """Add an ended conversation to the project's analytics, once per conversation id.
 
         Lists the entry and adds each of ``increments`` to the counters of its bucket. Returns False,
         changing nothing, if the conversation id was already recorded. What is written expires at
-        ``expires_at`` (a bucket lives as long as its latest conversation).
+        ``expires_at`` (a bucket lives as long as its latest conversation). ``recorded_at`` (exact, default
+        ``entry.hour``) is kept with the entry, and the latest of a bucket's with the bucket, so that reads
+        and sweeps can apply a retention shorter than the one ``expires_at`` was computed with.
         """
 
     async def record_then_erased_at(
@@ -324,9 +336,9 @@ class Store(ABC):
         subject: str,
         now_ms: int,
     ) -> int | None:
-        """:meth:`record_conversation`, then :meth:`erased_at` of ``subject``, read after the recording (a
-        backend may send the two together as long as they run in this order)."""
-        await self.record_conversation(project, entry, increments, expires_at)
+        """:meth:`record_conversation` (recorded at ``now_ms``), then :meth:`erased_at` of ``subject``, read
+        after the recording (a backend may send the two together as long as they run in this order)."""
+        await self.record_conversation(project, entry, increments, expires_at, now_ms)
         return await self.erased_at(project, subject, now_ms)
 
     @abstractmethod
@@ -341,18 +353,23 @@ class Store(ABC):
         limit: int,
         descending: bool,
         now_ms: int,
+        recorded_after: int | None = None,
     ) -> list[ConversationEntry]:
         """Recorded conversations whose sort key is in ``[start, stop)``, in sort-key order (or reverse).
 
         ``repeat`` filters repeat (True) or first (False) conversations; ``after`` is the sort key of the
         last entry of the previous page (exclusive, in the direction of travel). Expired entries are not
-        returned.
+        returned, nor, with ``recorded_after``, entries recorded at or before it (an entry without its
+        recording time counts as recorded at its hour).
         """
 
     @abstractmethod
-    async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
+    async def counters(
+        self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
+    ) -> list[Counters]:
         """The non-empty, unexpired counter buckets of ``kind`` (hour, day, week) from ``first`` to ``last``
-        (bucket start times, inclusive), in time order."""
+        (bucket start times, inclusive), in time order; with ``recorded_after``, only buckets whose latest
+        conversation was recorded after it (a bucket without that time is judged by its expiry alone)."""
 
     @abstractmethod
     async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
@@ -365,13 +382,23 @@ class Store(ABC):
     # Retention ----------------------------------------------------------------------------------------
 
     @abstractmethod
-    async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
+    async def sweep(
+        self, now_ms: int, batch: int, listed_after: Mapping[str, int] | None = None
+    ) -> tuple[dict[str, int], bool]:
         """Remove up to about ``batch`` expired items of each kind; safe to repeat and to interrupt.
+
+        ``listed_after`` maps projects to their current retention's cutoff (now - retention): the analytics
+        listing entries of such a project recorded at or before it are removed too (reported with the
+        expired ones, as ``analytics_entries``).
 
         Returns counts by kind (``fields``, ``callers`` emptied, and whatever else the backend removes
         itself rather than leaving to the store's own expiry) and whether more expired items remain. Costs
         in proportion to what expired, not to what is stored.
         """
+
+    async def list_projects(self) -> list[str]:
+        """Every project id (sweeps read their configurations). The default knows none."""
+        return []
 
     @abstractmethod
     async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:

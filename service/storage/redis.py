@@ -173,6 +173,21 @@ def _hash(reply: Any) -> dict[bytes, bytes]:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
+#: The fields of a counter hash that are not counters.
+_COUNTER_META = (b"_expires_at", b"_recorded_at")
+
+
+def _split_listed(member: bytes, value: bytes) -> tuple[int, int, bytes]:
+    """``(expires_at, recorded_at, json)`` of a listed entry's value, "<expires_at>|<recorded_at>|<json>";
+    one of an earlier release, "<expires_at>|<json>", counts as recorded at its hour (its index member's
+    first 13 digits)."""
+    expires, _, rest = value.partition(b"|")
+    if rest[:1] == b"{":
+        return int(expires), int(member[:13]), rest
+    recorded, _, data = rest.partition(b"|")
+    return int(expires), int(recorded), data
+
+
 def _live_erasure(erased: bytes | None, expires: bytes | None, now_ms: int) -> int | None:
     """A tombstone's erased_at, if the tombstone is live."""
     if erased is None or expires is None or int(expires) <= now_ms:
@@ -575,6 +590,7 @@ class RedisStore(Store):
                 _optional(analytics.handoff_reason),
                 _optional(analytics.handoff_to),
                 analytics.first_expires_at,
+                analytics.first_after,
             ]
         args += ["", 0, 0, len(sets)]
         for name, stored in sets.items():
@@ -614,16 +630,26 @@ class RedisStore(Store):
     # Analytics ----------------------------------------------------------------------------------------
 
     async def record_conversation(
-        self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+        self,
+        project: str,
+        entry: ConversationEntry,
+        increments: Sequence[Counters],
+        expires_at: int,
+        recorded_at: int | None = None,
     ) -> bool:
-        script_keys, args = self._record_arguments(project, entry, increments, expires_at)
+        recorded = entry.hour if recorded_at is None else recorded_at
+        script_keys, args = self._record_arguments(project, entry, increments, expires_at, recorded)
         async with _Call("record_conversation", self._timeout):
             recorded = await self._script("record", script_keys, args)
         return bool(recorded)
 
     @staticmethod
     def _record_arguments(
-        project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+        project: str,
+        entry: ConversationEntry,
+        increments: Sequence[Counters],
+        expires_at: int,
+        recorded_at: int,
     ) -> tuple[list[str], list[str | bytes | int]]:
         repeat = entry.first is not None
         script_keys = [
@@ -632,9 +658,10 @@ class RedisStore(Store):
             keys.analytics_index_key(project, repeat),
         ]
         args: list[str | bytes | int] = [
-            b"%d|" % expires_at + encode_entry(entry),
+            b"%d|%d|" % (expires_at, recorded_at) + encode_entry(entry),
             entry.sort_key,
             expires_at,
+            recorded_at,
         ]
         for counters in increments:
             script_keys.append(keys.analytics_counter_key(project, counters.kind, counters.bucket))
@@ -654,9 +681,9 @@ class RedisStore(Store):
         now_ms: int,
     ) -> int | None:
         if self._cluster:  # two slots: one call after the other keeps the order
-            await self.record_conversation(project, entry, increments, expires_at)
+            await self.record_conversation(project, entry, increments, expires_at, now_ms)
             return await self.erased_at(project, subject, now_ms)
-        script_keys, args = self._record_arguments(project, entry, increments, expires_at)
+        script_keys, args = self._record_arguments(project, entry, increments, expires_at, now_ms)
         record = self._script_command("record", script_keys, args)
         tombstone = ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
         async with _Call("record_conversation", self._timeout):
@@ -679,6 +706,7 @@ class RedisStore(Store):
         limit: int,
         descending: bool,
         now_ms: int,
+        recorded_after: int | None = None,
     ) -> list[ConversationEntry]:
         index = keys.analytics_index_key(project, repeat)
         low, high = "[" + start, "(" + stop
@@ -700,11 +728,11 @@ class RedisStore(Store):
                 ids = [m.decode().split(":", 1)[1] for m in members]
                 # The entries share the index's slot (the project's hash tag): one MGET.
                 (values,) = await self._run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
-                for value in values:
+                for member, value in zip(members, values, strict=True):
                     if value is None:
                         continue  # expired, not swept from the index yet
-                    expires, _, data = value.partition(b"|")
-                    if int(expires) > now_ms:
+                    expires, recorded, data = _split_listed(member, value)
+                    if expires > now_ms and (recorded_after is None or recorded > recorded_after):
                         entries.append(decode_entry(data))
                 last = members[-1].decode()
                 if descending:
@@ -715,7 +743,9 @@ class RedisStore(Store):
                     break
         return entries[:limit]
 
-    async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
+    async def counters(
+        self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
+    ) -> list[Counters]:
         starts = bucket_starts(kind, first, last)
         async with _Call("counters", self._timeout):
             # One slot (the project's hash tag): one call.
@@ -727,7 +757,14 @@ class RedisStore(Store):
             data = _hash(reply)
             if not data or int(data.get(b"_expires_at", b"0")) <= now_ms:
                 continue
-            values = {k.decode(): int(v) for k, v in data.items() if k != b"_expires_at"}
+            # Its latest conversation past the current retention (a bucket of an earlier release, without
+            # that time, is judged by its expiry alone).
+            if (
+                recorded_after is not None
+                and int(data.get(b"_recorded_at", recorded_after + 1)) <= recorded_after
+            ):
+                continue
+            values = {k.decode(): int(v) for k, v in data.items() if k not in _COUNTER_META}
             out.append(Counters(kind, start, values))
         return out
 
@@ -798,7 +835,14 @@ class RedisStore(Store):
 
     # Retention ----------------------------------------------------------------------------------------
 
-    async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
+    async def list_projects(self) -> list[str]:
+        async with _Call("list_projects", self._timeout):
+            (projects,) = await self._run(("SMEMBERS", keys.PROJECTS))
+        return sorted(p.decode() for p in projects)
+
+    async def sweep(
+        self, now_ms: int, batch: int, listed_after: Mapping[str, int] | None = None
+    ) -> tuple[dict[str, int], bool]:
         # Buckets are visited in chunks, from where the previous round stopped, until about ``batch``
         # callers were visited: a round's work follows what expired (plus a constant walk of the buckets).
         # Each bucket's script touches one slot (the bucket's hash tag); on a cluster, the buckets of a chunk
@@ -821,8 +865,9 @@ class RedisStore(Store):
                     more = True
                     break
             (projects,) = await self._run(("SMEMBERS", keys.PROJECTS))
-            for project in sorted(p.decode() for p in projects):
-                removed, project_more = await self._sweep_listing(project, now_ms, batch)
+            for project in sorted({p.decode() for p in projects} | set(listed_after or ())):
+                cutoff = (listed_after or {}).get(project)
+                removed, project_more = await self._sweep_listing(project, now_ms, batch, cutoff)
                 counts["analytics_entries"] += removed
                 more = more or project_more
         return counts, more
@@ -858,9 +903,12 @@ class RedisStore(Store):
                 raise reply
         return replies
 
-    async def _sweep_listing(self, project: str, now_ms: int, batch: int) -> tuple[int, bool]:
-        """Drop index members whose entry has expired, oldest first, stopping at the first live one (entries
-        expire in about the order they were recorded). Every key is in the project's slot."""
+    async def _sweep_listing(
+        self, project: str, now_ms: int, batch: int, cutoff: int | None = None
+    ) -> tuple[int, bool]:
+        """Drop index members whose entry has expired (or was recorded at or before ``cutoff``, the current
+        retention's), oldest first, stopping at the first live one (entries expire in about the order they
+        were recorded). Every key is in the project's slot."""
         index = keys.analytics_index_key(project, None)
         (members,) = await self._run(("ZRANGE", index, "-", "+", "BYLEX", "LIMIT", 0, batch))
         if not members:
@@ -869,8 +917,10 @@ class RedisStore(Store):
         (values,) = await self._run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
         dead = []
         for member, value in zip(members, values, strict=True):
-            if value is not None and int(value.partition(b"|")[0]) > now_ms:
-                break
+            if value is not None:
+                expires, recorded, _ = _split_listed(member, value)
+                if expires > now_ms and (cutoff is None or recorded > cutoff):
+                    break
             dead.append(member)
         if dead:
             await self._run(

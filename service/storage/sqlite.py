@@ -95,6 +95,7 @@ CREATE TABLE IF NOT EXISTS first_interactions (
     seen_hour INTEGER NOT NULL,
     seen_day INTEGER NOT NULL,
     seen_week INTEGER NOT NULL,
+    created_at INTEGER,
     PRIMARY KEY (project, subject)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS first_interactions_by_expiry ON first_interactions (expires_at);
@@ -105,6 +106,7 @@ CREATE TABLE IF NOT EXISTS analytics_conversations (
     repeat INTEGER NOT NULL,
     entry BLOB NOT NULL,
     expires_at INTEGER NOT NULL,
+    recorded_at INTEGER,
     PRIMARY KEY (project, sort_key)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS analytics_conversations_by_id ON analytics_conversations (project, conversation_id);
@@ -117,6 +119,7 @@ CREATE TABLE IF NOT EXISTS analytics_counters (
     name TEXT NOT NULL,
     count INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
+    recorded_at INTEGER,
     PRIMARY KEY (project, kind, bucket, name)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS analytics_counters_by_expiry ON analytics_counters (expires_at);
@@ -138,6 +141,34 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE INDEX IF NOT EXISTS audit_by_project ON audit (project, id);
 """
+
+#: Columns added after the first release: (table, column, how existing rows are filled). A first interaction
+#: or a listed conversation of an older file counts as created (recorded) at its hour; a counter bucket
+#: without its latest recording time is judged by its expiry alone.
+_ADDED_COLUMNS = (
+    ("first_interactions", "created_at", "UPDATE first_interactions SET created_at = hour"),
+    (
+        "analytics_conversations",
+        "recorded_at",
+        "UPDATE analytics_conversations SET recorded_at = CAST(substr(sort_key, 1, 13) AS INTEGER)",
+    ),
+    ("analytics_counters", "recorded_at", None),
+)
+#: Indexes on added columns (made once the columns exist).
+_ADDED_INDEXES = """
+CREATE INDEX IF NOT EXISTS analytics_conversations_by_recorded ON analytics_conversations (project, recorded_at);
+"""
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Add what a file made by an earlier release lacks (idempotent; inside the caller's transaction)."""
+    for table, column, fill in _ADDED_COLUMNS:
+        if not any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})")):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER")
+            if fill is not None:
+                conn.execute(fill)
+    for statement in _ADDED_INDEXES.strip().splitlines():
+        conn.execute(statement)
 
 
 class SQLiteStore(Store):
@@ -212,6 +243,13 @@ class SQLiteStore(Store):
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check failed: {check[0] if check else 'no answer'}")
             self._writer.executescript(_SCHEMA)
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                _migrate(self._writer)
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")
             row = self._writer.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 self._writer.execute(
@@ -438,19 +476,20 @@ class SQLiteStore(Store):
         """Look up (or start) the caller's first interaction; see Store.end_conversation."""
         row = conn.execute(
             "SELECT conversation_id, hour, qa, handoff_reason, handoff_to, seen_hour, seen_day, seen_week "
-            "FROM first_interactions WHERE project = ? AND subject = ? AND expires_at > ?",
-            (project, subject, now_ms),
+            "FROM first_interactions WHERE project = ? AND subject = ? AND expires_at > ? "
+            "AND coalesce(created_at, hour) > ?",  # the current retention, not the one it was made under
+            (project, subject, now_ms, a.first_after),
         ).fetchone()
         if row is None:
             first = None
             seen: tuple[int | None, ...] = (None, None, None)
             conn.execute(
                 "INSERT OR REPLACE INTO first_interactions (project, subject, conversation_id, hour, qa, "
-                "handoff_reason, handoff_to, expires_at, seen_hour, seen_day, seen_week) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "handoff_reason, handoff_to, expires_at, seen_hour, seen_day, seen_week, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     project, subject, conversation_id, a.hour, a.qa, a.handoff_reason, a.handoff_to,
-                    a.first_expires_at, a.hour, a.day, a.week,
+                    a.first_expires_at, a.hour, a.day, a.week, now_ms,
                 ),
             )  # fmt: skip
         else:
@@ -472,12 +511,20 @@ class SQLiteStore(Store):
         return orjson.dumps({"hour": a.hour, "first": first, "new": ",".join(new)})
 
     async def record_conversation(
-        self, project: str, entry: ConversationEntry, increments: Sequence[Counters], expires_at: int
+        self,
+        project: str,
+        entry: ConversationEntry,
+        increments: Sequence[Counters],
+        expires_at: int,
+        recorded_at: int | None = None,
     ) -> bool:
+        recorded = entry.hour if recorded_at is None else recorded_at
+
         def run(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "INSERT OR IGNORE INTO analytics_conversations "
-                "(project, sort_key, conversation_id, repeat, entry, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "(project, sort_key, conversation_id, repeat, entry, expires_at, recorded_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     project,
                     entry.sort_key,
@@ -485,16 +532,18 @@ class SQLiteStore(Store):
                     entry.first is not None,
                     encode_entry(entry),
                     expires_at,
+                    recorded,
                 ),
             )
             if cur.rowcount == 0:
                 return False
             conn.executemany(
-                "INSERT INTO analytics_counters (project, kind, bucket, name, count, expires_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, kind, bucket, name) DO UPDATE SET "
-                "count = count + excluded.count, expires_at = max(expires_at, excluded.expires_at)",
+                "INSERT INTO analytics_counters (project, kind, bucket, name, count, expires_at, recorded_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, kind, bucket, name) DO UPDATE SET "
+                "count = count + excluded.count, expires_at = max(expires_at, excluded.expires_at), "
+                "recorded_at = max(coalesce(recorded_at, 0), excluded.recorded_at)",
                 [
-                    (project, c.kind, c.bucket, name, amount, expires_at)
+                    (project, c.kind, c.bucket, name, amount, expires_at, recorded)
                     for c in increments
                     for name, amount in c.values.items()
                     if amount
@@ -515,10 +564,14 @@ class SQLiteStore(Store):
         limit: int,
         descending: bool,
         now_ms: int,
+        recorded_after: int | None = None,
     ) -> list[ConversationEntry]:
         def run(conn: sqlite3.Connection) -> list[ConversationEntry]:
             where = ["project = ?", "sort_key >= ?", "sort_key < ?", "expires_at > ?"]
             params: list[object] = [project, start, stop, now_ms]
+            if recorded_after is not None:
+                where.append("coalesce(recorded_at, CAST(substr(sort_key, 1, 13) AS INTEGER)) > ?")
+                params.append(recorded_after)
             if repeat is not None:
                 where.append("repeat = ?")
                 params.append(int(repeat))
@@ -535,18 +588,28 @@ class SQLiteStore(Store):
 
         return await self._read(run)
 
-    async def counters(self, project: str, kind: str, first: int, last: int, now_ms: int) -> list[Counters]:
+    async def counters(
+        self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
+    ) -> list[Counters]:
         def run(conn: sqlite3.Connection) -> list[Counters]:
             rows = conn.execute(
-                "SELECT bucket, name, count FROM analytics_counters "
+                "SELECT bucket, name, count, recorded_at FROM analytics_counters "
                 "WHERE project = ? AND kind = ? AND bucket >= ? AND bucket <= ? AND expires_at > ? "
                 "ORDER BY bucket",
                 (project, kind, first, last, now_ms),
             ).fetchall()
             out: dict[int, dict[str, int]] = {}
-            for bucket, name, count in rows:
+            latest: dict[int, int] = {}
+            for bucket, name, count, recorded in rows:
                 out.setdefault(bucket, {})[name] = count
-            return [Counters(kind, bucket, values) for bucket, values in out.items()]
+                if recorded is not None:
+                    latest[bucket] = max(latest.get(bucket, recorded), recorded)
+            return [
+                Counters(kind, bucket, values)
+                for bucket, values in out.items()
+                # A bucket is as old as its latest conversation (as on Redis, one time per bucket).
+                if recorded_after is None or latest.get(bucket, recorded_after + 1) > recorded_after
+            ]
 
         return await self._read(run)
 
@@ -614,7 +677,15 @@ class SQLiteStore(Store):
         "tombstones": ("tombstones", "project, subject"),
     }
 
-    async def sweep(self, now_ms: int, batch: int) -> tuple[dict[str, int], bool]:
+    async def list_projects(self) -> list[str]:
+        def run(conn: sqlite3.Connection) -> list[str]:
+            return [row[0] for row in conn.execute("SELECT project FROM projects ORDER BY project")]
+
+        return await self._read(run)
+
+    async def sweep(
+        self, now_ms: int, batch: int, listed_after: Mapping[str, int] | None = None
+    ) -> tuple[dict[str, int], bool]:
         def run(conn: sqlite3.Connection) -> tuple[dict[str, int], bool]:
             counts: dict[str, int] = {}
             more = False
@@ -637,6 +708,15 @@ class SQLiteStore(Store):
                     (now_ms, batch),
                 ).rowcount
                 counts[kind] = removed
+                more = more or removed == batch
+            for project, cutoff in sorted((listed_after or {}).items()):
+                # Past the project's current retention (shortened since they were recorded).
+                removed = conn.execute(
+                    "DELETE FROM analytics_conversations WHERE (project, sort_key) IN (SELECT project, sort_key "
+                    "FROM analytics_conversations WHERE project = ? AND recorded_at <= ? LIMIT ?)",
+                    (project, cutoff, batch),
+                ).rowcount
+                counts["analytics_entries"] += removed
                 more = more or removed == batch
             return counts, more
 
@@ -685,7 +765,9 @@ class SQLiteStore(Store):
 
     async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
         def run(conn: sqlite3.Connection) -> list[AuditEntry]:
-            bound = int(before) if before is not None else 2**62
+            # Either form of id (the other backend's ``ms-seq`` too): "older than 5-3" is "at most 5" here.
+            ms, _, seq = (before or "").partition("-")
+            bound = (int(ms) + (1 if seq and int(seq) else 0)) if before is not None else 2**63 - 1
             rows = conn.execute(
                 "SELECT id, entry FROM audit WHERE project = ? AND id < ? ORDER BY id DESC LIMIT ?",
                 (project, bound, limit),

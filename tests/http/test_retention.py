@@ -232,3 +232,50 @@ async def test_store_errors_are_counted(redis_server: RedisServer, clock: FakeCl
         assert reply.status == 503
         metrics = await api.call("GET", "/metrics")
         assert 'caller_memory_store_errors_total{kind="store-unavailable"} 1.0' in metrics.body
+
+
+async def test_a_shortened_retention_applies_to_analytics_at_once_and_sweeps_remove_them(
+    api: Api, shop: dict[str, str]
+) -> None:
+    """Like memory fields, analytics obey the retention in force now, not the one they were recorded under."""
+    analytics = "/v1/projects/cheese-shop/analytics"
+    config = {**CONFIG, "analytics_enabled": True}  # retention P30D
+    body = {"caller": CALLER, "state": {}, "outcome": {"qa": "resolved"}, "channel": "voice"}
+    end = "/v1/projects/cheese-shop/conversations/{}/end"
+    assert (await api.call("POST", end.format("c1"), token=shop["agent"], json=body)).status == 200
+    api.clock.advance(10 * 86_400)
+
+    async def listed() -> list[str]:
+        reply = await api.call("GET", f"{analytics}/conversations?from=2000-01-01", token=shop["analytics"])
+        return [row["conversation_id"] for row in reply.body["conversations"]]
+
+    async def exported() -> str:
+        reply = await api.call(
+            "GET",
+            f"{analytics}/conversations?from=2000-01-01",
+            token=shop["analytics"],
+            headers={"Accept": "text/csv"},
+        )
+        assert reply.status == 200 and reply.content_type == "text/csv"
+        text: str = reply.body
+        return text
+
+    async def reported() -> int:
+        reply = await api.call("GET", f"{analytics}/repeat-callers?interval=day", token=shop["analytics"])
+        total: int = reply.body["totals"]["conversations"]
+        return total
+
+    assert await listed() == ["c1"] and "c1" in await exported() and await reported() == 1
+    assert (await api.put_project("cheese-shop", {**config, "retention": "P7D"})).status == 200
+    # c1 is 10 days old: past the new retention, at once, in the listing, the export and the report.
+    assert await listed() == [] and "c1" not in await exported() and await reported() == 0
+    # The caller's next call is a first interaction, not a repeat of a call older than the retention.
+    again = await api.call("POST", end.format("c2"), token=shop["agent"], json=body)
+    assert again.body["repeat_caller"] == {}
+    # A sweep removes c1 from the store: restoring the longer retention does not bring it back.
+    sweep = await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
+    assert sweep.status == 200 and sweep.body["removed"]["analytics_entries"] == 1
+    assert (await api.put_project("cheese-shop", config)).status == 200
+    assert await listed() == ["c2"] and "c1" not in await exported()
+    third = await api.call("POST", end.format("c3"), token=shop["agent"], json=body)
+    assert third.body["repeat_caller"]["REPEAT_CALLER_CONV_ID"] == "c2"

@@ -162,3 +162,86 @@ async def test_listing_order_paging_filters_and_expiry(store: Store) -> None:
         PROJECT, start="0", stop="9", repeat=True, after=None, limit=1, descending=False, now_ms=t
     )
     assert listed == [recorded[1]]  # entries come back exactly as recorded
+
+
+#: The same project once its retention was shortened to 7 days.
+SHORT = compile_project(
+    PROJECT, parse_config({"memory": {"repeat_caller": {"retention": "P7D"}}}), Pseudonymizer(b"k" * 32)
+)
+
+
+async def test_a_shortened_retention_applies_to_stored_first_interactions(store: Store) -> None:
+    subject, t = uuid.uuid4().hex, now_ms()
+    await end(store, "c1", subject, t)  # created under 30 days: it would be stored until t + 30 days
+    later = t + 7 * DAY_MS  # exactly 7 days on: past the new retention
+
+    async def first_of(conv: str, at: int, project: object) -> object:
+        record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=at + DAY_MS)
+        a = AnalyticsService.input_for(project, at, None, None, None)  # type: ignore[arg-type]
+        result = await store.end_conversation(PROJECT, conv, subject, {}, [], at, record, a)
+        assert result.status is EndStatus.APPLIED and result.record is not None
+        return json.loads(result.record.extra)["first"]
+
+    assert (await first_of("c2", later - 1, SHORT))["conversation_id"] == "c1"  # type: ignore[index]
+    assert await first_of("c3", later, SHORT) is None  # older than the current retention: a first again
+    assert (await first_of("c4", later + 1, SHORT))["conversation_id"] == "c3"  # type: ignore[index]
+    # Under the longer retention again, the new record stands (the old one was replaced, not hidden).
+    assert (await first_of("c5", later + 2, SHOP))["conversation_id"] == "c3"  # type: ignore[index]
+
+
+async def test_listing_and_counters_obey_a_retention_shorter_than_their_expiry(store: Store) -> None:
+    t = now_ms()
+    hour = t - t % HOUR_MS
+    expires = t + 30 * DAY_MS  # recorded under 30 days
+    old, new = entry("old", hour), entry("new", hour + 2 * HOUR_MS)
+    await store.record_conversation(PROJECT, old, increments(old, ["hour", "day"]), expires, hour + 10)
+    await store.record_conversation(PROJECT, new, increments(new, ["hour"]), expires, hour + 2 * HOUR_MS + 10)
+
+    async def ids(recorded_after: int | None) -> list[str]:
+        listed = await store.list_conversations(
+            PROJECT, start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=t,
+            recorded_after=recorded_after,
+        )  # fmt: skip
+        return [e.conversation_id for e in listed]
+
+    assert await ids(None) == ["old", "new"]
+    assert await ids(hour + 9) == ["old", "new"]
+    assert await ids(hour + 10) == ["new"]  # recorded at the cutoff: past it (as expiry is exclusive)
+    assert await ids(hour + 2 * HOUR_MS + 10) == []
+
+    async def buckets(kind: str, recorded_after: int | None) -> list[int]:
+        start = bucket_start(kind, hour)
+        got = await store.counters(PROJECT, kind, start, start + 3 * HOUR_MS, t, recorded_after)
+        return [c.bucket for c in got]
+
+    assert await buckets("hour", None) == [hour, hour + 2 * HOUR_MS]
+    assert await buckets("hour", hour + 10) == [hour + 2 * HOUR_MS]
+    # A bucket is as old as its latest conversation: the day still counts "old" while "new" is in retention.
+    day = bucket_start("day", hour)
+    if day == bucket_start("day", hour + 2 * HOUR_MS):
+        assert await buckets("day", hour + 10) == [day]
+        assert await buckets("day", hour + 2 * HOUR_MS + 10) == []
+
+
+async def test_a_sweep_removes_listed_conversations_past_the_current_retention(store: Store) -> None:
+    t = now_ms()
+    hour = t - t % HOUR_MS
+    expires = t + 30 * DAY_MS
+    for i in range(5):
+        e = entry(f"c{i}", hour + i * HOUR_MS)
+        await store.record_conversation(PROJECT, e, increments(e, []), expires, hour + i * HOUR_MS + 1)
+    other = entry("elsewhere", hour)
+    await store.record_conversation("other", other, increments(other, []), expires, hour + 1)
+    removed = 0
+    more = True
+    while more:  # batches of 2: several rounds
+        counts, more = await store.sweep(t, 2, {PROJECT: hour + 2 * HOUR_MS + 1})
+        removed += counts["analytics_entries"]
+    assert removed == 3  # c0, c1, c2: recorded at or before the cutoff
+    for project, remaining in ((PROJECT, ["c3", "c4"]), ("other", ["elsewhere"])):
+        listed = await store.list_conversations(
+            project, start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=t
+        )
+        assert [e.conversation_id for e in listed] == remaining
+    counts, _ = await store.sweep(t, 2, {PROJECT: hour + 2 * HOUR_MS + 1})
+    assert counts["analytics_entries"] == 0  # safe to repeat

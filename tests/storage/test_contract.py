@@ -459,6 +459,51 @@ async def test_redis_an_erasure_leaves_markers_that_name_nobody(
         assert await redis_client.exists(claim) == 0
 
 
+async def test_redis_analytics_of_the_earlier_release_are_read_by_their_hour(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    """Entries stored as "<expires_at>|<json>" and first-interaction records without created_at (made before
+    analytics kept their recording times) count as recorded at their hour."""
+    from caller_memory.service.domain.clock import HOUR_MS, bucket_start
+    from caller_memory.service.storage.base import AnalyticsInput, ConversationEntry, encode_entry
+
+    t = now_ms()
+    hour = t - t % HOUR_MS
+    entry = ConversationEntry("old", hour, "voice", None, None, None, None)
+    await redis_client.set(keys.analytics_entry_key(PROJECT, "old"), b"%d|" % (t + TTL) + encode_entry(entry))
+    for repeat in (None, False):
+        await redis_client.zadd(keys.analytics_index_key(PROJECT, repeat), {entry.sort_key: 0})
+
+    async def listed(recorded_after: int) -> list[str]:
+        got = await redis_store.list_conversations(
+            PROJECT, start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=t,
+            recorded_after=recorded_after,
+        )  # fmt: skip
+        return [e.conversation_id for e in got]
+
+    assert await listed(hour - 1) == ["old"]
+    assert await listed(hour) == []
+    subject = new_subject()
+    first = keys.first_interaction_key(PROJECT, subject)
+    await redis_client.hset(first, mapping={"conversation_id": "c0", "hour": hour - HOUR_MS, "qa": "",
+        "handoff_reason": "", "handoff_to": "", "expires_at": t + TTL, "seen_hour": hour - HOUR_MS,
+        "seen_day": 0, "seen_week": 0})  # fmt: skip
+
+    async def first_of(conv: str, first_after: int) -> Any:
+        a = AnalyticsInput(hour, bucket_start("day", hour), bucket_start("week", hour), None, None, None,
+                           t + TTL, first_after)  # fmt: skip
+        record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=t + TTL)
+        ended = await redis_store.end_conversation(PROJECT, conv, subject, {}, [], t, record, a)
+        assert ended.record is not None
+        return json.loads(ended.record.extra)["first"]
+
+    assert (await first_of("c1", hour - HOUR_MS - 1))["conversation_id"] == "c0"
+    assert await first_of("c2", hour - HOUR_MS) is None  # created at its hour: at the cutoff, past it
+    assert await redis_client.hget(first, "created_at") == b"%d" % t  # the new record keeps its time
+    # The erasure of an entry in the earlier form works too.
+    assert await redis_store.unlist_conversations(PROJECT, ["old"]) == 1
+
+
 async def test_redis_over_a_unix_socket() -> None:
     with RedisServer(unix_socket=True) as server:
         assert server.url.startswith("unix://")

@@ -44,3 +44,43 @@ async def test_reopening_keeps_the_data(tmp_path: Path) -> None:
     await again.open()
     assert await again.read_fields("p", "a" * 32, 0) == {"caller_name": field}
     await again.close()
+
+
+async def test_a_file_of_the_earlier_release_gains_the_recording_times(tmp_path: Path) -> None:
+    """Files made before analytics kept their recording times get the columns, filled from each row's hour
+    (counters: left empty, judged by their expiry alone), and keep working."""
+    import sqlite3
+
+    from caller_memory.service.domain.clock import HOUR_MS
+    from caller_memory.service.storage.base import ConversationEntry
+
+    path = tmp_path / "memory.db"
+    store = SQLiteStore(path)
+    await store.open()
+    hour = 1000 * HOUR_MS
+    old = ConversationEntry("old", hour, "voice", None, None, None, None)
+    await store.record_conversation("p", old, [], 2**42, hour + 5)
+    await store.close()
+    # Make it a file of the earlier release: without the added columns and their index.
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX analytics_conversations_by_recorded")
+    for table, column in (
+        ("first_interactions", "created_at"),
+        ("analytics_conversations", "recorded_at"),
+        ("analytics_counters", "recorded_at"),
+    ):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+    again = SQLiteStore(path)
+    await again.open()
+    try:
+        listed = await again.list_conversations(
+            "p", start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=hour,
+            recorded_after=hour - 1,
+        )  # fmt: skip
+        assert listed == [old]  # counted as recorded at its hour
+        counts, _ = await again.sweep(hour, 100, {"p": hour})
+        assert counts["analytics_entries"] == 1
+    finally:
+        await again.close()

@@ -20,8 +20,9 @@ ARGV, in order:
                           conversation id, when the write was made (made_at, ms), and the claim
                           "<subject>|<expires_at>" to put in KEYS[7] ("" when there is no KEYS[7])
   analytics               "" or, with a record, "A" followed by hour, day, week (bucket starts, ms), qa,
-                          handoff_reason, handoff_to (each "" for none or "=" and the value) and the
-                          expiry of a first-interaction record created now
+                          handoff_reason, handoff_to (each "" for none or "=" and the value), the
+                          expiry of a first-interaction record created now, and first_after (ms): a
+                          stored first interaction created at or before it is past the current retention
   mode                    ""  no condition
                           "*" If-Match: *  (holds when at least one field is live)
                           "=" If-Match: etag list (holds when the current ETag is one of them)
@@ -42,7 +43,8 @@ The conversation record is a hash {subject, fingerprint, extra, expires_at}, als
 after an erasure of its caller, {erased = "1", expires_at} (erase.lua).
 With analytics, extra is built here (see Store.end_conversation): {"hour", "first": null | {...}, "new"}.
 The first-interaction record is a hash {conversation_id, hour, qa, handoff_reason, handoff_to, expires_at,
-seen_hour, seen_day, seen_week}.
+seen_hour, seen_day, seen_week, created_at} (created_at, ms, is missing from records of earlier releases: their
+hour stands for it).
 
 Errors: "CMCORRUPT ..." when a stored field cannot be read; "CMBADARG ..." when a packed argument is malformed.
 
@@ -80,8 +82,9 @@ if ARGV[pos] == 'A' then
     handoff_reason = ARGV[pos + 5],
     handoff_to = ARGV[pos + 6],
     first_expires_at = ARGV[pos + 7],
+    first_after = tonumber(ARGV[pos + 8]),
   }
-  pos = pos + 8
+  pos = pos + 9
 else
   pos = pos + 1
 end
@@ -286,10 +289,11 @@ end
 
 if record and analytics then
   local f = redis.call('HMGET', KEYS[6], 'conversation_id', 'hour', 'qa', 'handoff_reason', 'handoff_to',
-    'expires_at', 'seen_hour', 'seen_day', 'seen_week')
+    'expires_at', 'seen_hour', 'seen_day', 'seen_week', 'created_at')
   local first = cjson.null
   local seen = {false, false, false}
-  if f[1] and tonumber(f[6]) > now then
+  -- Live by its own expiry and by the project's current retention (which may have been shortened since).
+  if f[1] and tonumber(f[6]) > now and tonumber(f[10] or f[2]) > analytics.first_after then
     first = {
       conversation_id = f[1],
       hour = tonumber(f[2]),
@@ -304,7 +308,7 @@ if record and analytics then
     redis.call('HSET', KEYS[6], 'conversation_id', record.conversation_id, 'hour', analytics.hour,
       'qa', analytics.qa, 'handoff_reason', analytics.handoff_reason, 'handoff_to', analytics.handoff_to,
       'expires_at', analytics.first_expires_at, 'seen_hour', analytics.hour, 'seen_day', analytics.day,
-      'seen_week', analytics.week)
+      'seen_week', analytics.week, 'created_at', now)
     redis.call('PEXPIREAT', KEYS[6], analytics.first_expires_at)
   end
   local new = {}

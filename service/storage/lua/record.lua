@@ -7,8 +7,10 @@ KEYS[3]  the index of its kind         cm:{a:<project>}:i:repeat or :i:first
 KEYS[4..] the counter hashes of its hour, day and week   cm:{a:<project>}:k:<kind>:<start>
 (all in one slot: the {a:<project>} hash tag)
 
-ARGV: value ("<expires_at>|<json>"), sort key, expires_at, then for each counter hash (in KEYS order) the
-number N of its increments followed by N pairs of counter name and increment.
+ARGV: value ("<expires_at>|<recorded_at>|<json>"; entries of earlier releases are "<expires_at>|<json>"), sort
+key, expires_at, recorded_at (ms), then for each counter hash (in KEYS order) the number N of its increments
+followed by N pairs of counter name and increment. A counter hash keeps "_expires_at" and "_recorded_at", the
+latest of its conversations' (so that a retention shortened since can be applied to the bucket).
 Returns 1 if recorded, 0 if the conversation was already recorded (nothing changes then).
 ]]
 
@@ -16,10 +18,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 local expires_at = ARGV[3]
+local recorded_at = tonumber(ARGV[4])
 redis.call('SET', KEYS[1], ARGV[1], 'PXAT', expires_at)
 redis.call('ZADD', KEYS[2], 0, ARGV[2])
 redis.call('ZADD', KEYS[3], 0, ARGV[2])
-local pos = 4
+local pos = 5
 for k = 4, #KEYS do
   local n = tonumber(ARGV[pos])
   for i = pos + 1, pos + 2 * n, 2 do
@@ -31,6 +34,9 @@ for k = 4, #KEYS do
   if tonumber(expires_at) > current then
     redis.call('HSET', KEYS[k], '_expires_at', expires_at)
     redis.call('PEXPIREAT', KEYS[k], expires_at)
+  end
+  if recorded_at > tonumber(redis.call('HGET', KEYS[k], '_recorded_at') or '0') then
+    redis.call('HSET', KEYS[k], '_recorded_at', recorded_at)
   end
 end
 return 1

@@ -9,7 +9,8 @@ local removed = 0
 for k = 4, #KEYS do
   local value = redis.call('GET', KEYS[k])
   if value then
-    local json = string.sub(value, string.find(value, '|', 1, true) + 1)
+    -- "<expires_at>|<recorded_at>|<json>" (or "<expires_at>|<json>" from earlier releases)
+    local json = string.sub(value, (string.find(value, '{', 1, true)))
     local entry = cjson.decode(json)
     local member = string.format('%013d:%s', entry.hour, entry.conversation_id)
     redis.call('ZREM', KEYS[1], member)
