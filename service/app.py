@@ -40,17 +40,18 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     store = store or open_store(settings.store_url, timeout=settings.store_timeout)
     pseudonymizer = Pseudonymizer(settings.pseudonym_key)
     memory = MemoryService(store, pseudonymizer, clock)
+    audit = AuditLog(store, clock)
     analytics = AnalyticsService(store)
     return Services(
         settings=settings,
         clock=clock,
         store=store,
-        projects=ProjectRegistry(store, pseudonymizer, clock, settings.config_cache_seconds),
-        tokens=TokenService(store, clock, settings.operator_token, settings.token_cache_seconds),
+        projects=ProjectRegistry(store, pseudonymizer, clock, settings.config_cache_seconds, audit),
+        tokens=TokenService(store, clock, settings.operator_token, settings.token_cache_seconds, audit),
         memory=memory,
         analytics=analytics,
         conversations=ConversationService(store, memory, analytics, clock),
-        audit=AuditLog(store, clock),
+        audit=audit,
         sweeper=Sweeper(store, clock, batch=settings.sweep_batch),
     )
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .config import DEFAULT_PORT, MAX_WORKERS, Settings, SettingsError, parse_workers
+from .domain.documents import parse_document
 from .domain.errors import CallerMemoryError
 from .http.keys import Services
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .workers import SupervisorLink
 
 log = logging.getLogger("caller_memory")
+#: How audit records name changes made through the command line (directly against the store).
+CLI_ACTOR = "cli"
 
 
 def redact_url(url: str) -> str:
@@ -87,7 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         dest="action", required=True, metavar="ACTION"
     )
     apply = project.add_parser("apply", help="create or replace a project from a JSON file")
-    apply.add_argument("file", type=Path, help="configuration JSON (SPEC section 1)")
+    apply.add_argument(
+        "file",
+        type=Path,
+        help='configuration JSON: {"memory": {"repeat_caller": {...}}}, as in step 1 of the README walkthrough',
+    )
     apply.add_argument("--project", help="project id (default: the file name without .json)")
     show = project.add_parser("show", help="print a project's configuration")
     show.add_argument("project")
@@ -113,6 +120,20 @@ def _print(data: Any) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
+def _check_store_exists(settings: Settings, args: argparse.Namespace) -> None:
+    """Only ``project apply`` may create a SQLite store: any other command run in the wrong folder would
+    create an empty database there and report that nothing exists."""
+    prefix = "sqlite:///"
+    if not settings.store_url.startswith(prefix) or (args.command, getattr(args, "action", None)) == ("project", "apply"):
+        return
+    path = Path(settings.store_url[len(prefix) :])
+    if not path.exists():
+        raise SystemExit(
+            f"error: there is no SQLite store at {path.resolve()}; run this in the folder the service uses "
+            "(where `make run` keeps caller-memory.db) or pass --store sqlite:///path/to/file.db"
+        )
+
+
 async def _with_services(settings: Settings, action: Callable[[Services], Awaitable[Any]]) -> Any:
     from .app import build_services
 
@@ -136,24 +157,22 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
         return asdict(report)
     if args.command == "project" and args.action == "apply":
         try:
-            document = orjson.loads(args.file.read_bytes())
+            document = parse_document(args.file.read_bytes(), what=str(args.file))
         except OSError as exc:
             raise SystemExit(f"error: cannot read {args.file}: {exc.strerror}") from None
-        except orjson.JSONDecodeError as exc:
-            raise SystemExit(f"error: {args.file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
         project_id = args.project or args.file.stem
-        project, created = await services.projects.apply(project_id, document)
+        project, created = await services.projects.apply(project_id, document, actor=CLI_ACTOR)
         log.info("project %s %s", project_id, "created" if created else "replaced")
         return project.stored_document()
     if args.command == "project" and args.action == "show":
         return (await services.projects.get(args.project)).stored_document()
     project = await services.projects.get(args.project)
     if args.action == "create":
-        minted = await services.tokens.mint(project.project_id, args.role, args.label)
+        minted = await services.tokens.mint(project.project_id, args.role, args.label, actor=CLI_ACTOR)
         return token_body(minted.record) | {"token": minted.secret}
     if args.action == "list":
         return {"tokens": [token_body(r) for r in await services.tokens.list(project.project_id)]}
-    await services.tokens.revoke(project.project_id, args.token_id)
+    await services.tokens.revoke(project.project_id, args.token_id, actor=CLI_ACTOR)
     return {"revoked": args.token_id}
 
 
@@ -302,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level)
     if args.command == "serve":
         return _run_serve(args, settings)
+    _check_store_exists(settings, args)
     try:
         _print(asyncio.run(_with_services(settings, lambda services: _manage(args, services))))
     except CallerMemoryError as exc:

@@ -69,6 +69,52 @@ def test_project_and_token_commands(tmp_path: Path) -> None:
     assert json.loads(run_cli(tmp_path, "token", "list", "cheese-shop").stdout) == {"tokens": []}
 
 
+async def test_every_change_made_through_the_command_line_is_audited(tmp_path: Path) -> None:
+    config = tmp_path / "cheese-shop.json"
+    config.write_text(json.dumps(CONFIG))
+    assert run_cli(tmp_path, "project", "apply", str(config)).returncode == 0
+    assert run_cli(tmp_path, "project", "apply", str(config)).returncode == 0
+    token = json.loads(run_cli(tmp_path, "token", "create", "cheese-shop", "--role", "agent").stdout)
+    assert run_cli(tmp_path, "token", "revoke", "cheese-shop", token["token_id"]).returncode == 0
+    store = SQLiteStore.from_url(f"sqlite:///{tmp_path}/cli.db")
+    await store.open()
+    try:
+        records = await store.list_audit("cheese-shop", 10, None)
+    finally:
+        await store.close()
+    assert [(r.action, r.actor) for r in reversed(records)] == [
+        ("project.created", "cli"),
+        ("project.configured", "cli"),
+        ("token.created", "cli"),
+        ("token.revoked", "cli"),
+    ]
+    assert records[1].details["token_id"] == token["token_id"] and records[1].details["role"] == "agent"
+    assert token["token"] not in json.dumps([r.details for r in records])
+
+
+def test_a_command_run_in_the_wrong_folder_creates_no_database(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"CALLER_MEMORY_STORE": ""}  # the default: ./caller-memory.db in the working directory
+    for command in (["project", "show", "shop"], ["token", "list", "shop"], ["sweep"]):
+        result = run_cli(elsewhere, *command, env=env)
+        assert result.returncode != 0 and "there is no SQLite store at" in result.stderr, result.stderr
+        assert str(elsewhere / "caller-memory.db") in result.stderr and "--store" in result.stderr
+    assert list(elsewhere.iterdir()) == []
+    config = elsewhere / "shop.json"
+    config.write_text(json.dumps(CONFIG))
+    assert run_cli(elsewhere, "project", "apply", str(config), env=env).returncode == 0  # apply creates it
+    assert run_cli(elsewhere, "project", "show", "shop", env=env).returncode == 0
+
+
+def test_a_configuration_file_with_a_duplicate_member_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "shop.json"
+    config.write_text('{"memory": {"repeat_caller": {"state_keys": ["a"], "state_keys": ["b"]}}}')
+    result = run_cli(tmp_path, "project", "apply", str(config))
+    assert result.returncode == 1 and "'state_keys' appears twice" in result.stderr
+    assert "SPEC" not in run_cli(tmp_path, "project", "apply", "--help").stdout
+
+
 def test_cli_errors_are_clear(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(
@@ -221,5 +267,10 @@ def test_cache_times_and_workers_come_from_the_environment() -> None:
 
 def test_workers_setting_does_not_concern_management_commands(tmp_path: Path) -> None:
     # CALLER_MEMORY_WORKERS=2 with the SQLite store refuses `serve`, not the commands that manage the store.
+    config = tmp_path / "shop.json"
+    config.write_text(json.dumps(CONFIG))
+    assert (
+        run_cli(tmp_path, "project", "apply", str(config), env={"CALLER_MEMORY_WORKERS": "2"}).returncode == 0
+    )
     shown = run_cli(tmp_path, "project", "show", "ghost", env={"CALLER_MEMORY_WORKERS": "2"})
     assert shown.returncode == 1 and "project 'ghost' not found" in shown.stderr

@@ -18,6 +18,7 @@ from .errors import InvalidInput, NotFound, StoreCorrupt
 from .identifiers import Pseudonymizer
 from .limits import PROJECT_ID_RE
 from .projects import Project, ProjectConfig, compile_project, parse_config
+from .retention import AuditLog
 
 
 def check_project_id(project_id: str) -> str:
@@ -31,20 +32,34 @@ def check_project_id(project_id: str) -> str:
 
 class ProjectRegistry:
     def __init__(
-        self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock, cache_seconds: float
+        self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock, cache_seconds: float, audit: AuditLog
     ) -> None:
         self._store = store
+        self._audit = audit
         self._pseudonymizer = pseudonymizer
         self._clock = clock
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, Project]] = {}
 
-    async def apply(self, project_id: str, document: Any) -> tuple[Project, bool]:
-        """Validate and store a configuration. Returns the compiled project and whether it was created."""
+    async def apply(self, project_id: str, document: Any, *, actor: str) -> tuple[Project, bool]:
+        """Validate and store a configuration, and audit it as done by ``actor`` (whatever the path: HTTP or
+        the command line). Returns the compiled project and whether it was created."""
         check_project_id(project_id)
         project = compile_project(project_id, parse_config(document), self._pseudonymizer)
         created = await self._store.put_project(project_id, project.stored_bytes(), self._clock.now_ms())
         self._cache[project_id] = (time.monotonic(), project)
+        rc = project.config.memory.repeat_caller
+        await self._audit.record(
+            project_id,
+            actor,
+            "project.created" if created else "project.configured",
+            {
+                "state_keys": len(rc.state_keys),
+                "retention": int(rc.retention.total_seconds()),
+                "blacklist_entries": len(project.blacklist),
+                "analytics_enabled": rc.analytics_enabled,
+            },
+        )
         return project, created
 
     async def find(self, project_id: str) -> Project | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..storage.base import Store, TokenRecord
 from .clock import Clock
 from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
+from .retention import AuditLog
 
 TOKEN_PREFIX = "cm"
 #: Bound on remembered credentials (only ones that authenticated are kept; the table is reset when full).
@@ -121,9 +122,11 @@ class TokenService:
         clock: Clock,
         operator_token: str | None,
         cache_seconds: float,
+        audit: AuditLog,
         throttle: FailureThrottle | None = None,
     ) -> None:
         self._store = store
+        self._audit = audit
         self.throttle = throttle or FailureThrottle()
         self._clock = clock
         self._operator_hash = _hash(operator_token) if operator_token else None
@@ -133,7 +136,8 @@ class TokenService:
         #: Revocations made through this process: a lookup that overlapped one does not fill the cache.
         self._revocations = 0
 
-    async def mint(self, project: str, role: str, label: str = "") -> MintedToken:
+    async def mint(self, project: str, role: str, label: str = "", *, actor: str) -> MintedToken:
+        """Mint a token (audited as done by ``actor``, on every path that mints one)."""
         try:
             parsed_role = Role(role)
         except ValueError:
@@ -152,17 +156,20 @@ class TokenService:
         )
         await self._store.put_token(record)
         self._cache[token_id] = (time.monotonic(), record)
+        await self._audit.record(project, actor, "token.created", {"token_id": token_id, "role": record.role})
         return MintedToken(record=record, secret=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
     async def list(self, project: str) -> list[TokenRecord]:
         return await self._store.list_tokens(project)
 
-    async def revoke(self, project: str, token_id: str) -> None:
+    async def revoke(self, project: str, token_id: str, *, actor: str) -> None:
+        """Revoke a token (audited as done by ``actor``)."""
         if not await self._store.delete_token(project, token_id):
             raise NotFound(f"token '{token_id}' not found in project '{project}'")
         self._revocations += 1
         self._cache[token_id] = (time.monotonic(), None)
         self._principals = {k: v for k, v in self._principals.items() if v[1].token_id != token_id}
+        await self._audit.record(project, actor, "token.revoked", {"token_id": token_id})
 
     async def _lookup(self, token_id: str) -> TokenRecord | None:
         cached = self._cache.get(token_id)

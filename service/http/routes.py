@@ -155,18 +155,8 @@ async def readyz(request: web.Request) -> web.Response:
 async def put_project(request: web.Request) -> web.Response:
     services, principal = await authorize(request, None)
     document = await read_json(request)
-    project, created = await services.projects.apply(request.match_info["project"], document)
-    rc = project.config.memory.repeat_caller
-    await services.audit.record(
-        project.project_id,
-        principal.name,
-        "project.created" if created else "project.configured",
-        {
-            "state_keys": len(rc.state_keys),
-            "retention": int(rc.retention.total_seconds()),
-            "blacklist_entries": len(project.blacklist),
-            "analytics_enabled": rc.analytics_enabled,
-        },
+    project, created = await services.projects.apply(
+        request.match_info["project"], document, actor=principal.name
     )
     return json_response(project.stored_document(), status=201 if created else 200)
 
@@ -181,13 +171,7 @@ async def get_project(request: web.Request) -> web.Response:
 async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     spec = await read_model(request, TokenCreate, "token request")
-    minted = await services.tokens.mint(project.project_id, spec.role, spec.label)
-    await services.audit.record(
-        project.project_id,
-        actor(request),
-        "token.created",
-        {"token_id": minted.record.token_id, "role": spec.role},
-    )
+    minted = await services.tokens.mint(project.project_id, spec.role, spec.label, actor=actor(request))
     body = token_body(minted.record) | {"token": minted.secret}
     return json_response(body, status=201, headers={"Cache-Control": "no-store"})
 
@@ -202,10 +186,7 @@ async def list_tokens(request: web.Request) -> web.Response:
 @routes.delete("/v1/projects/{project}/tokens/{token_id}")
 async def revoke_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
-    await services.tokens.revoke(project.project_id, request.match_info["token_id"])
-    await services.audit.record(
-        project.project_id, actor(request), "token.revoked", {"token_id": request.match_info["token_id"]}
-    )
+    await services.tokens.revoke(project.project_id, request.match_info["token_id"], actor=actor(request))
     return web.Response(status=204)
 
 
