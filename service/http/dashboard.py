@@ -24,7 +24,7 @@ routes = web.RouteTableDef()
 _PACKAGE = __name__.rpartition(".")[0]
 PAGE = "index.html"
 #: The only files served, with their media types; any other name is a 404.
-ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css", "favicon.svg": "image/svg+xml"}
 
 # The page runs only its own script and styles, talks only to this origin, and cannot post a form anywhere:
 # even with the script blocked, the token field can never end up in a URL.
@@ -63,6 +63,12 @@ def _serve(request: web.Request, name: str) -> web.Response:
     if asset.etag in held or held.strip() == "*":
         return web.Response(status=304, headers=headers)
     return web.Response(body=asset.body, content_type=asset.content_type, charset="utf-8", headers=headers)
+
+
+@routes.get("/favicon.ico")
+async def favicon(request: web.Request) -> web.Response:
+    """Browsers ask for it by themselves on any page of this origin: the dashboard's icon."""
+    return _serve(request, "favicon.svg")
 
 
 @routes.get("/dashboard")

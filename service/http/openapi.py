@@ -27,6 +27,14 @@ from ..domain.limits import (
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.tokens import Role
 from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
+from .queries import (
+    AuditQuery,
+    ConversationsQuery,
+    QueryModel,
+    RepeatCallersQuery,
+    SweepsQuery,
+    query_parameters,
+)
 from .schemas import EndRequest, TokenCreate
 
 Json = dict[str, Any]
@@ -209,7 +217,11 @@ def _schemas() -> dict[str, Json]:
         },
         "REPEAT_CALLER_CONV_ID": nullable
         | {"description": "Conversation id of the caller's first interaction."},
-        "REPEAT_CALLER_DATETIME": nullable | {"description": "When it happened, rounded down to the hour."},
+        "REPEAT_CALLER_DATETIME": {
+            "type": ["string", "null"],
+            "format": "date-time",
+            "description": "When it happened, rounded down to the hour.",
+        },
         "REPEAT_CALLER_QA": nullable,
         "REPEAT_CALLER_HANDOFF_REASON": nullable,
         "REPEAT_CALLER_HANDOFF_TO": nullable,
@@ -380,9 +392,6 @@ def _parameters() -> dict[str, Json]:
     def path(name: str, description: str, schema: Json) -> Json:
         return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
 
-    def query(name: str, description: str, schema: Json) -> Json:
-        return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
-
     def header(name: str, description: str) -> Json:
         return {"name": name, "in": "header", "description": description, "schema": {"type": "string"}}
 
@@ -414,44 +423,10 @@ def _parameters() -> dict[str, Json]:
             "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
             {"type": "string", "pattern": CONVERSATION_ID_PATTERN, "examples": ["call-1"]},
         ),
-        "from": query(
-            "from",
-            "Start of the range (inclusive), an ISO 8601 date or date-time, UTC unless it has an offset; rounded "
-            "down to the hour. Default: 30 days before `to`.",
-            {"type": "string"},
-        ),
-        "to": query(
-            "to",
-            "End of the range (exclusive), rounded up to the hour. Default: the end of the current hour.",
-            {"type": "string"},
-        ),
-        "repeat": query(
-            "repeat",
-            "`true`: repeat conversations only; `false`: first interactions only.",
-            {"type": "string", "enum": ["true", "false"]},
-        ),
-        "limit": query(
-            "limit", "Page size (default 100).", {"type": "integer", "minimum": 1, "maximum": 1000}
-        ),
-        "cursor": query("cursor", "`next_cursor` of the previous page.", {"type": "string"}),
-        "before": query(
-            "before", "`next_cursor` of the previous page: records older than it.", {"type": "string"}
-        ),
-        "order": query(
-            "order",
-            "`desc` (newest first, the default) or `asc`.",
-            {"type": "string", "enum": ["asc", "desc"]},
-        ),
         "asset": path(
             "asset",
             "A file of the dashboard page; only these names exist.",
             {"type": "string", "enum": sorted(ASSETS)},
-        ),
-        "interval": query(
-            "interval",
-            "Bucket size of the series: `hour`, `day` (default) or `week` (ISO weeks, from Monday 00:00 UTC); "
-            "at most 1000 buckets.",
-            {"type": "string", "enum": ["hour", "day", "week"]},
         ),
         "If-Match": header(
             "If-Match",
@@ -472,6 +447,19 @@ def _headers() -> dict[str, Json]:
             "description": "Seconds to wait.",
             "required": True,
             "schema": {"type": "string", "pattern": "^[0-9]+$"},
+        },
+        "X-Next-Cursor": {
+            "description": "The cursor of the next page (absent on the last page): `next_cursor` of the body.",
+            "schema": {"type": "string"},
+        },
+        "Link": {
+            "description": 'RFC 8288 link to the next page: `<...?cursor=...>; rel="next"` (absent on the last '
+            "page).",
+            "schema": {"type": "string"},
+        },
+        "X-Content-Type-Options": {
+            "description": "`nosniff`, on every response.",
+            "schema": {"type": "string", "const": "nosniff"},
         },
         "Idempotent-Replayed": {
             "description": "`true` when this answers a retry: nothing was applied again.",
@@ -496,25 +484,35 @@ def _problem(description: str, *headers: str) -> Json:
 def _authenticated() -> dict[str, Json | None]:
     """What every authenticated operation may answer besides its own outcomes."""
     return {
+        "400": _problem(
+            "A header value is not valid UTF-8, or `If-Match` / `If-None-Match` is not a list of entity tags."
+        ),
         "401": _problem("Missing, malformed or unknown bearer token.", "WWW-Authenticate"),
         "403": _problem("The token's role does not allow this operation."),
         "404": _problem("No such project, or the token belongs to another project."),
         "422": _problem("The project id is malformed."),
         "429": _problem(
-            "Too many failed authentications from this address lately (this one failed too); retry after "
-            "`Retry-After` seconds. A valid token is never refused.",
+            "Too many failed authentications from this address lately (this one failed too), or this "
+            "project already has its share of the requests in flight; retry after `Retry-After` seconds. A "
+            "valid token is never refused for others' failures.",
             "Retry-After",
         ),
         "500": _problem("Unexpected error (logged), or the store holds data this version cannot read."),
-        "503": _problem("The store did not answer in time."),
+        "503": _problem(
+            "The store did not answer in time, or the service has its limit of requests in flight (then "
+            "with `Retry-After`)."
+        ),
     }
 
 
 def _body_errors() -> dict[str, Json | None]:
     return {
-        "400": _problem("The body is empty or not valid JSON."),
+        "400": _problem("The body is empty or not valid JSON, or a header is malformed."),
+        "408": _problem("The body did not arrive within the body timeout (CALLER_MEMORY_BODY_TIMEOUT)."),
         "413": _problem(f"The body is larger than {MAX_BODY_BYTES} bytes."),
-        "415": _problem(f"The Content-Type is neither `{JSON}` nor `{MERGE_PATCH}`."),
+        "415": _problem(
+            f"The Content-Type is neither `{JSON}` nor `{MERGE_PATCH}`, or names a charset other than UTF-8."
+        ),
     }
 
 
@@ -581,6 +579,7 @@ def _op(
     responses: dict[str, Json | None],
     *,
     parameters: tuple[str, ...] = (),
+    query: type[QueryModel] | None = None,
     body: Json | None = None,
     description: str = "",
 ) -> Json:
@@ -591,8 +590,9 @@ def _op(
         op["x-required-role"] = role
         op["description"] = f"{ROLE_TEXT[role]} {description}".strip()
         responses = _authenticated() | responses
-    if parameters:
+    if parameters or query is not None:
         op["parameters"] = [_ref(name, "parameters") for name in parameters]
+        op["parameters"] += query_parameters(query) if query is not None else []
     if body is not None:
         op["requestBody"] = body
     op["responses"] = {status: r for status, r in sorted(responses.items()) if r is not None}
@@ -638,7 +638,7 @@ def _operations() -> dict[tuple[str, str], Json]:
                 "404": None,
                 "422": _problem("A malformed `limit`."),
             },
-            parameters=("limit",),
+            query=SweepsQuery,
         ),
         ("get", "/v1/projects/{project}/audit"): _op(
             "list_audit",
@@ -648,7 +648,7 @@ def _operations() -> dict[tuple[str, str], Json]:
                 "200": _response("Audit records, newest first.", "AuditList"),
                 "422": _problem("A malformed `limit` or `before`."),
             },
-            parameters=("limit", "before"),
+            query=AuditQuery,
         ),
         ("get", "/readyz"): _op(
             "readyz",
@@ -677,6 +677,16 @@ def _operations() -> dict[tuple[str, str], Json]:
             description="Static; it holds no data. The page asks for a project id and a token with the "
             "`analytics` or `admin` role, keeps the token in the browser tab's session storage, and calls the "
             "analytics endpoints with it. Nothing is loaded from outside the service.",
+        ),
+        ("get", "/favicon.ico"): _op(
+            "favicon",
+            None,
+            "The service's icon (the dashboard's), which browsers ask for by themselves",
+            {
+                "200": _dashboard_file("The icon, as SVG.", "image/svg+xml"),
+                "304": _response("Unchanged since the ETag given in If-None-Match."),
+            },
+            parameters=("If-None-Match",),
         ),
         ("get", "/dashboard/{asset}"): _op(
             "dashboard_asset",
@@ -821,7 +831,9 @@ def _operations() -> dict[tuple[str, str], Json]:
                     "description": "A page of conversations. With `Accept: text/csv`, the same columns as CSV "
                     "(cells that a spreadsheet would run as formulas are prefixed with `'`); the next page is "
                     "in `X-Next-Cursor` and `Link`.",
-                    "headers": {"Cache-Control": _ref("Cache-Control", "headers")},
+                    "headers": {
+                        name: _ref(name, "headers") for name in ("Cache-Control", "X-Next-Cursor", "Link")
+                    },
                     "content": {
                         JSON: {"schema": _ref("ConversationList")},
                         "text/csv": {"schema": {"type": "string"}},
@@ -829,7 +841,7 @@ def _operations() -> dict[tuple[str, str], Json]:
                 },
                 "422": _problem("A malformed query parameter; `errors` names it."),
             },
-            parameters=("from", "to", "repeat", "limit", "cursor", "order"),
+            query=ConversationsQuery,
         ),
         ("get", "/v1/projects/{project}/analytics/repeat-callers"): _op(
             "repeat_callers",
@@ -841,16 +853,20 @@ def _operations() -> dict[tuple[str, str], Json]:
                 ),
                 "422": _problem("A malformed query parameter, or too many buckets; `errors` names it."),
             },
-            parameters=("from", "to", "interval"),
+            query=RepeatCallersQuery,
         ),
     }
 
 
 def _tag(path: str) -> str:
-    if path.startswith("/dashboard"):
+    if path.startswith("/dashboard") or path == "/favicon.ico":
         return "dashboard"
     if not path.startswith("/v1/"):
         return "service"
+    if path.startswith("/v1/admin/"):
+        return "operator"
+    if path.endswith("/audit"):
+        return "audit"
     if "/analytics/" in path:
         return "analytics"
     if "/conversations/" in path:
@@ -937,6 +953,13 @@ def build_openapi() -> dict[str, Any]:
             {"name": "project", "description": "Project configuration."},
             {"name": "token", "description": "Project tokens."},
             {"name": "memory", "description": "Caller memory, addressed by phone number."},
+            {
+                "name": "conversation",
+                "description": "The end of a conversation, as the agent's SDK sends it.",
+            },
+            {"name": "analytics", "description": "Repeat-caller analytics: conversations and the report."},
+            {"name": "operator", "description": "Expiry sweeps; the operator token only."},
+            {"name": "audit", "description": "The project's audit log."},
             {
                 "name": "dashboard",
                 "description": "The dashboard page and its files; the data calls need a token.",

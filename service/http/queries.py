@@ -131,16 +131,19 @@ class ConversationsQuery(RangeQuery):
 
     repeat: Flag | None = Field(default=None, description="only repeat (true) or first (false) calls")
     cursor: str | None = Field(
-        default=None, pattern=_CURSOR.pattern, description="next_cursor of the previous page"
+        default=None, pattern=f"^{_CURSOR.pattern}$", description="next_cursor of the previous page"
     )
     limit: Limit = _limit(100, MAX_PAGE)
-    order: Literal["asc", "desc"] = "desc"
+    order: Literal["asc", "desc"] = Field(default="desc", description="desc (newest first) or asc")
 
 
 class RepeatCallersQuery(RangeQuery):
     """``GET /v1/projects/{project}/analytics/repeat-callers``."""
 
-    interval: Literal["hour", "day", "week"] = "day"
+    interval: Literal["hour", "day", "week"] = Field(
+        default="day",
+        description="bucket size: hour, day or week (ISO weeks, from Monday 00:00 UTC); at most 1000 buckets",
+    )
 
 
 def parse_query(request: web.Request, model: type[M]) -> M:
@@ -158,3 +161,23 @@ def parse_query(request: web.Request, model: type[M]) -> M:
         return model.model_validate(values)
     except ValidationError as exc:
         raise validation_problem(exc, what="query", error=InvalidInput) from None
+
+
+def query_parameters(model: type[QueryModel]) -> list[dict[str, Any]]:
+    """The OpenAPI parameter objects of ``model``, generated from it (so the description cannot drift from
+    what the API accepts)."""
+    schema = model.model_json_schema(by_alias=True)
+    parameters = []
+    for name, prop in schema["properties"].items():
+        prop = dict(prop)
+        description = prop.pop("description", "")
+        prop.pop("title", None)
+        if "anyOf" in prop:  # Optional[...]: the parameter is optional; its schema is the non-null one
+            prop = {**next(p for p in prop.pop("anyOf") if p.get("type") != "null"), **prop}
+            prop.pop("default", None)
+        if "description" in prop:  # the type's own description (e.g. of a time) completes the parameter's
+            description = f"{description}; {prop.pop('description')}"
+        parameters.append(
+            {"name": name, "in": "query", "required": False, "description": description, "schema": prop}
+        )
+    return parameters

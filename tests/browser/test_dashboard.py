@@ -407,10 +407,8 @@ async def test_dashboard_shows_the_figures_of_a_generated_data_set(tmp_path: Pat
         assert page.requests and all(
             url.startswith((f"{origin}/", f"blob:{origin}/")) for url in page.requests
         ), page.requests
-        # Browsers ask for /favicon.ico by themselves; the service has none (a 404 of its own, not an error of
-        # the page's).
-        favicon = f"the server responded with a status of 404 (Not Found) {origin}/favicon.ico"
-        assert [problem for problem in page.problems if not problem.endswith(favicon)] == []
+        # Not even the icon is missing (browsers ask for one by themselves).
+        assert page.problems == []
         assert api.count("GET", "/analytics/repeat-callers", 200) == 4
         assert api.count("GET", "/analytics/repeat-callers") == 4
 
@@ -484,6 +482,8 @@ async def test_the_page_and_its_files_are_served_with_strict_headers(tmp_path: P
             ("/dashboard", "text/html"),
             ("/dashboard/dashboard.js", "text/javascript"),
             ("/dashboard/dashboard.css", "text/css"),
+            ("/dashboard/favicon.svg", "image/svg+xml"),
+            ("/favicon.ico", "image/svg+xml"),
         ):
             reply = await api.call("GET", path)  # no token: the page holds no data
             assert reply.status == 200 and reply.content_type == media, (path, reply.status)
@@ -518,7 +518,7 @@ async def test_the_page_and_its_files_are_served_with_strict_headers(tmp_path: P
         for name, value in attrs.items()
         if name in ("src", "href", "action", "srcset", "poster", "data")
     ]
-    assert sorted(addresses) == ["dashboard/dashboard.css", "dashboard/dashboard.js"]
+    assert sorted(addresses) == ["dashboard/dashboard.css", "dashboard/dashboard.js", "dashboard/favicon.svg"]
     assert all(tag != "script" or attrs.get("src") for tag, attrs in parser.tags)
     assert not [
         (tag, name)
