@@ -188,6 +188,7 @@ class MemoryClient:
         self._session = session
         self._owns_session = session is None
         self._background: set[asyncio.Task[Any]] = set()
+        self._cleanup: set[asyncio.Task[Any]] = set()
         self._flush_lock = asyncio.Lock()
         self._deliver_on_start = deliver_outbox_on_start
 
@@ -216,6 +217,8 @@ class MemoryClient:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        while self._cleanup:  # entries handed back by cancelled work: let them be released (bounded)
+            await asyncio.gather(*self._cleanup, return_exceptions=True)
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -225,10 +228,16 @@ class MemoryClient:
         if not self._flush_lock.locked():  # else a delivery is running: it will see the new entries too
             self._track(self._flush_quietly())
 
-    def _track(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _track(self, coro: Coroutine[Any, Any, Any], *, tasks: set[asyncio.Task[Any]] | None = None) -> None:
+        group = self._background if tasks is None else tasks
         task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        group.add(task)
+        task.add_done_callback(group.discard)
+
+    def _release_later(self, *entry_ids: int) -> None:
+        """Hand entries back from work being cancelled (it cannot await); aclose() waits for it, never
+        cancels it (it is bounded by the outbox timeout)."""
+        self._track(self._quietly(self.outbox.release(*entry_ids)), tasks=self._cleanup)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -384,7 +393,7 @@ class MemoryClient:
             result = await self._deliver(conversation_id, encoded, entry_id)
         except asyncio.CancelledError:
             if entry_id is not None:  # hand the entry to the next delivery rather than wait for its lease
-                self._track(self._quietly(self.outbox.release(entry_id)))
+                self._release_later(entry_id)
             raise
         if result is not None:
             return result
@@ -464,7 +473,7 @@ class MemoryClient:
                             break
                 finally:  # whatever happens (a cancellation too), nothing of the batch stays claimed
                     if unsettled:
-                        self._track(self._quietly(self.outbox.release(*unsettled)))
+                        self._release_later(*unsettled)
             remaining = len(await self.outbox.pending())
         return FlushReport(delivered=delivered, remaining=remaining, rejected=rejected)
 
