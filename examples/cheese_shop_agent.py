@@ -21,11 +21,12 @@ import asyncio
 import contextlib
 import re
 import secrets
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from caller_memory.sdk import Conversation, MemoryClient
+from caller_memory.sdk import Conversation, EndResult, MemoryClient, ServiceError
 
 #: The project configuration this agent expects (apply it with `caller-memory project apply`).
 PROJECT_CONFIG = {
@@ -140,6 +141,29 @@ async def demo() -> None:
                         print(line)
 
 
+async def read_utterance() -> str | None:
+    """The caller's next line; None when they hang up (an empty line, or the end of input)."""
+    try:
+        line = await asyncio.to_thread(input, "caller (empty line or Ctrl-D hangs up): ")
+    except EOFError:
+        print()
+        return None
+    return line.strip() or None
+
+
+def describe(result: EndResult, url: str, client: MemoryClient) -> str:
+    """What happened to the end of the call, in words."""
+    if result.queued:
+        return (
+            f"[call ended; the service at {url} could not be reached, so the end of the call is kept in the "
+            f"outbox {client.outbox.path} and will be delivered when a client next starts (or calls "
+            "flush_outbox()) and the service answers]"
+        )
+    if result.erased:
+        return "[call ended; the caller was erased meanwhile: nothing was stored]"
+    return f"[call ended: persisted {list(result.persisted)}, ignored {list(result.ignored)}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", action="store_true", help="start an embedded service and play two calls")
@@ -161,19 +185,25 @@ def main() -> None:
             conversation_id = f"call-{secrets.token_hex(4)}"
             conv = client.conversation(conversation_id, caller=args.caller)
             await conv.begin_turn()
+            if not conv.memory.available:
+                print(f"[memory unavailable ({conv.memory.reason}); treating the caller as new]")
             print("agent:", greet(conv))
-            while True:
-                utterance = (await asyncio.to_thread(input, "caller (empty line hangs up): ")).strip()
-                if not utterance:
-                    break
+            while (utterance := await read_utterance()) is not None:
                 await conv.begin_turn()
                 print("agent:", understand(conv, utterance))
-            result = await conv.end(qa="resolved")
-            print(
-                f"[persisted {list(result.persisted)}, ignored {list(result.ignored)}, queued={result.queued}]"
-            )
+            try:
+                result = await conv.end(qa="resolved")
+            except ServiceError as exc:  # refused for good (a revoked token, say): set aside in the outbox
+                sys.exit(
+                    f"[call ended; the service refused its end ({exc}); it is set aside in the outbox "
+                    f"{client.outbox.path}, see client.outbox.rejected()]"
+                )
+            print(describe(result, args.url, client))
 
-    asyncio.run(one_call())
+    try:
+        asyncio.run(one_call())
+    except ValueError as exc:  # a token, project or number the SDK refuses at once
+        parser.error(str(exc))
 
 
 if __name__ == "__main__":
