@@ -786,6 +786,7 @@ class RedisStore(Store):
                     keys.conversation_record_prefix(project, subject),
                     now_ms,
                     tombstone_until,
+                    subject,
                 ],
             )
             pairs = reply[2:]

@@ -599,3 +599,30 @@ async def test_redis_unreachable_and_hung_server_is_store_unavailable() -> None:
         closed = RedisStore(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
         with pytest.raises(StoreUnavailable):
             await closed.open()
+
+
+async def test_an_erasure_leaves_alone_a_reused_id_of_another_caller(store: Store) -> None:
+    """c1 ended for A, its record expired, c1 reused for B: erasing A neither unlinks, unlists nor blocks B's."""
+    from caller_memory.service.domain.clock import HOUR_MS, bucket_start
+    from caller_memory.service.storage.base import AnalyticsInput
+
+    a = new_subject()
+    b = a[:8] + new_subject()[8:]  # the same bucket on Redis: the same record key for one id
+    t = now_ms()
+
+    async def end(who: str, at: int) -> EndStatus:
+        hour = at - at % HOUR_MS
+        analytics = AnalyticsInput(
+            hour, bucket_start("day", hour), bucket_start("week", hour), None, None, None, at + 10 * TTL
+        )
+        record = ConversationRecord(fingerprint="f" + who, extra=b"{}", expires_at=at + TTL)
+        return (
+            await store.end_conversation(PROJECT, "c1", who, {"a": field(who, at)}, [], at, record, analytics)
+        ).status
+
+    assert await end(a, t) is EndStatus.APPLIED
+    assert await end(b, t + TTL) is EndStatus.APPLIED  # A's record expired: the id is free
+    erased = await store.erase_caller(PROJECT, a, t + TTL + 1, t + TTL + 1000)
+    assert erased.conversations == 0
+    assert await end(b, t + TTL + 2) is EndStatus.REPLAYED  # B's conversation is still B's
+    assert values(await store.read_fields(PROJECT, b, t + TTL + 2)) == {"a": b}

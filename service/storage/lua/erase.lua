@@ -10,11 +10,13 @@ KEYS[5]  the caller's tombstone            cm:{<bucket>}:t:<project>:<subject>
 ARGV[1]  the caller's member in the expiry index
 ARGV[2]  the prefix of the caller's conversation records, "cm:{<bucket>}:c:<project>:" (same slot: the
          records are named from the set's members, which is why they are not in KEYS)
-ARGV[3]  erased_at (ms), ARGV[4] when the tombstone expires (ms)
+ARGV[3]  erased_at (ms), ARGV[4] when the tombstone expires (ms), ARGV[5] the caller's subject
 
 Each conversation record still live (by the service's clock, ARGV[3]) is replaced by an erasure marker
 {erased = "1", expires_at} that keeps nothing about the caller and lives as long as the record would have:
-a later end of that conversation id is refused as erased (patch.lua), whenever it says it was made.
+a later end of that conversation id is refused as erased (patch.lua), whenever it says it was made. A
+record that names another caller (the id was reused once the caller's record had expired; records are
+named by bucket and id) is not the caller's and is left alone, as is that id's claim and listing.
 
 Returns {fields removed, first interaction removed (0/1), then for each conversation id: the id and the
 expires_at of its marker ("0" when its record had expired and no marker was left)}.
@@ -26,16 +28,19 @@ local ids = redis.call('SMEMBERS', KEYS[4])
 local out = {fields, first}
 for _, id in ipairs(ids) do
   local key = ARGV[2] .. id
-  local expires = redis.call('HGET', key, 'expires_at')
-  redis.call('DEL', key)
-  if expires and tonumber(expires) > now then
-    redis.call('HSET', key, 'erased', '1', 'expires_at', expires)
-    redis.call('PEXPIREAT', key, expires)
-  else
-    expires = '0'
+  local record = redis.call('HMGET', key, 'subject', 'expires_at', 'erased')
+  if not record[3] and (not record[1] or record[1] == ARGV[5]) then
+    local expires = record[2]
+    redis.call('DEL', key)
+    if record[1] and tonumber(expires) > now then
+      redis.call('HSET', key, 'erased', '1', 'expires_at', expires)
+      redis.call('PEXPIREAT', key, expires)
+    else
+      expires = '0'
+    end
+    out[#out + 1] = id
+    out[#out + 1] = expires
   end
-  out[#out + 1] = id
-  out[#out + 1] = expires
 end
 redis.call('DEL', KEYS[1], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
