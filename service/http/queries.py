@@ -28,6 +28,12 @@ M = TypeVar("M", bound="QueryModel")
 EARLIEST = 0
 LATEST = int(datetime(9999, 1, 1, tzinfo=UTC).timestamp() * 1000)
 _TIME_EXAMPLE = "2026-11-30 or 2026-11-30T14:00:00Z"
+#: The shape of the times the API documents (it also reads the other forms of ISO 8601 that Python's
+#: ``datetime.fromisoformat`` reads, e.g. week dates): a date from 1970, optionally a time and an offset.
+_TIME_SHAPE = (
+    r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"(T([01][0-9]|2[0-3])(:[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?$"
+)
 _DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
 #: An audit record id: a SQLite row id, or a Redis stream id (milliseconds and sequence); each part fits in
 #: a signed 64-bit integer (SQLite's) and so in an unsigned one (Redis's); SQLite ids are zero-padded to 20 digits.
@@ -87,6 +93,7 @@ Time = Annotated[
     WithJsonSchema(
         {
             "type": "string",
+            "pattern": _TIME_SHAPE,
             "description": f"ISO 8601 date or date-time, UTC unless an offset is given (e.g. {_TIME_EXAMPLE}), "
             "from 1970-01-01 to 9999-01-01",
         }

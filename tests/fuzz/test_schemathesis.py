@@ -34,6 +34,7 @@ from tests.conftest import BACKENDS, OPERATOR_TOKEN
 from tests.support.redis_server import RedisServer
 from tests.support.service_process import ServiceProcess
 
+REPO = Path(__file__).resolve().parents[2]
 LONG_CAMPAIGN = "CALLER_MEMORY_FUZZ_EXAMPLES" in os.environ
 MAX_EXAMPLES = int(os.environ.get("CALLER_MEMORY_FUZZ_EXAMPLES", "8"))
 #: Sequences of calls along the links, per run (MAX_EXAMPLES is per operation, for the fuzzing phase).
@@ -201,10 +202,17 @@ def test_every_answer_matches_the_document(principal: str, service: ServiceProce
         *(sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color", "run"),
         *(service.url + "/openapi.json", "--report", "json", "--report-json-path", str(report)),
     ]
-    # The working directory keeps schemathesis' cache and stored cases out of the source tree.
+    # The working directory keeps schemathesis' cache and stored cases out of the source tree. The hooks
+    # (tests/fuzz/hooks.py) add what no schema makes it send: headers that are not UTF-8, calendar edges.
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "tests.fuzz.hooks",
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     run = subprocess.run(
         command,
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
@@ -227,6 +235,9 @@ def test_every_answer_matches_the_document(principal: str, service: ServiceProce
     assert phases == dict.fromkeys(PHASES, "success"), output
     warned = {(kind, label) for kind, labels in verdict["warnings"].items() for label in labels}
     assert warned <= TOLERATED_WARNINGS[principal], output
+    perturbed = (tmp_path / "perturbed.log").read_text().splitlines()
+    assert any(line.startswith("header ") for line in perturbed), output
+    assert any(line.startswith("calendar ") for line in perturbed), output
 
     # The service's own account: no 5xx, no error logged (a crash after the answer was sent is invisible
     # to schemathesis), and every /v1 operation tried got past validation and authorization at least once
