@@ -112,6 +112,7 @@ def service_middleware(
       microseconds, before any body is read, so it cannot hold a project's slots);
     - gives a request ``body_timeout`` seconds from the end of its head for its body to arrive (408);
     - turns every error into a problem document (the one place where that happens);
+    - marks every answer ``X-Content-Type-Options: nosniff``;
     - counts and times the request for /metrics.
     """
     in_flight = 0
@@ -164,6 +165,9 @@ def service_middleware(
                     else:
                         del per_project[project]
         metrics.observe(request, response.status, started)
+        # Every answer's media type is the one it declares: no browser may guess another (a JSON error
+        # quoting client text must never be read as HTML).
+        response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
     return serve

@@ -388,3 +388,22 @@ async def test_a_csv_export_neutralises_what_callers_control(api: Api, shop: dic
         "GET", f"{ANALYTICS}conversations", token=shop["analytics"], headers={"Accept": "text/csv"}
     )
     assert "'\uff1dHYPERLINK(1)" in reply.body and "' |cmd" in reply.body
+
+
+async def test_every_answer_says_nosniff(api: Api, shop: dict[str, str]) -> None:
+    for method, path, token in [
+        ("GET", "/healthz", None),
+        ("GET", "/metrics", None),
+        ("GET", "/openapi.json", None),
+        ("GET", memory_path(PROJECT), shop["agent"]),
+        ("GET", memory_path(PROJECT), "cm_000000000000_nope"),
+        ("GET", "/no/such/path", None),
+        ("GET", f"{ANALYTICS}conversations", shop["analytics"]),
+        ("POST", "/v1/admin/sweeps", OPERATOR_TOKEN),
+    ]:
+        reply = await api.call(method, path, token=token)
+        assert reply.headers["X-Content-Type-Options"] == "nosniff", (method, path, reply.status)
+    csv = await api.call(
+        "GET", f"{ANALYTICS}conversations", token=shop["analytics"], headers={"Accept": "text/csv"}
+    )
+    assert csv.content_type == "text/csv" and csv.headers["X-Content-Type-Options"] == "nosniff"
