@@ -64,7 +64,9 @@ def per_failure_ns(make: Callable[[], object], fill: int, sources: int, probes: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--baseline", action="store_true", help="also time the previous implementation")
     args = parser.parse_args()
@@ -73,7 +75,11 @@ def main() -> None:
         kinds.append(("list (before)", ListThrottle))
     for sources in (1, 10_000):
         print(f"\nfailures from {sources} source(s); median ns per failure over {args.rounds} rounds")
-        print(f"{'implementation':<16}" + "".join(f"{f'{fill:,} in window':>20}" for fill in FILLS) + "   100k/1k")
+        print(
+            f"{'implementation':<16}"
+            + "".join(f"{f'{fill:,} in window':>20}" for fill in FILLS)
+            + "   100k/1k"
+        )
         for name, make in kinds:
             medians = []
             for fill in FILLS:

@@ -14,6 +14,11 @@ MIN_PSEUDONYM_KEY_CHARS = 32
 #: Most processes ``serve --workers`` starts. Each worker holds its own store connections and caches, and
 #: more workers than cores only adds memory; the bound catches typos (``--workers 800``).
 MAX_WORKERS = 64
+#: Connections the kernel queues for ``accept()`` (capped by net.core.somaxconn, 4096 by default since Linux
+#: 5.4). aiohttp's 128 overflows under a burst of connections, and a client whose SYN was dropped waits a
+#: second or more to send it again: 20,000 connections took 22 s to open with 1024, 6 s with 4096, and
+#: probes waited for the retries too. Queued connections cost the kernel's memory, not file descriptors.
+LISTEN_BACKLOG = 4096
 
 #: Environment variables holding a number of seconds (not negative), and the setting each one sets.
 _SECONDS = (

@@ -45,6 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .config import LISTEN_BACKLOG
 from .logs import mask_text
 
 log = logging.getLogger("caller_memory.workers")
@@ -60,8 +61,8 @@ START_TIMEOUT_S = 60.0
 MAX_START_FAILURES = 5
 #: After SIGTERM, the workers get this long to finish the requests in flight; then they are killed.
 STOP_TIMEOUT_S = 30.0
-#: The listen backlog aiohttp would use.
-BACKLOG = 128
+#: The listen backlog (the same as `serve` with one process).
+BACKLOG = LISTEN_BACKLOG
 
 _READY = b"ready\n"
 _FAILED = b"failed "

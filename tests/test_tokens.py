@@ -1,15 +1,18 @@
-"""Token lookups cached per process: how long another process's revocation can take to be seen."""
+"""Token lookups cached per process: how long another process's revocation can take to be seen; the
+throttle of failed authentications: bounded, and O(1) per failure."""
 
 from __future__ import annotations
 
 import asyncio
+import statistics
+import time
 from pathlib import Path
 
 import pytest
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.errors import Unauthenticated
 from caller_memory.service.domain.retention import AuditLog
-from caller_memory.service.domain.tokens import TokenService
+from caller_memory.service.domain.tokens import FailureThrottle, TokenService
 from caller_memory.service.storage.sqlite import SQLiteStore
 
 CACHE_SECONDS = 0.4
@@ -72,3 +75,42 @@ async def test_a_lookup_that_overlaps_a_revocation_does_not_bring_the_token_back
             await tokens.authenticate(f"Bearer {minted.secret}")
     finally:
         await store.close()
+
+
+# The failure throttle ------------------------------------------------------------------------------------
+
+
+def test_the_throttle_refuses_past_its_limit_and_forgets_the_least_recent_sources() -> None:
+    throttle = FailureThrottle(limit=3, window=60.0, max_sources=100)
+    assert [throttle.failure("a") for _ in range(3)] == [None, None, None]
+    assert all(1 <= (wait or 0) <= 61 for wait in (throttle.failure("a") for _ in range(1000)))
+    assert throttle.failure("b") is None  # another source has its own count
+    for n in range(1000):
+        throttle.failure(f"10.0.0.{n}")
+    assert len(throttle._failures) == 100  # bounded
+    assert all(len(times) <= 4 for times in throttle._failures.values())
+    assert throttle.failure("a") is None  # forgotten (the least recently failing) once the table was full
+
+
+def test_the_window_is_exact() -> None:
+    throttle = FailureThrottle(limit=2, window=0.0)  # every earlier failure is already out of the window
+    assert [throttle.failure("a") for _ in range(50)] == [None] * 50
+
+
+def _cost_per_failure(fill: int, probes: int = 2000) -> float:
+    throttle = FailureThrottle()
+    for _ in range(fill):
+        throttle.failure("203.0.113.9")
+    started = time.perf_counter()
+    for _ in range(probes):
+        throttle.failure("203.0.113.9")
+    return (time.perf_counter() - started) / probes
+
+
+def test_a_failure_costs_the_same_with_1k_or_100k_failures_in_the_window() -> None:
+    # Ratios of medians measured side by side, not absolute times (bench/throttle.py prints the numbers).
+    # The implementation this replaced cost 42 times as much at 100k as at 1k.
+    rounds = [(_cost_per_failure(1_000), _cost_per_failure(100_000)) for _ in range(5)]
+    small = statistics.median(r[0] for r in rounds)
+    large = statistics.median(r[1] for r in rounds)
+    assert large < 3 * small, (small, large)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import socket
 import time
@@ -39,6 +40,7 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from ..config import LISTEN_BACKLOG
 from .metrics import Metrics
 
 log = logging.getLogger("caller_memory.http")
@@ -65,6 +67,13 @@ _HEAD_TIMEOUT_RESPONSE = (
 )
 
 
+_SHED_REASONS = {
+    "header_timeout": "connections whose request head did not arrive within CALLER_MEMORY_HEADER_TIMEOUT",
+    "over_limit": "connections waiting for a request head, the oldest, to stay within "
+    "CALLER_MEMORY_MAX_CONNECTIONS",
+}
+
+
 class CannotListen(RuntimeError):
     """The server could not bind its address (the port is taken, no permission...)."""
 
@@ -84,6 +93,9 @@ class ConnectionGuard:
         self._idle: OrderedDict[_GuardedHandler, None] = OrderedDict()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Connections closed since the last log line about them, by reason; the next such line.
+        self._unreported: dict[str, int] = {}
+        self._report: asyncio.TimerHandle | None = None
 
     @property
     def open(self) -> int:
@@ -134,13 +146,24 @@ class ConnectionGuard:
         # Forgotten at once: the transport reports the close on a later turn of the loop.
         self._forget(conn)
         self._metrics.connections_closed.labels(reason).inc()
-        log.warning(
-            "closed a connection whose request head did not arrive within CALLER_MEMORY_HEADER_TIMEOUT"
-            if reason == "header_timeout"
-            else "closed the oldest connection waiting for a request head, to stay within "
-            "CALLER_MEMORY_MAX_CONNECTIONS"
-        )
+        self._unreported[reason] = self._unreported.get(reason, 0) + 1
+        if self._report is None:  # the first in a while is logged at once, then one line per interval
+            self._report_shed()
         conn.shed(farewell)
+
+    def _report_shed(self) -> None:
+        """Log what was shed since the last report, as one line (no line per connection: a flood of
+        connections must not become a flood of log lines)."""
+        self._report = None
+        if not self._unreported:
+            return
+        log.warning(
+            "closed %s to protect the service (see caller_memory_connections_closed)",
+            ", ".join(f"{n} {_SHED_REASONS[reason]}" for reason, n in sorted(self._unreported.items())),
+        )
+        self._unreported = {}
+        assert self._loop is not None
+        self._report = self._loop.call_later(REPEAT_INTERVAL_S, self._report_shed)
 
     def _expire_heads(self) -> None:
         self._timer = None
@@ -154,9 +177,14 @@ class ConnectionGuard:
             self._shed(conn, "header_timeout", _HEAD_TIMEOUT_RESPONSE)
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._report):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._report = None
+        self._report_shed()
+        if self._report is not None:
+            self._report.cancel()
+            self._report = None
 
 
 class _GuardedHandler(RequestHandler):
@@ -271,9 +299,12 @@ class RepeatedRecords(logging.Filter):
 
     MAX_KEYS = 1000
 
-    def __init__(self, interval: float = REPEAT_INTERVAL_S) -> None:
+    def __init__(
+        self, interval: float = REPEAT_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
         self.interval = interval
+        self._clock = clock
         #: (logger, level, message) -> (start of its interval, records left out in it)
         self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
 
@@ -281,7 +312,7 @@ class RepeatedRecords(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         key = (record.name, record.levelno, record.getMessage())
-        now = time.monotonic()
+        now = self._clock()
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.interval:
             self._seen[key] = (seen[0], seen[1] + 1)
@@ -370,12 +401,14 @@ async def _run(
     try:
         sites: list[web.BaseSite] = [web.SockSite(runner, sock) for sock in sockets]
         if not sites:
-            sites.append(web.TCPSite(runner, host, port))
+            sites.append(web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG))
         for site in sites:
             try:
                 await site.start()
             except OSError as exc:
-                raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+                # asyncio rewords the error ("error while attempting to bind on address ..."), keeping errno.
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise CannotListen(f"cannot listen on {host}:{port}: {reason}") from exc
         await on_listening()
         await asyncio.Event().wait()  # until a signal raises GracefulExit out of the loop
     finally:
