@@ -171,7 +171,7 @@ class MemoryClient:
             raise ValueError(
                 "project must be 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
             )
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _checked_base_url(base_url)
         self.project = project
         self.read_budget = read_budget
         self.retry = retry or RetryPolicy()
@@ -296,7 +296,7 @@ class MemoryClient:
         except TimeoutError:
             raise ServiceUnavailableError(f"no answer within {seconds * 1000:.0f} ms") from None
         except AnswerTooLarge:
-            raise ServiceUnavailableError(f"the answer is larger than {MAX_BODY_BYTES} bytes") from None
+            raise ServiceUnavailableError(f"the answer is larger than {MAX_BODY_BYTES >> 20} MiB") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise ServiceUnavailableError(
                 f"{type(exc).__name__}: no usable answer from the service"
@@ -386,6 +386,9 @@ class MemoryClient:
         entry_id: int | None = None
         try:
             entry_id, encoded = await self.outbox.keep(conversation_id, body, lease=self.retry.worst_case + 1)
+        except asyncio.CancelledError:  # the entry may have been written all the same: hand it back
+            self._track(self._quietly(self.outbox.release_conversation(conversation_id)), tasks=self._cleanup)
+            raise
         except OutboxUnavailableError as exc:
             encoded = orjson.dumps(body)
             log.error("conversation %s: %s; sending anyway", conversation_id, exc)
@@ -503,6 +506,25 @@ class MemoryClient:
                 report.rejected,
                 report.remaining,
             )
+
+
+def _checked_base_url(base_url: str) -> str:
+    """``base_url`` without a trailing slash, or ValueError unless it is an http(s) URL with a host and no
+    query, fragment, whitespace or control characters."""
+    text = base_url.rstrip("/") if isinstance(base_url, str) else ""
+    try:
+        url = URL(text)
+    except ValueError:
+        url = URL()
+    if (
+        url.scheme not in ("http", "https")
+        or not url.host
+        or url.query_string
+        or url.fragment
+        or any(ch.isspace() or not ch.isprintable() for ch in text)
+    ):
+        raise ValueError("base_url must be an http:// or https:// URL with a host (and no query or fragment)")
+    return text
 
 
 async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:

@@ -174,6 +174,14 @@ class Conversation:
                 if self._ended_at is None:
                     self._ended_at = datetime.now(UTC).isoformat(timespec="milliseconds")
                 state = checked_state(self.state)
+                for name, given in (
+                    ("qa", qa),
+                    ("handoff_reason", handoff_reason),
+                    ("handoff_to", handoff_to),
+                    ("channel", channel),
+                ):
+                    if given is not None and not isinstance(given, str):
+                        raise ValueError(f"{name} must be a string or None, not {type(given).__name__}")
                 body = {
                     "caller": self.caller,
                     "state": state,

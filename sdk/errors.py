@@ -33,10 +33,21 @@ class ServiceError(CallerMemoryError):
 
     def __init__(self, status: int, problem: dict[str, Any]) -> None:
         self.status = status
-        self.problem = problem
+        #: The problem document, every string in it masked (it may echo the request, hence the number).
+        self.problem: dict[str, Any] = _masked(problem)
         #: The problem's detail (or title), with anything shaped like a phone number masked.
-        self.detail: str = mask(str(problem.get("detail") or problem.get("title") or f"HTTP {status}"))
+        self.detail: str = str(self.problem.get("detail") or self.problem.get("title") or f"HTTP {status}")
         super().__init__(f"{status}: {self.detail}")
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        return {mask(str(k)): _masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value
 
 
 class AuthenticationError(ServiceError):

@@ -181,7 +181,14 @@ class Outbox:
                 raise OutboxUnavailableError(f"the outbox {self.path} cannot be used: {exc}") from exc
 
         async with self._lock:  # one connection, one statement at a time
-            return await asyncio.to_thread(run)
+            work_done = asyncio.ensure_future(asyncio.to_thread(run))
+            try:
+                return await asyncio.shield(work_done)
+            except asyncio.CancelledError:
+                # A thread cannot be stopped: keep the connection to it until its statement finished (within
+                # the busy timeout), so that no other statement runs on the connection in the meantime.
+                await asyncio.wait([work_done])
+                raise
 
     async def _run(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         return await self._call(lambda conn: conn.execute(sql, params).fetchall())
@@ -288,6 +295,15 @@ class Outbox:
                 f"UPDATE outbox SET claimed_until = 0, attempts = attempts + 1 WHERE id IN ({marks})",
                 entry_ids,
             )
+
+    async def release_conversation(self, conversation_id: str) -> None:
+        """Give back this process's entry of a conversation (its writer was cancelled before it learnt the
+        entry's id)."""
+        await self._run(
+            "UPDATE outbox SET claimed_until = 0 WHERE base_url = ? AND project = ? AND conversation_id = ? "
+            "AND owner = ?",
+            (self._base_url, self._project, conversation_id, self._owner),
+        )
 
     async def delivered(self, entry_id: int) -> None:
         await self._run("DELETE FROM outbox WHERE id = ?", (entry_id,))

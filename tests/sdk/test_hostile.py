@@ -254,12 +254,14 @@ BIG = b'{"fields": {"a": "' + b"x" * (20 << 20) + b'"}}'
 async def test_huge_and_compressed_bodies_are_refused_within_the_budget(
     serve: Serve, tmp_path: Path, kind: str
 ) -> None:
+    bombs = {"gzip bomb": gzip_bomb(), "deflate bomb": deflate_bomb()}  # made before the clock starts
+
     async def answer(request: web.Request) -> web.StreamResponse:
         headers = {"Content-Type": "application/json"}
         if kind == "gzip bomb":
-            return web.Response(body=gzip_bomb(), headers=headers | {"Content-Encoding": "gzip"})
+            return web.Response(body=bombs[kind], headers=headers | {"Content-Encoding": "gzip"})
         if kind == "deflate bomb":
-            return web.Response(body=deflate_bomb(), headers=headers | {"Content-Encoding": "deflate"})
+            return web.Response(body=bombs[kind], headers=headers | {"Content-Encoding": "deflate"})
         if kind == "br":  # a coding the SDK did not ask for
             return web.Response(body=b"\x0b\x02\x80{}\x03", headers=headers | {"Content-Encoding": "br"})
         if kind == "20 MB":
@@ -368,6 +370,10 @@ async def test_error_documents_echoing_the_path_are_masked(
         detail = f"nothing at {request.raw_path} (that is {unquote(request.raw_path)!r}; {body[:40]!r})"
         status = 404 if request.method == "GET" else 422
         problem = {"type": "x", "title": f"Not here: {request.raw_path}", "status": status, "detail": detail}
+        if status == 422:
+            problem["errors"] = [
+                {"field": "caller", "message": f"{unquote(request.raw_path)} is not allowed"}
+            ]
         return web.Response(
             status=status, body=orjson.dumps(problem), content_type="application/problem+json"
         )
@@ -383,6 +389,8 @@ async def test_error_documents_echoing_the_path_are_masked(
             await conv.end()
         [kept] = await c.outbox.rejected()  # set aside, not deleted
         shown = [memory.reason or "", str(refused.value), refused.value.detail, kept.rejected or ""]
+        shown += [str(refused.value.problem), str(refused.value.errors)]
+        assert refused.value.errors[0]["field"] == "caller"
     records = [r.getMessage() for r in caplog.records if r.name.startswith("caller_memory.sdk")]
     assert len(records) >= 2  # the read and the refusal were logged...
     assert [text for text in records + shown if shows_number(text)] == []  # ...without the number

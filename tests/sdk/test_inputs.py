@@ -68,6 +68,34 @@ def test_a_conversation_id_with_a_trailing_newline_or_control_characters_is_refu
     assert c.conversation("CA1234:leg-2.a_b", caller=CALLER).conversation_id == "CA1234:leg-2.a_b"
 
 
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "",
+        "127.0.0.1:8080",
+        "ftp://host",
+        "http://",
+        "http://host/?q=1",
+        "http://host/#x",
+        "http://ho st",
+        "http://host\n",
+    ],
+)
+def test_a_base_url_that_is_not_a_service_url_is_refused(base_url: str) -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        MemoryClient(base_url, token="t", project="p")
+    assert MemoryClient("https://memory.example/prefix/", token="t", project="p").base_url == (
+        "https://memory.example/prefix"
+    )
+
+
+async def test_outcome_values_must_be_strings() -> None:
+    conv = MemoryClient("http://127.0.0.1:1", token="t", project="p").conversation("c1", caller=CALLER)
+    for outcome in ({"qa": math.nan}, {"handoff_reason": 1}, {"handoff_to": ["a"]}, {"channel": b"voice"}):
+        with pytest.raises(ValueError, match="must be a string or None"):
+            await conv.end(**outcome)
+
+
 @pytest.mark.parametrize("project", ["", "Shop", "shop\n", "shop/../x", "-shop"])
 def test_a_project_id_the_service_cannot_have_is_refused(project: str) -> None:
     with pytest.raises(ValueError, match="project"):
