@@ -297,11 +297,7 @@ class MemoryClient:
             raise ServiceUnavailableError(f"no answer within {seconds * 1000:.0f} ms") from None
         except AnswerTooLarge:
             raise ServiceUnavailableError(f"the answer is larger than {MAX_BODY_BYTES >> 20} MiB") from None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise ServiceUnavailableError(
-                f"{type(exc).__name__}: no usable answer from the service"
-            ) from None
-        except Exception as exc:  # whatever a server sends must not raise into agent code
+        except Exception as exc:  # aiohttp's and decoding errors, and anything else: never into agent code
             raise ServiceUnavailableError(
                 f"{type(exc).__name__}: no usable answer from the service"
             ) from None
