@@ -31,7 +31,7 @@ _LETTERS = "it holds letters (vanity numbers are refused: send the digits)"
 
 #: Pseudonyms are 128 bits, hex encoded.
 PSEUDONYM_HEX_CHARS = 32
-PSEUDONYM_RE = re.compile(r"^[0-9a-f]{32}$")
+PSEUDONYM_RE = re.compile(r"\A[0-9a-f]{32}\Z")
 
 
 @lru_cache(maxsize=65536)

@@ -48,7 +48,8 @@ def _check_duration(value: timedelta) -> timedelta:
 
 DURATION_HELP = "must be an ISO 8601 duration such as 'P90D' or 'PT12H', or a whole number of seconds"
 _ISO_DURATION = re.compile(
-    r"^P(?=\d|T\d)(?:\d+Y)?(?:\d+M)?(?:\d+W)?(?:\d+D)?(?:T(?=\d)(?:\d+H)?(?:\d+M)?(?:\d+(?:\.\d+)?S)?)?$"
+    r"^P(?=\d|T\d)(?:\d+Y)?(?:\d+M)?(?:\d+W)?(?:\d+D)?(?:T(?=\d)(?:\d+H)?(?:\d+M)?(?:\d+(?:\.\d+)?S)?)?$",
+    re.ASCII,
 )
 
 
@@ -58,7 +59,7 @@ def _duration_input(value: Any) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(DURATION_HELP)
-    if isinstance(value, str) and not _ISO_DURATION.match(value):
+    if isinstance(value, str) and not _ISO_DURATION.fullmatch(value):
         raise ValueError(DURATION_HELP)
     return value
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..storage.base import Store, TokenRecord
 from .clock import Clock
 from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
+from .limits import TOKEN_ID_RE
 from .retention import AuditLog
 
 TOKEN_PREFIX = "cm"
@@ -164,8 +165,13 @@ class TokenService:
 
     async def revoke(self, project: str, token_id: str, *, actor: str) -> None:
         """Revoke a token (audited as done by ``actor``)."""
-        if not await self._store.delete_token(project, token_id):
-            raise NotFound(f"token '{token_id}' not found in project '{project}'")
+        # An id that no token can have is not looked up (nor echoed: it may be anything a path can hold).
+        if not TOKEN_ID_RE.fullmatch(token_id) or not await self._store.delete_token(project, token_id):
+            raise NotFound(
+                f"no token with id '{token_id}' in project '{project}'"
+                if TOKEN_ID_RE.fullmatch(token_id)
+                else f"no such token in project '{project}' (a token id is 12 hex digits)"
+            )
         self._revocations += 1
         self._cache[token_id] = (time.monotonic(), None)
         self._principals = {k: v for k, v in self._principals.items() if v[1].token_id != token_id}

@@ -23,6 +23,7 @@ from ..domain.limits import (
     MAX_VALUE_BYTES,
     MIN_TTL_SECONDS,
     PROJECT_ID_PATTERN,
+    TOKEN_ID_PATTERN,
 )
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.tokens import Role
@@ -42,7 +43,6 @@ Json = dict[str, Any]
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 PROBLEM = "application/problem+json"
-TOKEN_ID_PATTERN = r"^[0-9a-f]{12}$"
 E164_PATTERN = r"^\+[1-9][0-9]{1,14}$"
 
 ROLE_TEXT = {

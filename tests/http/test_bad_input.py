@@ -407,3 +407,36 @@ async def test_every_answer_says_nosniff(api: Api, shop: dict[str, str]) -> None
         "GET", f"{ANALYTICS}conversations", token=shop["analytics"], headers={"Accept": "text/csv"}
     )
     assert csv.content_type == "text/csv" and csv.headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize("suffix", ["%0A", "%0D%0A", "%00", "%D9%A1"])
+async def test_ids_in_paths_are_matched_whole_and_in_ascii(
+    api: Api, shop: dict[str, str], suffix: str
+) -> None:
+    end = await api.call(
+        "POST",
+        f"/v1/projects/{PROJECT}/conversations/c-1{suffix}/end",
+        token=shop["agent"],
+        json={"caller": CALLER},
+    )
+    assert_problem(end, 422)
+    assert_problem(
+        await api.call("DELETE", memory_path(PROJECT) + f"/caller_name{suffix}", token=shop["admin"]), 422
+    )
+    assert_problem(await api.call("GET", f"/v1/projects/{PROJECT}{suffix}", token=OPERATOR_TOKEN), 422)
+    revoke = await api.call(
+        "DELETE", f"/v1/projects/{PROJECT}/tokens/0123456789ab{suffix}", token=shop["admin"]
+    )
+    assert_problem(revoke, 404, mentions="12 hex digits")
+    await unchanged(api, shop)
+    # The well-formed id was not used up by the refused end.
+    good = await api.call(
+        "POST", f"/v1/projects/{PROJECT}/conversations/c-1/end", token=shop["agent"], json={"caller": CALLER}
+    )
+    assert good.status == 200 and good.headers["Idempotent-Replayed"] == "false"
+
+
+async def test_a_token_id_no_token_can_have_is_not_echoed(api: Api, shop: dict[str, str]) -> None:
+    revoke = await api.call("DELETE", f"/v1/projects/{PROJECT}/tokens/{'a' * 3000}", token=shop["admin"])
+    assert_problem(revoke, 404)
+    assert "a" * 20 not in revoke.body["detail"]
