@@ -124,7 +124,10 @@ def _check_store_exists(settings: Settings, args: argparse.Namespace) -> None:
     """Only ``project apply`` may create a SQLite store: any other command run in the wrong folder would
     create an empty database there and report that nothing exists."""
     prefix = "sqlite:///"
-    if not settings.store_url.startswith(prefix) or (args.command, getattr(args, "action", None)) == ("project", "apply"):
+    if not settings.store_url.startswith(prefix) or (args.command, getattr(args, "action", None)) == (
+        "project",
+        "apply",
+    ):
         return
     path = Path(settings.store_url[len(prefix) :])
     if not path.exists():

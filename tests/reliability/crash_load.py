@@ -68,6 +68,20 @@ async def end_call(session: aiohttp.ClientSession, base_url: str, token: str, i:
         return type(exc).__name__
 
 
+async def retry_all(
+    session: aiohttp.ClientSession, base_url: str, token: str, ids: Iterable[int]
+) -> list[Outcome]:
+    """Send each failed write again, as a client's pool would: a few at a time (one project may hold only its
+    share of the service's requests in flight; a burst of hundreds would be answered 429)."""
+    limit = asyncio.Semaphore(16)
+
+    async def one(i: int) -> Outcome:
+        async with limit:
+            return await end_call(session, base_url, token, i)
+
+    return list(await asyncio.gather(*(one(i) for i in ids)))
+
+
 async def stored_values(
     session: aiohttp.ClientSession, base_url: str, ids: Iterable[int]
 ) -> dict[int, object]:

@@ -35,6 +35,7 @@ from tests.reliability.crash_load import (
     conversations_counted,
     create_project,
     end_call,
+    retry_all,
     stored_values,
     value,
 )
@@ -174,7 +175,7 @@ async def test_a_killed_primary_fails_over_and_no_acknowledged_write_is_lost(
         assert recovered_s > restarted_at - killed_at  # nothing acknowledged before a replica was back
 
         # A failed write may or may not have been applied; the client's retry settles it, exactly once.
-        retried = await asyncio.gather(*(end_call(session, service.url, token, i) for i in failed))
+        retried = await retry_all(session, service.url, token, failed)
         retry_outcomes = Counter(retried)
         print(f"retries of the {len(failed)} failed writes: {dict(retry_outcomes)}")
         assert set(retried) <= {200, "replayed"}, retry_outcomes

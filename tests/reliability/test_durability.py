@@ -41,6 +41,7 @@ from tests.reliability.crash_load import (
     end_body,
     end_call,
     http,
+    retry_all,
     stored_values,
     value,
 )
@@ -94,7 +95,7 @@ async def check_no_write_lost(load: Load, session: aiohttp.ClientSession, base_u
     # A failed write may or may not have been applied (the answer can be lost after the commit); the client's
     # retry settles it either way, and never applies it twice.
     failed = load.ids(succeeded=False)
-    retried = await asyncio.gather(*(end_call(session, base_url, token, i) for i in failed))
+    retried = await retry_all(session, base_url, token, failed)
     retry_outcomes = {o: retried.count(o) for o in set(retried)}
     print(f"retries of the {len(failed)} failed writes: {retry_outcomes}")
     assert set(retried) <= {200, "replayed"}, retry_outcomes
