@@ -35,8 +35,9 @@ from caller_memory.service.domain.analytics import AnalyticsService, increments 
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS  # noqa: E402
 from caller_memory.service.domain.identifiers import Pseudonymizer  # noqa: E402
 from caller_memory.service.domain.projects import compile_project, parse_config  # noqa: E402
+from caller_memory.service.domain.store import ConversationEntry, FirstInteraction, Store  # noqa: E402
 from caller_memory.service.storage import keys, open_store  # noqa: E402
-from caller_memory.service.storage.base import ConversationEntry, FirstInteraction, Store, encode_entry  # noqa: E402
+from caller_memory.service.storage.codec import encode_entry  # noqa: E402
 
 from tests.support.redis_server import RedisServer  # noqa: E402
 
@@ -103,8 +104,8 @@ def fill_sqlite(path: Path, entries: list[ConversationEntry], expires: int) -> N
 
 async def fill_redis(store: Any, entries: list[ConversationEntry], expires: int) -> None:
     """Record every conversation with the store's own script, pipelined in batches."""
-    client = store._redis
-    script = store._scripts["record"]
+    client = store._transport.client
+    script = store._transport.scripts["record"]
     for offset in range(0, len(entries), 2000):
         async with client.pipeline(transaction=False) as pipe:
             for e in entries[offset : offset + 2000]:

@@ -19,6 +19,7 @@ from .domain.limits import MAX_BODY_BYTES
 from .domain.memory import MemoryService
 from .domain.registry import ProjectRegistry
 from .domain.retention import AuditLog, Sweeper
+from .domain.store import Store
 from .domain.tokens import TokenService
 from .http.admin_routes import record_sweep_metrics
 from .http.admin_routes import routes as admin_routes
@@ -30,7 +31,6 @@ from .http.middleware import service_middleware
 from .http.routes import routes
 from .logs import install_log_masking
 from .storage import open_store
-from .storage.base import Store
 
 log = logging.getLogger("caller_memory")
 

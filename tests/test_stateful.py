@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import pytest
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.fields import StoredField, live_fields
+from caller_memory.service.domain.store import Store
 from caller_memory.service.storage import open_store
-from caller_memory.service.storage.base import Store
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule

@@ -1,4 +1,5 @@
 """Domain layer: configuration, identifiers, memory rules and use cases.
 
-Imports neither aiohttp nor redis; storage is reached through :class:`caller_memory.service.storage.base.Store`.
+Imports neither aiohttp nor redis; storage is reached through the Store interface it owns
+(:class:`caller_memory.service.domain.store.Store`), which the backends in service/storage implement.
 """

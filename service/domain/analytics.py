@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from ..storage.base import AnalyticsInput, ConversationEntry, Counters, FirstInteraction, Store
 from .clock import BUCKET_MS, HOUR_MS, bucket_start, floor_hour_ms, iso_utc
 from .errors import InvalidInput
 from .projects import Project
+from .store import AnalyticsInput, ConversationEntry, Counters, FirstInteraction, Store
 
 INTERVALS = ("hour", "day", "week")
 #: Most buckets one report may span (e.g. 41 days by the hour, 2.7 years by the day).

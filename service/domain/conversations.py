@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 
-from ..storage.base import ConversationRecord, EndStatus, Store
 from .analytics import AnalyticsService, metrics
 from .clock import Clock
 from .errors import Conflict, InvalidIdentifier, InvalidInput
@@ -16,6 +15,7 @@ from .fields import StoredField
 from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
+from .store import ConversationRecord, EndStatus, Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
-from ..storage.base import Store
 from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import InvalidInput, PreconditionFailed
 from .fields import StoredField, WriteCondition, compute_etag
 from .identifiers import Pseudonymizer, normalize
 from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .projects import Project
+from .store import Store
 
 EMPTY_ETAG = compute_etag({})
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
-from ..storage.base import AuditEntry, Store
 from .clock import Clock, iso_utc
 from .errors import InvalidInput
 from .projects import ProjectConfig
+from .store import AuditEntry, Store
 
 log = logging.getLogger("caller_memory.retention")
 

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from ..domain.clock import iso_utc
 from ..domain.errors import Conflict
+from ..domain.store import AuditEntry
 from ..domain.tokens import Role
-from ..storage.base import AuditEntry
 from .keys import METRICS
 from .queries import AuditQuery, SweepsQuery, parse_query
 from .responses import json_response

@@ -11,8 +11,8 @@ from aiohttp import web
 from ..domain.analytics import metrics
 from ..domain.clock import DAY_MS, HOUR_MS, ceil_hour_ms, floor_hour_ms, iso_utc
 from ..domain.errors import InvalidInput
+from ..domain.store import ConversationEntry
 from ..domain.tokens import Role
-from ..storage.base import ConversationEntry
 from .queries import EARLIEST, ConversationsQuery, RangeQuery, RepeatCallersQuery, parse_query
 from .responses import json_response
 from .routes import project_for

@@ -15,8 +15,8 @@ from ..domain.errors import StoreUnavailable
 from ..domain.memory import MemoryService
 from ..domain.registry import ProjectRegistry
 from ..domain.retention import AuditLog, Sweeper
+from ..domain.store import Store
 from ..domain.tokens import TokenService
-from ..storage.base import Store
 from .metrics import Metrics
 
 

@@ -16,8 +16,8 @@ from ..domain.fields import entity_tags
 from ..domain.memory import ErasureReceipt, MemoryView
 from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
+from ..domain.store import TokenRecord
 from ..domain.tokens import Principal, Role
-from ..storage.base import TokenRecord
 from .keys import METRICS, SERVICES, Services
 from .responses import json_response
 from .schemas import EndRequest, TokenCreate

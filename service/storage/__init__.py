@@ -1,9 +1,9 @@
-"""Storage backends behind one interface (:mod:`.base`)."""
+"""Storage backends: each implements the domain's Store interface (:mod:`caller_memory.service.domain.store`)."""
 
 from __future__ import annotations
 
 from ..domain.errors import InvalidInput
-from .base import Store
+from ..domain.store import Store
 
 
 def open_store(url: str, *, timeout: float = 0.5) -> Store:

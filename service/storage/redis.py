@@ -36,8 +36,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition
-from . import keys
-from .base import (
+from ..domain.store import (
     AnalyticsInput,
     AuditEntry,
     ConversationEntry,
@@ -49,11 +48,9 @@ from .base import (
     PatchResult,
     Store,
     TokenRecord,
-    decode_audit,
-    decode_entry,
-    encode_audit,
-    encode_entry,
 )
+from . import keys
+from .codec import decode_audit, decode_entry, encode_audit, encode_entry
 from .redis_cluster import (
     ClusterLink,
     Command,

@@ -20,7 +20,7 @@ import orjson
 
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition, live_fields
-from .base import (
+from ..domain.store import (
     BUCKET_KINDS,
     AnalyticsInput,
     AuditEntry,
@@ -33,12 +33,8 @@ from .base import (
     PatchResult,
     Store,
     TokenRecord,
-    audit_id,
-    decode_audit,
-    decode_entry,
-    encode_audit,
-    encode_entry,
 )
+from .codec import audit_id, decode_audit, decode_entry, encode_audit, encode_entry
 
 T = TypeVar("T")
 

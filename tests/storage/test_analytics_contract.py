@@ -11,7 +11,7 @@ from caller_memory.service.domain.analytics import AnalyticsService, increments
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS, bucket_start
 from caller_memory.service.domain.identifiers import Pseudonymizer
 from caller_memory.service.domain.projects import compile_project, parse_config
-from caller_memory.service.storage.base import (
+from caller_memory.service.domain.store import (
     AnalyticsInput,
     ConversationEntry,
     ConversationRecord,

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio
 from caller_memory.service.domain.errors import StoreCorrupt, StoreUnavailable
 from caller_memory.service.domain.fields import StoredField, WriteCondition, compute_etag, live_fields
+from caller_memory.service.domain.store import ConversationRecord, EndStatus, Store, TokenRecord
 from caller_memory.service.storage import keys
-from caller_memory.service.storage.base import ConversationRecord, EndStatus, Store, TokenRecord
 from caller_memory.service.storage.redis import RedisStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -465,7 +465,8 @@ async def test_redis_analytics_of_the_earlier_release_are_read_by_their_hour(
     """Entries stored as "<expires_at>|<json>" and first-interaction records without created_at (made before
     analytics kept their recording times) count as recorded at their hour."""
     from caller_memory.service.domain.clock import HOUR_MS, bucket_start
-    from caller_memory.service.storage.base import AnalyticsInput, ConversationEntry, encode_entry
+    from caller_memory.service.domain.store import AnalyticsInput, ConversationEntry
+    from caller_memory.service.storage.codec import encode_entry
 
     t = now_ms()
     hour = t - t % HOUR_MS
@@ -604,7 +605,7 @@ async def test_redis_unreachable_and_hung_server_is_store_unavailable() -> None:
 async def test_an_erasure_leaves_alone_a_reused_id_of_another_caller(store: Store) -> None:
     """c1 ended for A, its record expired, c1 reused for B: erasing A neither unlinks, unlists nor blocks B's."""
     from caller_memory.service.domain.clock import HOUR_MS, bucket_start
-    from caller_memory.service.storage.base import AnalyticsInput
+    from caller_memory.service.domain.store import AnalyticsInput
 
     a = new_subject()
     b = a[:8] + new_subject()[8:]  # the same bucket on Redis: the same record key for one id

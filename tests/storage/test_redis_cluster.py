@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from caller_memory.service.domain.errors import StoreUnavailable
+from caller_memory.service.domain.store import ConversationRecord, EndStatus
 from caller_memory.service.storage import keys, open_store
-from caller_memory.service.storage.base import ConversationRecord, EndStatus
 from caller_memory.service.storage.redis import RedisStore
 from caller_memory.service.storage.redis_cluster import parse_cluster_url, slot_of
 from redis.crc import key_slot

@@ -9,7 +9,7 @@ import uuid
 
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS, bucket_start
 from caller_memory.service.domain.fields import StoredField
-from caller_memory.service.storage.base import (
+from caller_memory.service.domain.store import (
     AnalyticsInput,
     AuditEntry,
     ConversationRecord,

@@ -52,7 +52,7 @@ async def test_a_file_of_the_earlier_release_gains_the_recording_times(tmp_path:
     import sqlite3
 
     from caller_memory.service.domain.clock import HOUR_MS
-    from caller_memory.service.storage.base import ConversationEntry
+    from caller_memory.service.domain.store import ConversationEntry
 
     path = tmp_path / "memory.db"
     store = SQLiteStore(path)

@@ -1,4 +1,5 @@
-"""The Store interface. Every backend implements it with identical semantics (see tests/storage).
+"""The Store interface (the port): the domain owns it and its records; every backend (service/storage)
+implements it with identical semantics (see tests/storage).
 
 Conventions for all backends:
 - Times are integer milliseconds since the Unix epoch, always passed in by the caller (the service's clock),
@@ -19,9 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from ..domain.fields import StoredField, WriteCondition
+from .fields import StoredField, WriteCondition
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,34 +106,6 @@ class Counters:
     kind: str
     bucket: int
     values: Mapping[str, int]
-
-
-def encode_entry(entry: ConversationEntry) -> bytes:
-    """The stored form of a listed conversation (the same bytes on every backend)."""
-    return orjson.dumps(entry)  # orjson writes a dataclass as asdict() would, field by field, 5x faster
-
-
-def decode_entry(data: bytes) -> ConversationEntry:
-    raw = orjson.loads(data)
-    first = raw.pop("first")
-    return ConversationEntry(**raw, first=FirstInteraction(**first) if first is not None else None)
-
-
-def audit_id(number: int) -> str:
-    """Audit ids are zero-padded decimal, so that they sort as they increase on every backend."""
-    return f"{number:020d}"
-
-
-def encode_audit(entry: AuditEntry) -> bytes:
-    return orjson.dumps(
-        {"at": entry.at, "actor": entry.actor, "action": entry.action, "details": dict(entry.details),
-         "receipt_id": entry.receipt_id}
-    )  # fmt: skip
-
-
-def decode_audit(entry_id: str, data: bytes) -> AuditEntry:
-    raw = orjson.loads(data)
-    return AuditEntry(id=entry_id, **raw)
 
 
 class EndStatus(enum.Enum):
