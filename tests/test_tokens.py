@@ -1,5 +1,6 @@
-"""Token lookups cached per process: how long another process's revocation can take to be seen; the
-throttle of failed authentications: bounded, and O(1) per failure."""
+"""Token lookups cached per process: how long another process's revocation can take to be seen (on the
+injected clock: a fake one here, so nothing waits); the throttle of failed authentications: bounded, and O(1)
+per failure."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from caller_memory.service.domain.retention import AuditLog
 from caller_memory.service.domain.tokens import FailureThrottle, TokenService
 from caller_memory.service.storage.sqlite import SQLiteStore
 
-CACHE_SECONDS = 0.4
+CACHE_SECONDS = 5.0
 
 
 async def test_a_revocation_elsewhere_is_seen_within_the_cache_time_however_the_header_is_written(
@@ -29,15 +30,47 @@ async def test_a_revocation_elsewhere_is_seen_within_the_cache_time_however_the_
         there = TokenService(store, clock, None, CACHE_SECONDS, AuditLog(store, clock))  # another process
         minted = await here.mint("shop", "agent", actor="test")
         assert (await there.authenticate(f"Bearer {minted.secret}")).token_id == minted.record.token_id
-        await asyncio.sleep(CACHE_SECONDS * 0.6)
+        clock.advance(CACHE_SECONDS * 0.6)
         # The same token, written differently: a new entry of the credential cache, from the token record
         # read 0.6 cache-times ago.
         assert (await there.authenticate(f"bearer  {minted.secret}")).token_id == minted.record.token_id
         await here.revoke("shop", minted.record.token_id, actor="test")
-        await asyncio.sleep(CACHE_SECONDS * 0.6)  # 1.2 cache-times after the token was read
+        clock.advance(CACHE_SECONDS * 0.3)  # 0.9 cache-times: still the cached record, for both forms
+        for header in (f"Bearer {minted.secret}", f"bearer  {minted.secret}"):
+            assert (await there.authenticate(header)).token_id == minted.record.token_id
+        clock.advance(CACHE_SECONDS * 0.1)  # exactly one cache-time after the token was read
         for header in (f"Bearer {minted.secret}", f"bearer  {minted.secret}"):
             with pytest.raises(Unauthenticated):
                 await there.authenticate(header)
+    finally:
+        await store.close()
+
+
+class SettableClock:
+    """A wall clock that an operator (or NTP) may set back."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now = now_ms
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+async def test_a_clock_set_back_does_not_stretch_the_cache(tmp_path: Path) -> None:
+    store = SQLiteStore.from_url(f"sqlite:///{tmp_path / 'tokens.db'}")
+    await store.open()
+    try:
+        clock = SettableClock(1_800_000_000_000)
+        here = TokenService(store, clock, None, CACHE_SECONDS, AuditLog(store, clock))
+        there = TokenService(store, clock, None, CACHE_SECONDS, AuditLog(store, clock))
+        minted = await here.mint("shop", "agent", actor="test")
+        header = f"Bearer {minted.secret}"
+        assert (await there.authenticate(header)).token_id == minted.record.token_id
+        await here.revoke("shop", minted.record.token_id, actor="test")
+        assert (await there.authenticate(header)).token_id == minted.record.token_id  # cached: same instant
+        clock.now -= 3_600_000  # an hour back: the entry would otherwise look fresh for an hour
+        with pytest.raises(Unauthenticated):
+            await there.authenticate(header)
     finally:
         await store.close()
 
@@ -47,10 +80,12 @@ class SlowLookups:
 
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
+        self.read = asyncio.Event()
         self.release = asyncio.Event()
 
     async def get_token(self, token_id: str) -> object:
         record = await self.store.get_token(token_id)
+        self.read.set()
         await self.release.wait()
         return record
 
@@ -67,7 +102,7 @@ async def test_a_lookup_that_overlaps_a_revocation_does_not_bring_the_token_back
         minted = await tokens.mint("shop", "agent", actor="test")
         tokens._cache.clear()  # as in another process: the token must be looked up
         lookup = asyncio.create_task(tokens.authenticate(f"Bearer {minted.secret}"))
-        await asyncio.sleep(0.05)  # the lookup has read the record and waits
+        await asyncio.wait_for(slow.read.wait(), 10)  # the lookup has read the record and waits
         await tokens.revoke("shop", minted.record.token_id, actor="test")
         slow.release.set()
         assert (await lookup).token_id == minted.record.token_id  # it started before the revocation

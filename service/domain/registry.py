@@ -1,13 +1,12 @@
 """Project configurations: applied through here, and cached in-process for the hot path.
 
-Each process keeps compiled projects for ``cache_seconds``. A change made through this process is visible
-to it at once; other processes (replicas) see it within ``cache_seconds``. A new project is visible to all
-at once (missing projects are not cached).
+Each process keeps compiled projects for ``cache_seconds`` of the injected clock. A change made through this
+process is visible to it at once; other processes (replicas) see it within ``cache_seconds``. A new project
+is visible to all at once (missing projects are not cached).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -38,16 +37,18 @@ class ProjectRegistry:
         self._audit = audit
         self._pseudonymizer = pseudonymizer
         self._clock = clock
-        self._cache_seconds = cache_seconds
-        self._cache: dict[str, tuple[float, Project]] = {}
+        self._cache_ms = cache_seconds * 1000
+        #: Entries are stamped with ``clock.now_ms()`` from before their configuration was read.
+        self._cache: dict[str, tuple[int, Project]] = {}
 
     async def apply(self, project_id: str, document: Any, *, actor: str) -> tuple[Project, bool]:
         """Validate and store a configuration, and audit it as done by ``actor`` (whatever the path: HTTP or
         the command line). Returns the compiled project and whether it was created."""
         check_project_id(project_id)
         project = compile_project(project_id, parse_config(document), self._pseudonymizer)
-        created = await self._store.put_project(project_id, project.stored_bytes(), self._clock.now_ms())
-        self._cache[project_id] = (time.monotonic(), project)
+        now = self._clock.now_ms()
+        created = await self._store.put_project(project_id, project.stored_bytes(), now)
+        self._cache[project_id] = (now, project)
         rc = project.config.memory.repeat_caller
         await self._audit.record(
             project_id,
@@ -64,7 +65,9 @@ class ProjectRegistry:
 
     async def find(self, project_id: str) -> Project | None:
         cached = self._cache.get(project_id)
-        if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
+        read_at = self._clock.now_ms()
+        # A clock set back makes entries stale rather than fresh for longer (see TokenService._fresh).
+        if cached is not None and 0 <= read_at - cached[0] < self._cache_ms:
             return cached[1]
         if not PROJECT_ID_RE.match(project_id):
             return None
@@ -78,7 +81,7 @@ class ProjectRegistry:
                     f"the stored configuration of project '{project_id}' is unreadable"
                 ) from exc
             project = compile_project(project_id, config, self._pseudonymizer)
-            self._cache[project_id] = (time.monotonic(), project)
+            self._cache[project_id] = (read_at, project)
         return project
 
     async def get(self, project_id: str) -> Project:

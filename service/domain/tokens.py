@@ -2,8 +2,9 @@
 
 A project token reads ``cm_<token_id>_<secret>``. The store keeps the token id, project, role and the
 SHA-256 of the secret; the secret is shown once when minted. Lookups are cached briefly per process, so a
-revocation made through another replica takes effect within ``cache_seconds``. Only real tokens (and
-revocations made here) are cached, so the cache is bounded by the number of tokens minted.
+revocation made through another replica takes effect within ``cache_seconds`` of the injected clock (so tests
+move it instead of waiting). Only real tokens (and revocations made here) are cached, so the cache is bounded
+by the number of tokens minted.
 """
 
 from __future__ import annotations
@@ -131,9 +132,10 @@ class TokenService:
         self.throttle = throttle or FailureThrottle()
         self._clock = clock
         self._operator_hash = _hash(operator_token) if operator_token else None
-        self._cache_seconds = cache_seconds
-        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
-        self._principals: dict[str, tuple[float, Principal]] = {}
+        self._cache_ms = cache_seconds * 1000
+        #: Entries are stamped with ``clock.now_ms()`` when their token record was read from the store.
+        self._cache: dict[str, tuple[int, TokenRecord | None]] = {}
+        self._principals: dict[str, tuple[int, Principal]] = {}
         #: Revocations made through this process: a lookup that overlapped one does not fill the cache.
         self._revocations = 0
 
@@ -156,7 +158,7 @@ class TokenService:
             label=label,
         )
         await self._store.put_token(record)
-        self._cache[token_id] = (time.monotonic(), record)
+        self._cache[token_id] = (self._clock.now_ms(), record)
         await self._audit.record(project, actor, "token.created", {"token_id": token_id, "role": record.role})
         return MintedToken(record=record, secret=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
@@ -173,21 +175,27 @@ class TokenService:
                 else f"no such token in project '{project}' (a token id is 12 hex digits)"
             )
         self._revocations += 1
-        self._cache[token_id] = (time.monotonic(), None)
+        self._cache[token_id] = (self._clock.now_ms(), None)
         self._principals = {k: v for k, v in self._principals.items() if v[1].token_id != token_id}
         await self._audit.record(project, actor, "token.revoked", {"token_id": token_id})
 
     async def _lookup(self, token_id: str) -> TokenRecord | None:
         cached = self._cache.get(token_id)
-        if cached is not None and time.monotonic() - cached[0] < self._cache_seconds:
+        if cached is not None and self._fresh(cached[0]):
             return cached[1]
         revocations = self._revocations
+        read_at = self._clock.now_ms()
         record = await self._store.get_token(token_id)
         # Only tokens that exist are cached: ids made up by a caller must not grow the cache. A record read
         # while a revocation ran here may be the revoked token's: it serves this request only.
         if record is not None and revocations == self._revocations:
-            self._cache[token_id] = (time.monotonic(), record)
+            self._cache[token_id] = (read_at, record)
         return record
+
+    def _fresh(self, stamp: int) -> bool:
+        # On the injected clock (the wall clock in production): if it is set back, entries turn stale rather
+        # than fresh for longer, so a revocation elsewhere is never hidden beyond ``cache_seconds``.
+        return 0 <= self._clock.now_ms() - stamp < self._cache_ms
 
     async def authenticate(self, authorization: str | None, source: str = "") -> Principal:
         """Resolve an ``Authorization`` header into a principal, or raise :class:`Unauthenticated`
@@ -207,7 +215,7 @@ class TokenService:
         # lookup cache has the same lifetime; revocation through this process clears both).
         if authorization is not None:
             known = self._principals.get(authorization)
-            if known is not None and time.monotonic() - known[0] < self._cache_seconds:
+            if known is not None and self._fresh(known[0]):
                 return known[1]
         principal = await self._authenticate_afresh(authorization)
         if authorization is not None and principal.token_id is not None:
