@@ -7,6 +7,8 @@ afterwards every write can be checked on its own: acknowledged means readable.
 from __future__ import annotations
 
 import asyncio
+import time
+import urllib.error
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -47,8 +49,17 @@ def end_body(i: int) -> dict[str, Any]:
 
 
 def create_project(base_url: str) -> str:
-    """Create the project and return an agent token for it."""
-    http("PUT", f"{base_url}/v1/projects/{PROJECT}", OPERATOR_TOKEN, PROJECT_CONFIG)
+    """Create the project and return an agent token for it. A 503 (a store just started, on a loaded
+    machine) is retried for up to 10 s: this is set-up, not what the tests measure."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            http("PUT", f"{base_url}/v1/projects/{PROJECT}", OPERATOR_TOKEN, PROJECT_CONFIG)
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     token: str = http("POST", f"{base_url}/v1/projects/{PROJECT}/tokens", OPERATOR_TOKEN, {"role": "agent"})[
         "token"
     ]
