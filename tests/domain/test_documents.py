@@ -1,0 +1,97 @@
+"""The I-JSON document parser (RFC 7493): what the service acknowledges is exactly what it was sent. No I/O;
+tests/http/test_bad_input.py sends the same kinds of body to a real server on every backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from caller_memory.service.domain.documents import MAX_DEPTH, MAX_EXACT_INT, parse_document
+from caller_memory.service.domain.errors import InvalidInput, MalformedRequest
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"a": 1, "b": [true, null, "x"]}', {"a": 1, "b": [True, None, "x"]}),
+        (b"[]", []),
+        (b'"text"', "text"),
+        (b"1.5", 1.5),
+        (b"0.1", 0.1),
+        (b"-0", 0),
+        (b"1e300", 1e300),
+        (str(MAX_EXACT_INT).encode(), MAX_EXACT_INT),
+        (str(-MAX_EXACT_INT).encode(), -MAX_EXACT_INT),
+        ('{"é": "☎"}'.encode(), {"é": "☎"}),
+        (b'{"a": {"a": 1}}', {"a": {"a": 1}}),  # one name in two objects is no duplicate
+    ],
+)
+def test_documents_kept_exactly_are_accepted(body: bytes, expected: Any) -> None:
+    assert parse_document(body) == expected
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{nope",
+        b'{"a": ',
+        b"\xff\xfe",
+        b'"\xed\xa0\x80"',
+        b"[1,]",
+        b"{'a': 1}",
+        b"01",
+        b"NaN",
+        b"[Infinity]",
+    ],
+)
+def test_what_is_not_json_is_malformed(body: bytes) -> None:
+    with pytest.raises(MalformedRequest, match="not valid JSON") as refused:
+        parse_document(body)
+    assert refused.value.status == 400 and "line 1 column" in refused.value.detail
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        (b'{"a": 1, "a": 2}', "a", "appears twice"),
+        (b'{"x": {"b": 1, "b": 1}}', "b", "appears twice"),
+        (str(MAX_EXACT_INT + 1).encode(), "body", "2^53 - 1"),
+        (b'{"n": -9007199254740992}', "body", "2^53 - 1"),
+        (b"1e400", "body", "exactly"),
+        (b"1e-400", "body", "exactly"),
+        (b"0.10000000000000000001", "body", "exactly"),
+    ],
+)
+def test_json_that_would_change_is_refused_naming_why(body: bytes, field: str, says: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        parse_document(body, "the state")
+    assert refused.value.status == 422 and refused.value.field == field
+    assert refused.value.detail.startswith("the state: ") and says in refused.value.detail
+
+
+def test_a_long_number_is_not_repeated_in_full() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        parse_document(b"1" * 500)
+    assert "1" * 25 not in refused.value.detail and "..." in refused.value.detail
+
+
+def test_nesting_is_bounded_and_the_path_named() -> None:
+    deepest = b'{"a": ' * (MAX_DEPTH - 1) + b"[1]" + b"}" * (MAX_DEPTH - 1)
+    assert parse_document(deepest) is not None  # exactly MAX_DEPTH levels
+    deeper = b'{"state": {"a": [' + b"[" * (MAX_DEPTH - 2) + b"]" * (MAX_DEPTH - 2) + b"]}}"
+    with pytest.raises(InvalidInput, match=f"nested more than {MAX_DEPTH} levels") as refused:
+        parse_document(deeper)
+    assert refused.value.field.startswith("state.a[0]")
+    for depth in (1_000, 1_025, 100_000):  # past the standard scanner's and orjson's own bounds
+        with pytest.raises(InvalidInput, match="the document is nested") as refused:
+            parse_document(b"[" * depth + b"]" * depth)
+        assert refused.value.field == "body"
+
+
+def test_a_long_path_is_cut() -> None:
+    name = "n" * 40
+    body = ('{"' + name + '": ' * 1).encode() * (MAX_DEPTH + 1) + b"1" + b"}" * (MAX_DEPTH + 1)
+    with pytest.raises(InvalidInput) as refused:
+        parse_document(body)
+    assert len(refused.value.field) <= 60 and refused.value.field.endswith("...")
