@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from typing import cast
 
 from aiohttp import web
 
 from ..domain.clock import iso_utc
 from ..domain.errors import Conflict
+from ..domain.retention import SweepReport
 from ..domain.store import AuditEntry
 from ..domain.tokens import Role
+from . import bodies
 from .keys import METRICS
 from .queries import AuditQuery, SweepsQuery, parse_query
 from .responses import json_response
@@ -27,7 +29,19 @@ async def run_sweep(request: web.Request) -> web.Response:
         metrics.sweeps.labels("skipped").inc()
         raise Conflict("a sweep is already running (another replica holds the sweep lease); try again later")
     record_sweep_metrics(request.app, report.removed, report.duration_ms)
-    return json_response(asdict(report))
+    return json_response(sweep_body(report))
+
+
+def sweep_body(report: SweepReport) -> bodies.SweepReport:
+    return {
+        "sweep_id": report.sweep_id,
+        "holder": report.holder,
+        "started_at": report.started_at,
+        "duration_ms": report.duration_ms,
+        "rounds": report.rounds,
+        "complete": report.complete,
+        "removed": report.removed,
+    }
 
 
 def record_sweep_metrics(app: web.Application, removed: dict[str, int], duration_ms: float) -> None:
@@ -42,10 +56,13 @@ def record_sweep_metrics(app: web.Application, removed: dict[str, int], duration
 async def list_sweeps(request: web.Request) -> web.Response:
     services, _ = await authorize(request, None)
     query = parse_query(request, SweepsQuery)
-    return json_response({"sweeps": await services.sweeper.recent(query.limit)})
+    # The reports as each sweep stored them: SweepReport.to_json, the fields of sweep_body.
+    sweeps = cast("list[bodies.SweepReport]", await services.sweeper.recent(query.limit))
+    body: bodies.SweepList = {"sweeps": sweeps}
+    return json_response(body)
 
 
-def audit_body(entry: AuditEntry) -> dict[str, object]:
+def audit_body(entry: AuditEntry) -> bodies.AuditRecord:
     return {
         "id": entry.id,
         "at": iso_utc(entry.at),
@@ -62,7 +79,8 @@ async def list_audit(request: web.Request) -> web.Response:
     query = parse_query(request, AuditQuery)
     entries = await services.audit.list(project.project_id, query.limit, query.before)
     next_cursor = entries[-1].id if len(entries) == query.limit else None
-    return json_response({"records": [audit_body(e) for e in entries], "next_cursor": next_cursor})
+    body: bodies.AuditList = {"records": [audit_body(e) for e in entries], "next_cursor": next_cursor}
+    return json_response(body)
 
 
 @routes.get("/metrics")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
-from ..domain.analytics import metrics
 from ..domain.clock import DAY_MS, HOUR_MS, ceil_hour_ms, floor_hour_ms, iso_utc
 from ..domain.errors import InvalidInput
 from ..domain.store import ConversationEntry
 from ..domain.tokens import Role
+from . import bodies
 from .queries import EARLIEST, ConversationsQuery, RangeQuery, RepeatCallersQuery, parse_query
 from .responses import json_response
 from .routes import project_for
@@ -20,21 +21,8 @@ from .routes import project_for
 routes = web.RouteTableDef()
 
 DEFAULT_RANGE_MS = 30 * DAY_MS
-CSV_COLUMNS = (
-    "conversation_id",
-    "ended_at",
-    "channel",
-    "qa",
-    "handoff_reason",
-    "handoff_to",
-    "repeat",
-    "REPEAT_CALLER_CONV_ID",
-    "REPEAT_CALLER_DATETIME",
-    "REPEAT_CALLER_QA",
-    "REPEAT_CALLER_HANDOFF_REASON",
-    "REPEAT_CALLER_HANDOFF_TO",
-    "time_to_callback_hours",
-)
+#: The CSV form's columns: the members of a row of the JSON form, in order.
+CSV_COLUMNS: tuple[str, ...] = tuple(bodies.ConversationRow.__annotations__)
 
 
 def time_range(query: RangeQuery, now: int) -> tuple[int, int]:
@@ -47,20 +35,31 @@ def time_range(query: RangeQuery, now: int) -> tuple[int, int]:
     return start, stop
 
 
-def entry_body(entry: ConversationEntry) -> dict[str, Any]:
-    first = entry.first
-    body: dict[str, Any] = {
+def entry_body(entry: ConversationEntry) -> bodies.ConversationRow:
+    body: bodies.ConversationRow = {
         "conversation_id": entry.conversation_id,
         "ended_at": iso_utc(entry.hour),
         "channel": entry.channel,
         "qa": entry.qa,
         "handoff_reason": entry.handoff_reason,
         "handoff_to": entry.handoff_to,
-        "repeat": first is not None,
+        "repeat": False,
+        "REPEAT_CALLER_CONV_ID": None,
+        "REPEAT_CALLER_DATETIME": None,
+        "REPEAT_CALLER_QA": None,
+        "REPEAT_CALLER_HANDOFF_REASON": None,
+        "REPEAT_CALLER_HANDOFF_TO": None,
+        "time_to_callback_hours": None,
     }
-    blank = dict.fromkeys(CSV_COLUMNS[7:12])
-    body |= metrics(first) or blank
-    body["time_to_callback_hours"] = (entry.hour - first.hour) // HOUR_MS if first is not None else None
+    first = entry.first
+    if first is not None:  # a repeat call: the metrics of the caller's first interaction
+        body["repeat"] = True
+        body["REPEAT_CALLER_CONV_ID"] = first.conversation_id
+        body["REPEAT_CALLER_DATETIME"] = iso_utc(first.hour)
+        body["REPEAT_CALLER_QA"] = first.qa
+        body["REPEAT_CALLER_HANDOFF_REASON"] = first.handoff_reason
+        body["REPEAT_CALLER_HANDOFF_TO"] = first.handoff_to
+        body["time_to_callback_hours"] = (entry.hour - first.hour) // HOUR_MS
     return body
 
 
@@ -105,12 +104,13 @@ def wants_csv(accept: str) -> bool:
     return csv_q > 0 and csv_q > json_q
 
 
-def csv_body(rows: list[dict[str, Any]]) -> str:
+def csv_body(rows: list[bodies.ConversationRow]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        writer.writerow([_csv_cell(row[column]) for column in CSV_COLUMNS])
+        cells: Mapping[str, object] = row
+        writer.writerow([_csv_cell(cells[column]) for column in CSV_COLUMNS])
     return out.getvalue()
 
 
@@ -137,7 +137,8 @@ async def list_conversations(request: web.Request) -> web.Response:
         headers["Link"] = f'<{request.rel_url.update_query(cursor=cursor)}>; rel="next"'
     if wants_csv(request.headers.get("Accept", "")):
         return web.Response(text=csv_body(rows), content_type="text/csv", charset="utf-8", headers=headers)
-    return json_response({"conversations": rows, "next_cursor": cursor}, headers=headers)
+    body: bodies.ConversationList = {"conversations": rows, "next_cursor": cursor}
+    return json_response(body, headers=headers)
 
 
 @routes.get("/v1/projects/{project}/analytics/repeat-callers")

@@ -1,7 +1,9 @@
-"""The OpenAPI 3.1 description of the HTTP API, served at ``GET /openapi.json``.
+"""The OpenAPI 3.1 description of the HTTP API, served at ``GET /openapi.json``: its operations, their
+descriptions and examples.
 
-Written next to ``routes.py``; tests/http/test_openapi.py checks that both list the same operations. The
-configuration and token request schemas are generated from the pydantic models, so they cannot drift.
+Written next to ``routes.py``; tests/http/test_openapi.py checks that both list the same operations. Nothing
+about a body's shape is written here: ``components.schemas`` is generated from the typed bodies
+(components.py), and the query parameters from the query models (queries.py).
 """
 
 from __future__ import annotations
@@ -10,23 +12,16 @@ import importlib.metadata
 import re
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic.json_schema import JsonSchemaMode
-
 from ..domain.limits import (
     CONVERSATION_ID_PATTERN,
     FIELD_NAME_PATTERN,
     MAX_BODY_BYTES,
     MAX_IDENTIFIER_CHARS,
-    MAX_STATE_KEYS,
-    MAX_TTL_SECONDS,
     MAX_VALUE_BYTES,
-    MIN_TTL_SECONDS,
     PROJECT_ID_PATTERN,
     TOKEN_ID_PATTERN,
 )
-from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
-from ..domain.tokens import Role
+from .components import component_schemas
 from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
 from .queries import (
     AuditQuery,
@@ -36,14 +31,12 @@ from .queries import (
     SweepsQuery,
     query_parameters,
 )
-from .schemas import EndRequest, TokenCreate
 
 Json = dict[str, Any]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 PROBLEM = "application/problem+json"
-E164_PATTERN = r"^\+[1-9][0-9]{1,14}$"
 
 ROLE_TEXT = {
     "operator": "Role: **operator** (the operator token only; a project token, whatever its role, gets 403).",
@@ -72,317 +65,6 @@ def _version() -> str:
 
 def _ref(name: str, kind: str = "schemas") -> Json:
     return {"$ref": f"#/components/{kind}/{name}"}
-
-
-def _object(properties: Json, *, optional: tuple[str, ...] = (), closed: bool = True, **extra: Any) -> Json:
-    schema: Json = {"type": "object", "required": [name for name in properties if name not in optional]}
-    schema["properties"] = properties
-    if closed:
-        schema["additionalProperties"] = False
-    return schema | extra
-
-
-# Schemas --------------------------------------------------------------------------------------------------
-
-
-def _model_schemas(
-    model: type[BaseModel], prefix: str = "", mode: JsonSchemaMode = "validation"
-) -> dict[str, Json]:
-    """The model's JSON Schema and its ``$defs`` as ``components/schemas`` entries, named with ``prefix``."""
-    schema = model.model_json_schema(ref_template=f"#/components/schemas/{prefix}{{model}}", mode=mode)
-    defs: dict[str, Json] = schema.pop("$defs", {})
-    out = {prefix + name: body | {"title": prefix + name} for name, body in defs.items()}
-    return out | {prefix + model.__name__: schema | {"title": prefix + model.__name__}}
-
-
-YEARS_AND_MONTHS = "A year counts 365 days, a month 30."
-
-
-def _accept_seconds(node: Any) -> None:
-    """Input durations are an ISO 8601 string or a whole number of seconds (pydantic's schema says 'string')."""
-    if isinstance(node, list):
-        for item in node:
-            _accept_seconds(item)
-    elif isinstance(node, dict):
-        if node.get("format") != "duration":
-            for value in node.values():
-                _accept_seconds(value)
-            return
-        del node["format"], node["type"]
-        node["anyOf"] = [
-            {"type": "string", "format": "duration", "examples": ["P90D", "PT12H"]},
-            {"type": "integer", "minimum": MIN_TTL_SECONDS, "maximum": MAX_TTL_SECONDS},
-        ]
-        node["description"] = (
-            f"An ISO 8601 duration or a whole number of seconds, from {MIN_TTL_SECONDS} s "
-            f"to {MAX_TTL_SECONDS // 86400} days. {YEARS_AND_MONTHS}"
-        )
-
-
-def _emit_iso(node: Any) -> None:
-    """Output durations are ISO 8601 as pydantic writes them: years, then days ('P1Y35D', 'P10Y9DT23H59M59S').
-    JSON Schema's ``duration`` format is RFC 3339's grammar, which wants months between years and days and
-    so rejects those; describe them with the pattern the service reads (a stored document can be PUT back)."""
-    if isinstance(node, list):
-        for item in node:
-            _emit_iso(item)
-    elif isinstance(node, dict):
-        if node.get("format") == "duration":
-            del node["format"]
-            node["pattern"] = _ISO_DURATION.pattern
-            node["description"] = f"An ISO 8601 duration. {YEARS_AND_MONTHS}"
-        for value in node.values():
-            _emit_iso(value)
-
-
-def _config_schemas() -> dict[str, Json]:
-    """``ProjectConfig`` (what PUT accepts) and ``StoredProjectConfig`` (what PUT and GET return)."""
-    accepted = _model_schemas(ProjectConfig)
-    _accept_seconds(accepted)
-    accepted["RepeatCallerConfig"]["properties"]["identifier_blacklist"]["description"] = (
-        "Phone numbers (read with `default_region` when they have no country code), or "
-        f"`{PSEUDONYM_PREFIX}<32 hex digits>` entries as GET returns them. Nothing is read, written or "
-        "counted for these callers."
-    )
-    stored = _model_schemas(ProjectConfig, "Stored", "serialization")
-    _emit_iso(stored)
-    for schema in stored.values():  # model_dump writes every field
-        schema["required"] = list(schema["properties"])
-    rc = stored["StoredRepeatCallerConfig"]["properties"]
-    rc["identifier_blacklist"]["items"] = {"type": "string", "pattern": f"^{PSEUDONYM_PREFIX}[0-9a-f]{{32}}$"}
-    rc["identifier_blacklist"]["description"] = "Keyed pseudonyms: the service keeps no phone number."
-    stored["StoredProjectConfig"]["description"] = (
-        "The configuration as stored: durations as ISO 8601 strings, blacklist entries as pseudonyms."
-    )
-    return accepted | stored
-
-
-def _schemas() -> dict[str, Json]:
-    date_time = {"type": "string", "format": "date-time", "examples": ["2025-01-31T14:00:00Z"]}
-    token = {
-        "token_id": {"type": "string", "pattern": TOKEN_ID_PATTERN},
-        "role": {"type": "string", "enum": [role.value for role in Role]},
-        "label": {"type": "string"},
-        "created_at": date_time,
-    }
-    secret = {"type": "string", "pattern": r"^cm_[0-9a-f]{12}_\S+$", "description": "Shown only here."}
-    error = _object({"field": {"type": "string"}, "message": {"type": "string"}}, closed=False)
-    problem = {
-        "type": {"type": "string", "format": "uri"},
-        "title": {"type": "string"},
-        "status": {"type": "integer", "minimum": 400, "maximum": 599},
-        "detail": {"type": "string", "description": "What went wrong, for people; never a phone number."},
-        "errors": {"type": "array", "items": error, "description": "Validation errors, each naming a field."},
-    }
-    memory = {
-        "identifier": {"type": "string", "pattern": E164_PATTERN, "description": "The caller, in E.164."},
-        "fields": {
-            "type": "object",
-            "description": "Live fields, name to JSON value. Expired fields are never returned.",
-            "maxProperties": MAX_STATE_KEYS,
-            "propertyNames": {"pattern": FIELD_NAME_PATTERN},
-        },
-        "expires_at": date_time
-        | {"type": ["string", "null"], "description": "When the last field expires, rounded up to the hour."},
-        "blacklisted": {
-            "type": "boolean",
-            "description": "Blacklisted: memory is empty, writes are dropped.",
-        },
-    }
-    receipt = {
-        "receipt_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
-        "project": {"type": "string", "pattern": PROJECT_ID_PATTERN},
-        "erased_at": date_time | {"description": "Rounded down to the hour."},
-        "removed": _object(
-            {
-                "fields": {"type": "integer", "minimum": 0},
-                "first_interaction": {"type": "boolean"},
-                "conversation_links": {"type": "integer", "minimum": 0},
-                "analytics_conversations": {"type": "integer", "minimum": 0},
-            }
-        ),
-        "blacklisted": {"type": "boolean"},
-    }
-    nullable = {"type": ["string", "null"]}
-    conversation_row = {
-        "conversation_id": {"type": "string"},
-        "ended_at": date_time | {"description": "Rounded down to the hour."},
-        "channel": nullable,
-        "qa": nullable,
-        "handoff_reason": nullable,
-        "handoff_to": nullable,
-        "repeat": {
-            "type": "boolean",
-            "description": "The caller had a first interaction inside the retention window.",
-        },
-        "REPEAT_CALLER_CONV_ID": nullable
-        | {"description": "Conversation id of the caller's first interaction."},
-        "REPEAT_CALLER_DATETIME": {
-            "type": ["string", "null"],
-            "format": "date-time",
-            "description": "When it happened, rounded down to the hour.",
-        },
-        "REPEAT_CALLER_QA": nullable,
-        "REPEAT_CALLER_HANDOFF_REASON": nullable,
-        "REPEAT_CALLER_HANDOFF_TO": nullable,
-        "time_to_callback_hours": {"type": ["integer", "null"], "minimum": 0},
-    }
-    count = {"type": "integer", "minimum": 0}
-    rate = {
-        "type": ["number", "null"],
-        "minimum": 0,
-        "maximum": 1,
-        "description": "null when there is nothing to divide",
-    }
-    breakdown_row = _object({"value": nullable, "repeat_conversations": count, "share": rate})
-    report = {
-        "interval": {"type": "string", "enum": ["hour", "day", "week"]},
-        "from": date_time,
-        "to": date_time,
-        "totals": _object(
-            {
-                "conversations": count,
-                "repeat_conversations": count,
-                "first_conversations": count,
-                "repeat_rate": rate,
-            }
-        ),
-        "series": {
-            "type": "array",
-            "items": _object(
-                {
-                    "start": date_time,
-                    "conversations": count,
-                    "repeat_conversations": count,
-                    "first_conversations": count,
-                    "repeat_rate": rate,
-                    "distinct_callers": count
-                    | {"description": "Distinct callers in this bucket (not additive)."},
-                }
-            ),
-        },
-        "time_to_callback": {
-            "type": "array",
-            "items": _object({"bucket": {"type": "string"}, "repeat_conversations": count, "share": rate}),
-        },
-        "breakdowns": _object(
-            {
-                dimension: {"type": "array", "items": breakdown_row}
-                for dimension in ("qa", "handoff_reason", "handoff_to")
-            }
-        ),
-    }
-    health = {"status": {"type": "string", "enum": ["ok", "ready", "unready"]}, "detail": {"type": "string"}}
-    patch_description = (
-        "JSON Merge Patch (RFC 7396) of the top level: each member sets a field, `null` deletes it, other "
-        f"fields are untouched. Every name must be in the project's `state_keys`; values are any JSON of at "
-        f"most {MAX_VALUE_BYTES} bytes."
-    )
-    return {
-        **_config_schemas(),
-        **_model_schemas(TokenCreate),
-        **_model_schemas(EndRequest),
-        "ConversationEnded": _object(
-            {
-                "conversation_id": {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
-                "persisted": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "State keys written (or deleted, for null) in the caller's memory.",
-                },
-                "ignored": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "State keys not in the project's state_keys: not stored.",
-                },
-                "blacklisted": {
-                    "type": "boolean",
-                    "description": "The caller is blacklisted: nothing was stored.",
-                },
-                "erased": {
-                    "type": "boolean",
-                    "description": "The caller was erased after this write was made (`ended_at`, or when the "
-                    "request arrived): nothing was stored.",
-                },
-                "repeat_caller": {
-                    "type": "object",
-                    "description": "Repeat-caller metrics of the caller's first interaction (empty until analytics).",
-                },
-            }
-        ),
-        "Problem": _object(
-            problem, optional=("errors",), closed=False, description="RFC 9457 problem details."
-        ),
-        "Memory": _object(memory),
-        "MemoryPatch": {
-            "type": "object",
-            "description": patch_description,
-            "propertyNames": {"pattern": FIELD_NAME_PATTERN},
-        },
-        "ConversationRow": _object(conversation_row),
-        "ConversationList": _object(
-            {
-                "conversations": {"type": "array", "items": _ref("ConversationRow")},
-                "next_cursor": {
-                    "type": ["string", "null"],
-                    "description": "Pass as `cursor` for the next page.",
-                },
-            }
-        ),
-        "RepeatCallerReport": _object(report),
-        "SweepReport": _object(
-            {
-                "sweep_id": {"type": "string"},
-                "holder": {"type": "string", "description": "The replica that ran it."},
-                "started_at": date_time,
-                "duration_ms": {"type": "number", "minimum": 0},
-                "rounds": count,
-                "complete": {
-                    "type": "boolean",
-                    "description": "False: it stopped at its time budget with work left.",
-                },
-                "removed": {
-                    "type": "object",
-                    "additionalProperties": count,
-                    "description": "Removed items by kind.",
-                },
-            }
-        ),
-        "SweepList": _object({"sweeps": {"type": "array", "items": _ref("SweepReport")}}),
-        "AuditRecord": _object(
-            {
-                "id": {"type": "string"},
-                "at": date_time | {"description": "Rounded down to the hour for erasures."},
-                "actor": {"type": "string", "description": "`operator` or `token:<token_id>`."},
-                "action": {
-                    "type": "string",
-                    "enum": [
-                        "project.created",
-                        "project.configured",
-                        "token.created",
-                        "token.revoked",
-                        "caller.erased",
-                    ],
-                },
-                "details": {
-                    "type": "object",
-                    "description": "Counts and ids; never a phone number or a stored value.",
-                },
-                "receipt_id": nullable,
-            }
-        ),
-        "AuditList": _object(
-            {
-                "records": {"type": "array", "items": _ref("AuditRecord")},
-                "next_cursor": {"type": ["string", "null"]},
-            }
-        ),
-        "Token": _object(token),
-        "MintedToken": _object(token | {"token": secret}),
-        "TokenList": _object({"tokens": {"type": "array", "items": _ref("Token")}}),
-        "ErasureReceipt": _object(receipt),
-        "Health": _object(health, optional=("detail",)),
-    }
 
 
 # Parameters, headers, responses ---------------------------------------------------------------------------
@@ -969,7 +651,7 @@ def build_openapi() -> dict[str, Any]:
         "paths": _paths(),
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "description": AUTH_TEXT}},
-            "schemas": dict(sorted(_schemas().items())),
+            "schemas": component_schemas(),
             "parameters": _parameters(),
             "headers": _headers(),
         },

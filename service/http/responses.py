@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 
 from ..logs import mask_text
+from .bodies import Problem
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 
@@ -33,13 +34,13 @@ def problem_response(
 ) -> web.Response:
     """A problem document. Anything shaped like a phone number in it is masked: error messages may quote
     what the client sent (a field name, a project id), and what it sent may be a number."""
-    body = {
+    problem: Problem = {
         "type": f"https://caller-memory.dev/problems/{slug}",
         "title": title,
         "status": status,
         "detail": detail,
     }
-    body.update(extra)
+    body: dict[str, Any] = {**problem, **extra}  # extra: the members a problem type adds (``errors``)
     response = web.Response(body=orjson.dumps(_masked(body)), status=status, headers=headers)
     response.content_type = PROBLEM_CONTENT_TYPE
     return response

@@ -18,6 +18,7 @@ from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
 from ..domain.store import TokenRecord
 from ..domain.tokens import Principal, Role
+from . import bodies
 from .keys import METRICS, SERVICES, Services
 from .responses import json_response
 from .schemas import EndRequest, TokenCreate
@@ -94,7 +95,8 @@ async def project_for(request: web.Request, role: Role) -> tuple[Services, Proje
     return services, await services.projects.get(request.match_info["project"])
 
 
-def memory_body(view: MemoryView) -> dict[str, Any]:
+def memory_body(view: MemoryView) -> bodies.Memory:
+    # The hot path: values go out as the bytes the store holds (orjson.Fragment), in one orjson call.
     return {
         "identifier": view.identifier,
         "fields": {name: orjson.Fragment(value) for name, value in view.fields.items()},
@@ -107,20 +109,24 @@ def memory_response(view: MemoryView) -> web.Response:
     return json_response(memory_body(view), headers={"ETag": view.etag, "Cache-Control": "no-store"})
 
 
-def token_body(record: TokenRecord) -> dict[str, Any]:
+def token_body(record: TokenRecord) -> bodies.Token:
     return {
         "token_id": record.token_id,
         "role": record.role,
         "label": record.label,
-        "created_at": iso(record.created_at),
+        "created_at": iso_utc(record.created_at),
     }
 
 
-def receipt_body(receipt: ErasureReceipt) -> dict[str, Any]:
+def minted_body(record: TokenRecord, secret: str) -> bodies.MintedToken:
+    return {**token_body(record), "token": secret}
+
+
+def receipt_body(receipt: ErasureReceipt) -> bodies.ErasureReceipt:
     return {
         "receipt_id": receipt.receipt_id,
         "project": receipt.project,
-        "erased_at": iso(receipt.erased_at),
+        "erased_at": iso_utc(receipt.erased_at),
         "removed": {
             "fields": receipt.fields_removed,
             "first_interaction": receipt.first_interaction_removed,
@@ -136,7 +142,8 @@ def receipt_body(receipt: ErasureReceipt) -> dict[str, Any]:
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok"})
+    body: bodies.Health = {"status": "ok"}
+    return json_response(body)
 
 
 @routes.get("/readyz")
@@ -144,8 +151,10 @@ async def readyz(request: web.Request) -> web.Response:
     try:
         await request.app[SERVICES].ping()
     except StoreUnavailable as exc:
-        return json_response({"status": "unready", "detail": exc.detail}, status=503)
-    return json_response({"status": "ready"})
+        unready: bodies.Health = {"status": "unready", "detail": exc.detail}
+        return json_response(unready, status=503)
+    ready: bodies.Health = {"status": "ready"}
+    return json_response(ready)
 
 
 # Projects and tokens --------------------------------------------------------------------------------------
@@ -172,15 +181,17 @@ async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     spec = await read_model(request, TokenCreate, "token request")
     minted = await services.tokens.mint(project.project_id, spec.role, spec.label, actor=actor(request))
-    body = token_body(minted.record) | {"token": minted.secret}
-    return json_response(body, status=201, headers={"Cache-Control": "no-store"})
+    return json_response(
+        minted_body(minted.record, minted.secret), status=201, headers={"Cache-Control": "no-store"}
+    )
 
 
 @routes.get("/v1/projects/{project}/tokens")
 async def list_tokens(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     records = await services.tokens.list(project.project_id)
-    return json_response({"tokens": [token_body(r) for r in records]})
+    body: bodies.TokenList = {"tokens": [token_body(r) for r in records]}
+    return json_response(body)
 
 
 @routes.delete("/v1/projects/{project}/tokens/{token_id}")
@@ -267,7 +278,7 @@ async def end_conversation(request: web.Request) -> web.Response:
         received_at=received_at,
         ended_at=int(spec.ended_at.timestamp() * 1000) if spec.ended_at is not None else None,
     )
-    body = {
+    body: bodies.ConversationEnded = {
         "conversation_id": ended.conversation_id,
         "persisted": ended.persisted,
         "ignored": ended.ignored,

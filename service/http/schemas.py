@@ -1,12 +1,19 @@
-"""Request bodies validated with pydantic (the configuration document lives in domain/projects.py)."""
+"""Request bodies, validated with pydantic (the configuration document lives in domain/projects.py); the
+response bodies are in bodies.py. Both generate ``components.schemas`` of the OpenAPI document."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from ..domain.limits import MAX_IDENTIFIER_CHARS, MAX_OUTCOME_CHARS, MAX_STATE_ENTRIES
+from ..domain.limits import (
+    FIELD_NAME_PATTERN,
+    MAX_IDENTIFIER_CHARS,
+    MAX_OUTCOME_CHARS,
+    MAX_STATE_ENTRIES,
+    MAX_VALUE_BYTES,
+)
 
 
 class TokenCreate(BaseModel):
@@ -50,3 +57,16 @@ class EndRequest(BaseModel):
         description="When the conversation ended (the client's first attempt to send this): an erasure of the "
         "caller after that moment wins over this write, however late it is delivered",
     )
+
+
+#: ``PATCH /v1/projects/{project}/callers/{identifier}/memory``. Read as a document, not through pydantic:
+#: the domain checks each member against the project's ``state_keys`` (memory.py); this is its schema.
+MemoryPatch = Annotated[
+    dict[str, Any],
+    Field(
+        description="JSON Merge Patch (RFC 7396) of the top level: each member sets a field, `null` deletes "
+        "it, other fields are untouched. Every name must be in the project's `state_keys`; values are any "
+        f"JSON of at most {MAX_VALUE_BYTES} bytes.",
+        json_schema_extra={"propertyNames": {"pattern": FIELD_NAME_PATTERN}},
+    ),
+]

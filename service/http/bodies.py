@@ -1,0 +1,253 @@
+"""Response bodies: one TypedDict per JSON document the API answers with.
+
+The body builders in the routes are annotated with these, so mypy checks every key and every value's type;
+``components.schemas`` of ``/openapi.json`` is generated from them (components.py), so the document cannot
+drift from what the routes build. They are plain dicts at run time: nothing is validated on the way out (the
+memory read builds its body with ``orjson.Fragment`` values and serialises it in one orjson call), and
+tests/http/test_openapi.py checks every answer against the generated schemas instead.
+
+The ``Annotated`` metadata (patterns, bounds, descriptions) is read only when the document is generated.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NotRequired
+
+import orjson
+from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, with_config
+from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only on Python 3.12+
+
+from ..domain.limits import (
+    CONVERSATION_ID_PATTERN,
+    FIELD_NAME_PATTERN,
+    MAX_STATE_KEYS,
+    PROJECT_ID_PATTERN,
+    TOKEN_ID_PATTERN,
+)
+from ..domain.reports import Count, DateTime, RepeatCallerMetrics
+from ..domain.tokens import Role
+
+E164_PATTERN = r"^\+[1-9][0-9]{1,14}$"
+_CLOSED = ConfigDict(extra="forbid")
+
+
+def _enum(*values: str) -> WithJsonSchema:
+    """A string the schema lists the values of, which the code types as ``str`` (it comes from a store)."""
+    return WithJsonSchema({"type": "string", "enum": list(values)})
+
+
+#: A stored JSON value, passed through as the bytes the store holds (no parsing on the read path).
+JsonFragment = Annotated[orjson.Fragment, PlainValidator(lambda value: value), WithJsonSchema({})]
+RoleName = Annotated[str, _enum(*(role.value for role in Role))]
+HourDateTime = Annotated[DateTime, Field(description="Rounded down to the hour.")]
+Nullable = str | None
+
+
+# Service ----------------------------------------------------------------------------------------------------
+
+
+@with_config(_CLOSED)
+class Health(TypedDict):
+    """Liveness or readiness."""
+
+    status: Literal["ok", "ready", "unready"]
+    detail: NotRequired[Annotated[str, Field(description="Why the service is not ready.")]]
+
+
+@with_config(_CLOSED)
+class FieldError(TypedDict):
+    """One validation error."""
+
+    field: Annotated[str, Field(description="The member, parameter or header at fault.")]
+    message: str
+
+
+@with_config(ConfigDict(extra="allow"))
+class Problem(TypedDict):
+    """RFC 9457 problem details."""
+
+    type: Annotated[str, WithJsonSchema({"type": "string", "format": "uri"})]
+    title: str
+    status: Annotated[int, Field(ge=400, le=599)]
+    detail: Annotated[str, Field(description="What went wrong, for people; never a phone number.")]
+    errors: NotRequired[
+        Annotated[list[FieldError], Field(description="Validation errors, each naming a field.")]
+    ]
+
+
+# Tokens -----------------------------------------------------------------------------------------------------
+
+
+@with_config(_CLOSED)
+class Token(TypedDict):
+    """A project token, without its secret."""
+
+    token_id: Annotated[str, Field(pattern=TOKEN_ID_PATTERN)]
+    role: RoleName
+    label: Annotated[str, Field(description="A note for people.")]
+    created_at: DateTime
+
+
+@with_config(_CLOSED)
+class MintedToken(Token):
+    """A new project token, with its secret."""
+
+    token: Annotated[str, Field(pattern=r"^cm_[0-9a-f]{12}_\S+$", description="Shown only here.")]
+
+
+@with_config(_CLOSED)
+class TokenList(TypedDict):
+    """The project's tokens."""
+
+    tokens: list[Token]
+
+
+# Memory -----------------------------------------------------------------------------------------------------
+
+
+@with_config(_CLOSED)
+class Memory(TypedDict):
+    """A caller's live memory."""
+
+    identifier: Annotated[str, Field(pattern=E164_PATTERN, description="The caller, in E.164.")]
+    fields: Annotated[
+        dict[str, JsonFragment],
+        Field(
+            max_length=MAX_STATE_KEYS,
+            description="Live fields, name to JSON value. Expired fields are never returned.",
+            json_schema_extra={"propertyNames": {"pattern": FIELD_NAME_PATTERN}},
+        ),
+    ]
+    expires_at: Annotated[
+        DateTime | None, Field(description="When the last field expires, rounded up to the hour.")
+    ]
+    blacklisted: Annotated[bool, Field(description="Blacklisted: memory is empty, writes are dropped.")]
+
+
+@with_config(_CLOSED)
+class ErasureRemoved(TypedDict):
+    """What an erasure removed."""
+
+    fields: Count
+    first_interaction: bool
+    conversation_links: Count
+    analytics_conversations: Count
+
+
+@with_config(_CLOSED)
+class ErasureReceipt(TypedDict):
+    """The receipt of an erasure; it holds no phone number."""
+
+    receipt_id: Annotated[str, Field(pattern="^[0-9a-f]{32}$")]
+    project: Annotated[str, Field(pattern=PROJECT_ID_PATTERN)]
+    erased_at: HourDateTime
+    removed: ErasureRemoved
+    blacklisted: bool
+
+
+# Conversations and analytics --------------------------------------------------------------------------------
+
+
+@with_config(_CLOSED)
+class ConversationEnded(TypedDict):
+    """What the end of a conversation persisted and ignored; a retry gets the same answer."""
+
+    conversation_id: Annotated[str, Field(pattern=CONVERSATION_ID_PATTERN)]
+    persisted: Annotated[
+        list[str], Field(description="State keys written (or deleted, for null) in the caller's memory.")
+    ]
+    ignored: Annotated[
+        list[str], Field(description="State keys not in the project's state_keys: not stored.")
+    ]
+    blacklisted: Annotated[bool, Field(description="The caller is blacklisted: nothing was stored.")]
+    erased: Annotated[
+        bool,
+        Field(
+            description="The caller was erased after this write was made (`ended_at`, or when the request "
+            "arrived): nothing was stored."
+        ),
+    ]
+    repeat_caller: RepeatCallerMetrics
+
+
+@with_config(_CLOSED)
+class ConversationRow(TypedDict):
+    """An ended conversation with its repeat-caller metrics (the columns of the CSV form, in order)."""
+
+    conversation_id: str
+    ended_at: HourDateTime
+    channel: Nullable
+    qa: Nullable
+    handoff_reason: Nullable
+    handoff_to: Nullable
+    repeat: Annotated[
+        bool, Field(description="The caller had a first interaction inside the retention window.")
+    ]
+    REPEAT_CALLER_CONV_ID: Annotated[
+        Nullable, Field(description="Conversation id of the caller's first interaction.")
+    ]
+    REPEAT_CALLER_DATETIME: Annotated[
+        DateTime | None, Field(description="When it happened, rounded down to the hour.")
+    ]
+    REPEAT_CALLER_QA: Nullable
+    REPEAT_CALLER_HANDOFF_REASON: Nullable
+    REPEAT_CALLER_HANDOFF_TO: Nullable
+    time_to_callback_hours: Annotated[
+        int | None, Field(ge=0, description="Hours from the first interaction's hour to this one's.")
+    ]
+
+
+@with_config(_CLOSED)
+class ConversationList(TypedDict):
+    """A page of conversations."""
+
+    conversations: list[ConversationRow]
+    next_cursor: Annotated[Nullable, Field(description="Pass as `cursor` for the next page.")]
+
+
+# Operator and audit -----------------------------------------------------------------------------------------
+
+
+@with_config(_CLOSED)
+class SweepReport(TypedDict):
+    """What one expiry sweep removed and how long it took."""
+
+    sweep_id: str
+    holder: Annotated[str, Field(description="The replica that ran it.")]
+    started_at: DateTime
+    duration_ms: Annotated[float, Field(ge=0)]
+    rounds: Count
+    complete: Annotated[bool, Field(description="False: it stopped at its time budget with work left.")]
+    removed: Annotated[dict[str, Count], Field(description="Removed items by kind.")]
+
+
+@with_config(_CLOSED)
+class SweepList(TypedDict):
+    """The latest sweeps, newest first."""
+
+    sweeps: list[SweepReport]
+
+
+@with_config(_CLOSED)
+class AuditRecord(TypedDict):
+    """Who did what, when."""
+
+    id: str
+    at: Annotated[DateTime, Field(description="Rounded down to the hour for erasures.")]
+    actor: Annotated[str, Field(description="`operator` or `token:<token_id>`.")]
+    action: Annotated[
+        str,
+        _enum("project.created", "project.configured", "token.created", "token.revoked", "caller.erased"),
+    ]
+    details: Annotated[
+        dict[str, Any], Field(description="Counts and ids; never a phone number or a stored value.")
+    ]
+    receipt_id: Nullable
+
+
+@with_config(_CLOSED)
+class AuditList(TypedDict):
+    """A page of audit records, newest first."""
+
+    records: list[AuditRecord]
+    next_cursor: Annotated[Nullable, Field(description="Pass as `before` for the next page.")]
