@@ -17,6 +17,14 @@ import orjson
 from .clock import BUCKET_MS, HOUR_MS, bucket_start, floor_hour_ms, iso_utc
 from .errors import InvalidInput
 from .projects import Project
+from .reports import (
+    BreakdownRow,
+    CallbackBucketName,
+    Interval,
+    RepeatCallerMetrics,
+    RepeatCallerReport,
+    SeriesPoint,
+)
 from .store import AnalyticsInput, ConversationEntry, Counters, FirstInteraction, Store
 
 INTERVALS = ("hour", "day", "week")
@@ -25,7 +33,7 @@ MAX_BUCKETS = 1000
 MAX_PAGE = 1000
 
 #: Time to callback: hours from the first interaction's hour to the repeat call's hour.
-TTC_BUCKETS: tuple[tuple[str, int], ...] = (
+TTC_BUCKETS: tuple[tuple[CallbackBucketName, int], ...] = (
     ("same_hour", 1),
     ("under_1_day", 24),
     ("1_to_7_days", 7 * 24),
@@ -39,7 +47,7 @@ def ttc_bucket(hours: int) -> str:
     return next(name for name, below in TTC_BUCKETS if hours < below)
 
 
-def metrics(first: FirstInteraction | None) -> dict[str, Any]:
+def metrics(first: FirstInteraction | None) -> RepeatCallerMetrics:
     """The REPEAT_CALLER_* metrics of a repeat call (empty for a first interaction)."""
     if first is None:
         return {}
@@ -175,8 +183,8 @@ class AnalyticsService:
         return entries, None
 
     async def repeat_callers(
-        self, project: Project, *, start: int, stop: int, interval: str, now: int
-    ) -> dict[str, Any]:
+        self, project: Project, *, start: int, stop: int, interval: Interval, now: int
+    ) -> RepeatCallerReport:
         if interval not in INTERVALS:
             raise InvalidInput("interval must be hour, day or week", field="interval")
         first, last = bucket_start(interval, start), bucket_start(interval, stop - 1)
@@ -196,12 +204,22 @@ def _rate(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def summarise(buckets: Sequence[Counters], first: int, last: int, interval: str) -> dict[str, Any]:
+def _breakdown(counts: dict[str, int], repeat: int) -> list[BreakdownRow]:
+    """Rows by value (JSON-encoded in the counter names), most frequent first, null last among equals."""
+    rows: list[BreakdownRow] = [
+        {"value": orjson.loads(value), "repeat_conversations": amount, "share": _rate(amount, repeat)}
+        for value, amount in counts.items()
+    ]
+    rows.sort(key=lambda row: (-row["repeat_conversations"], row["value"] is None, str(row["value"])))
+    return rows
+
+
+def summarise(buckets: Sequence[Counters], first: int, last: int, interval: Interval) -> RepeatCallerReport:
     """The report: a series with every bucket of the range (empty ones too), totals and breakdowns."""
     by_start = {c.bucket: c.values for c in buckets}
-    series = []
+    series: list[SeriesPoint] = []
     totals = {"conversations": 0, "repeat": 0, "first": 0}
-    ttc = dict.fromkeys((name for name, _ in TTC_BUCKETS), 0)
+    ttc: dict[str, int] = dict.fromkeys((name for name, _ in TTC_BUCKETS), 0)
     breakdowns: dict[str, dict[str, int]] = {d: {} for d in BREAKDOWNS}
     for start in range(first, last + 1, BUCKET_MS[interval]):
         values = by_start.get(start, {})
@@ -240,17 +258,8 @@ def summarise(buckets: Sequence[Counters], first: int, last: int, interval: str)
             for name, _ in TTC_BUCKETS
         ],
         "breakdowns": {
-            dimension: sorted(
-                (
-                    {
-                        "value": orjson.loads(value),
-                        "repeat_conversations": amount,
-                        "share": _rate(amount, totals["repeat"]),
-                    }
-                    for value, amount in counts.items()
-                ),
-                key=lambda row: (-row["repeat_conversations"], row["value"] is None, str(row["value"])),
-            )
-            for dimension, counts in breakdowns.items()
+            "qa": _breakdown(breakdowns["qa"], totals["repeat"]),
+            "handoff_reason": _breakdown(breakdowns["handoff_reason"], totals["repeat"]),
+            "handoff_to": _breakdown(breakdowns["handoff_to"], totals["repeat"]),
         },
     }

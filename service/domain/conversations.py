@@ -15,6 +15,7 @@ from .fields import StoredField
 from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
+from .reports import RepeatCallerMetrics
 from .store import ConversationRecord, EndStatus, Store
 
 
@@ -33,7 +34,7 @@ class ConversationEnd:
     persisted: list[str]
     ignored: list[str]
     blacklisted: bool
-    repeat_caller: dict[str, Any]
+    repeat_caller: RepeatCallerMetrics
     replayed: bool
     #: The caller was erased after this conversation's write was made: nothing was stored.
     erased: bool = False
@@ -119,7 +120,7 @@ class ConversationService:
                 f"conversation '{conversation_id}' was already ended with a different request; "
                 "a retry must send the same caller, state, outcome and channel"
             )
-        repeat_caller: dict[str, Any] = {}
+        repeat_caller: RepeatCallerMetrics = {}
         extra = orjson.loads(result.record.extra)
         if "hour" in extra:  # analytics were on when the conversation was first applied
             # An erasure may have run between the memory write and the listing (they are two steps, in two
