@@ -63,7 +63,7 @@ def fill_sqlite(path: Path, rows: list[tuple[str, int]], t: int) -> None:
 
 
 async def fill_redis(store: Any, rows: list[tuple[str, int]], t: int) -> None:
-    client = store._redis
+    client = store._transport.client
     for offset in range(0, len(rows), 5000):
         async with client.pipeline(transaction=False) as pipe:
             for s, e in rows[offset : offset + 5000]:

@@ -4,37 +4,28 @@ Every memory operation is one round trip: reads are one ``HGETALL`` (expired fie
 and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and sent again with EVAL
 on NOSCRIPT, so a restarted or failed-over server needs no special handling.
 
-The hot paths (memory reads, ends of conversations) send their commands themselves on redis-py connections
-kept in a plain free list (:meth:`RedisStore._run`). redis-py's client adds, per command, a retry wrapper,
-response callbacks and observability hooks, and its pool an asyncio lock and a socket probe per checkout:
-measured on this machine with 32 concurrent HGETALLs, 38 us of CPU per command through the client, 24 us
-this way; for a memory read that is a tenth of the request.
+:class:`RedisStore` holds the operations only; it sends their commands through a
+:class:`.redis_transport.RedisTransport`: :class:`.redis_transport.StandaloneTransport` on one server,
+:class:`.redis_cluster.ClusterTransport` on a Redis Cluster (``redis+cluster://``). Both send the commands
+themselves, packed by hiredis, on connections they keep (the hot path's are in a plain free list).
 
-On Redis Cluster (``redis+cluster://``) every call touches one slot (the key layout's hash tags make that
-possible) and is sent by :class:`.redis_cluster.ClusterLink`, which also makes every write wait for a
-replica before it is acknowledged. An operation that spans slots (a conversation's claim, the caller's
-memory, the project's analytics) is several calls, one after the other where the order matters: on one
-server they go in one transaction instead (:meth:`RedisStore._in_order`).
+On Redis Cluster every call touches one slot (the key layout's hash tags make that possible) and every write
+waits for a replica before it is acknowledged. An operation that spans slots (a conversation's claim, the
+caller's memory, the project's analytics) is several calls, one after the other where the order matters: on
+one server they go in one transaction instead (:meth:`.redis_transport.RedisTransport.in_order`). The few
+operations whose algorithm differs on a cluster branch on ``RedisStore._cluster``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from importlib import resources
 from typing import Any, cast
-from urllib.parse import urlsplit
 
-from redis.asyncio import ConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError
 
 from ..domain.clock import bucket_starts
-from ..domain.errors import StoreCorrupt, StoreUnavailable
+from ..domain.errors import StoreCorrupt
 from ..domain.fields import StoredField, WriteCondition
 from ..domain.store import (
     AnalyticsInput,
@@ -51,85 +42,11 @@ from ..domain.store import (
 )
 from . import keys
 from .codec import decode_audit, decode_entry, encode_audit, encode_entry
-from .redis_cluster import (
-    ClusterLink,
-    Command,
-    NotReplicated,
-    is_cluster_url,
-    pack,
-    parse_cluster_url,
-    writes,
-)
+from .redis_cluster import ClusterTransport, is_cluster_url
+from .redis_transport import Call, Command, RedisTransport, StandaloneTransport
 
-SCHEMES = ("redis", "rediss", "unix")
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
-MIN_SERVER_VERSION = (7, 0)
-
-
-#: The Lua scripts in ``lua/``.
-SCRIPTS = ("patch", "erase", "record", "unlist", "sweep_bucket", "lease")
-
-
-def _load_script(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", name).read_text(encoding="utf-8")
-
-
-def _check_version(info: Mapping[str, Any]) -> None:
-    version = str(info.get("redis_version", "0"))
-    numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
-    if numbers < MIN_SERVER_VERSION:
-        raise StoreUnavailable(
-            f"Redis {version} is too old: version {'.'.join(map(str, MIN_SERVER_VERSION))} or newer is required"
-        )
-
-
-class _Call:
-    """One store call: bounded by the store timeout, and the one place where driver exceptions become domain
-    errors (chained, so the cause is kept). A plain class rather than a generator context manager: it runs
-    on every request."""
-
-    __slots__ = ("expired", "operation", "seconds", "task", "timer")
-
-    def __init__(self, operation: str, seconds: float) -> None:
-        self.operation = operation
-        self.seconds = seconds
-
-    # The timeout is one timer that cancels the task, as asyncio.timeout does, minus its bookkeeping (its
-    # state machine costs 1.5 us of the 4 us per call, measured; this runs once or twice per request).
-    async def __aenter__(self) -> None:
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - store calls always run in a task
-            raise RuntimeError("a store call must run in an asyncio task")
-        self.task = task
-        self.expired = False
-        loop = task.get_loop()
-        self.timer = loop.call_at(loop.time() + self.seconds, self._expire)
-
-    def _expire(self) -> None:
-        self.expired = True
-        self.task.cancel()
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        self.timer.cancel()
-        if self.expired and kind is asyncio.CancelledError and self.task.uncancel() == 0:
-            # Cancelled by the timer alone (not also from outside). The connection was closed on the way
-            # out, so no late reply can be mistaken for another command's.
-            timeout = TimeoutError(f"{self.operation} timed out after {self.seconds:g} s")
-            raise StoreUnavailable(
-                f"Redis did not answer {self.operation} within {self.seconds:g} s"
-            ) from timeout
-        if isinstance(exc, ResponseError):
-            if str(exc).startswith("CMCORRUPT"):
-                raise StoreCorrupt(
-                    f"Redis holds data this version cannot read ({self.operation}): {exc}"
-                ) from exc
-            raise StoreUnavailable(f"Redis refused {self.operation}: {exc}") from exc
-        if isinstance(exc, NotReplicated):
-            raise StoreUnavailable(f"Redis did not confirm {self.operation}: {exc}") from exc
-        # ConnectionError and the rest of the driver's errors (the cluster client's own are not RedisErrors)
-        if isinstance(exc, (RedisError, RedisClusterException)):
-            raise StoreUnavailable(f"Redis did not answer {self.operation}: {exc}") from exc
 
 
 def _optional(value: str | None) -> str:
@@ -207,25 +124,19 @@ class RedisStore(Store):
         health_check_interval: int = 30,
         bulk_timeout: float = 60.0,
     ) -> None:
+        transport = ClusterTransport if is_cluster_url(url) else StandaloneTransport
+        self._transport: RedisTransport = transport(  # a bad URL fails here, early
+            url,
+            timeout=socket_timeout,
+            connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
+            health_check_interval=health_check_interval,
+        )
         #: On Redis Cluster, commands of different slots must be separate calls (and are not ordered
         #: unless sent one after the other).
-        self._cluster = is_cluster_url(url)
-        self._address = parse_cluster_url(url) if self._cluster else None  # a bad URL fails here, early
-        scheme = urlsplit(url).scheme
-        if not self._cluster and scheme not in SCHEMES:
-            raise ValueError(f"not a Redis store URL (expected one of {', '.join(SCHEMES)}): {scheme}://")
-        self._url = url
+        self._cluster = self._transport.cluster
         self._timeout = socket_timeout
         self._bulk_timeout = bulk_timeout
-        self._socket_connect_timeout = socket_connect_timeout
-        self._max_connections = max_connections
-        self._health_check_interval = health_check_interval
-        self._client: Redis | None = None
-        self._pool: ConnectionPool | None = None  # makes the hot path's connections; None when closed
-        self._idle: list[Any] = []  # the hot path's connections not in use (redis-py Connection objects)
-        self._hot_connections = 0  # the hot path's connections, idle or in use
-        self._link: ClusterLink | None = None  # on a cluster, what sends every call
-        self._scripts: dict[str, AsyncScript] = {}
         self._sweep_from = 0  # the bucket where the next sweep round starts
 
     @classmethod
@@ -233,221 +144,29 @@ class RedisStore(Store):
         """The store for ``url``; ``options`` are the keyword arguments of the constructor."""
         return cls(url, **options)
 
-    def _connect(self) -> Redis:
-        pool = ConnectionPool.from_url(
-            self._url,
-            # No per-socket timeout: redis-py would wrap every send in asyncio.wait_for (a task per command).
-            # Each store call is bounded as a whole instead (_Call, ``socket_timeout`` seconds: a hung server
-            # costs a request half a second, not seconds of stall), and connecting is bounded here.
-            socket_timeout=None,
-            socket_connect_timeout=self._socket_connect_timeout,
-            # One immediate retry, on connection errors only. It hides a pooled connection that went stale
-            # (server restart, idle cut by a proxy). Timeouts are not retried: the server may be hung, a retry
-            # would double the stall, and the command may already have run (a conditional write retried
-            # after it landed would report a false precondition failure). redis-py 8 defaults to 10 retries
-            # with exponential backoff, i.e. seconds of stall on an outage.
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            # PING a connection that sat idle this long before using it again.
-            health_check_interval=self._health_check_interval,
-            # TCP only: redis-py's unix-socket connections take no keepalive option (and need none).
-            **({} if urlsplit(self._url).scheme == "unix" else {"socket_keepalive": True}),
-            decode_responses=False,
-            # More than the service's bound on requests in flight, so a request never waits for a connection;
-            # beyond it the pool refuses at once (the store is reported unavailable).
-            max_connections=self._max_connections,
-        )
-        return Redis.from_pool(pool)
-
-    @property
-    def _redis(self) -> Redis:
-        if self._client is None:
-            raise StoreUnavailable("the Redis store is not open")
-        return self._client
-
     async def open(self) -> None:
-        if self._client is not None or self._link is not None:
-            return
-        if self._address is not None:
-            await self._open_cluster()
-            return
-        client = self._connect()
-        try:
-            async with _Call("open", self._timeout):
-                await client.ping()
-                info = await client.info("server")
-                cluster = await client.info("cluster")
-            _check_version(info)
-            if str(cluster.get("cluster_enabled", "0")) == "1":
-                # Every request would get MOVED for the slots this node does not serve: refuse at start.
-                raise StoreUnavailable(
-                    "this Redis is a node of a Redis Cluster: use a redis+cluster://host:port[,host:port...]/ "
-                    "store URL (see README, Redis Cluster)"
-                )
-        except BaseException:
-            await client.aclose()
-            raise
-        self._scripts = {name: client.register_script(_load_script(f"{name}.lua")) for name in SCRIPTS}
-        self._client = client
-        self._pool = client.connection_pool
-
-    async def _open_cluster(self) -> None:
-        assert self._address is not None
-        link = ClusterLink(
-            self._address,
-            connect_timeout=self._socket_connect_timeout,
-            # Half the call's budget: a replica that does not confirm by then fails the call cleanly (503)
-            # instead of letting the timeout cut it.
-            wait_timeout_ms=max(1, int(self._timeout * 500)),
-            max_connections=self._max_connections,
-            health_check_interval=self._health_check_interval,
-        )
-        # Discovery may try the listed nodes one after the other (one that is down costs a connect timeout)
-        # before it loads the slot map and the command table.
-        budget = self._timeout + self._socket_connect_timeout * len(self._address.nodes)
-        try:
-            async with _Call("open", budget):
-                await link.open()
-                info = await link.client.info("server")  # one node; all run the same version
-            _check_version(info)
-        except BaseException:
-            await link.aclose()
-            raise
-        self._scripts = {name: link.client.register_script(_load_script(f"{name}.lua")) for name in SCRIPTS}
-        self._link = link
+        await self._transport.open()
 
     async def close(self) -> None:
-        client, self._client, self._pool = self._client, None, None
-        link, self._link = self._link, None
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            await connection.disconnect()
-        self._hot_connections -= len(idle)
-        if client is not None:
-            await client.aclose()
-        if link is not None:
-            await link.aclose()
+        await self._transport.aclose()
 
     async def ping(self) -> None:
-        async with _Call("ping", self._timeout):
-            if self._link is not None:
-                await self._link.client.ping()
-            else:
-                await self._redis.ping()
-
-    async def _run(self, *commands: Command, replicate: bool | None = None) -> list[Any]:
-        """Send ``commands`` in one write on one kept connection and return their raw replies (RESP3, as
-        hiredis parses them: an HGETALL is a dict), in order. Run inside a ``_Call``.
-
-        On a cluster the commands must all touch one slot, and a call that writes (or with ``replicate``)
-        is acknowledged once a replica has it (:meth:`.redis_cluster.ClusterLink.run`).
-
-        An error reply raises (the first one), after every reply was read so the connection stays in step.
-        A connection error is retried once on a fresh connection, as the client's pool does: it hides a kept
-        connection that went stale (server restart, idle cut by a proxy). Any other failure, a cancellation
-        (the ``_Call`` timeout) included, closes the connection: no late reply can be taken for another
-        command's. At most ``max_connections`` are open; beyond, the call fails at once (store unavailable).
-        """
-        if self._link is not None:
-            return await self._link.run(commands, replicate=replicate)
-        pool = self._pool
-        if pool is None:
-            raise StoreUnavailable("the Redis store is not open")
-        if self._idle:
-            connection = self._idle.pop()
-        elif self._hot_connections < self._max_connections:
-            connection = cast(Any, pool).make_connection()  # untyped in redis-py
-            self._hot_connections += 1
-        else:
-            raise StoreUnavailable(f"all {self._max_connections} Redis connections are in use")
-        in_step = False
-        try:
-            try:
-                replies = await self._exchange(connection, commands)
-            except RedisConnectionError:
-                await connection.disconnect()
-                replies = await self._exchange(connection, commands)
-            in_step = True
-            return replies
-        except ResponseError:
-            in_step = True  # every reply was read
-            raise
-        finally:
-            if in_step and self._pool is pool:
-                self._idle.append(connection)
-            else:
-                self._hot_connections -= 1
-                await connection.disconnect(nowait=True)
-
-    @staticmethod
-    async def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
-        await connection.send_packed_command(pack(commands), check_health=False)
-        if len(commands) == 1:
-            return [await connection.read_response()]
-        replies: list[Any] = []
-        failure: ResponseError | None = None
-        for _ in commands:
-            try:
-                replies.append(await connection.read_response())
-            except ResponseError as exc:
-                failure = failure or exc
-                replies.append(exc)
-        if failure is not None:
-            raise failure
-        return replies
-
-    async def _in_order(self, *commands: Command) -> list[Any]:
-        """Commands of different slots, run in this order: one transaction on one server (all or nothing,
-        one round trip); one call after the other on a cluster, each acknowledged before the next is sent,
-        so a failure leaves the earlier ones done and the later ones not."""
-        if self._link is None:
-            *_, results = await self._run(("MULTI",), *commands, ("EXEC",))
-            failure = next((r for r in results if isinstance(r, Exception)), None)
-            if failure is not None:
-                raise failure
-            return cast("list[Any]", results)
-        return [(await self._run(command))[0] for command in commands]
-
-    async def _each(self, commands: Sequence[Command], *, replicate: bool | None = None) -> list[Any]:
-        """Independent commands of any slots, in any order: one write on one server, one write per primary
-        on a cluster. An error reply raises."""
-        if not commands:
-            return []
-        if self._link is None:
-            return await self._run(*commands)
-        replies = await self._link.run_each(
-            commands, replicate=any(writes([c]) for c in commands) if replicate is None else replicate
-        )
-        failure = next((r for r in replies if isinstance(r, Exception)), None)
-        if failure is not None:
-            raise failure
-        return replies
-
-    def _script_command(
-        self, name: str, script_keys: Sequence[str], args: Sequence[str | bytes | int]
-    ) -> Command:
-        return ("EVALSHA", self._scripts[name].sha, len(script_keys), *script_keys, *args)
-
-    async def _script(self, name: str, script_keys: Sequence[str], args: Sequence[str | bytes | int]) -> Any:
-        """Run a Lua script by its SHA; a server that does not know it (restarted, failed over) gets its text."""
-        try:
-            return (await self._run(self._script_command(name, script_keys, args)))[0]
-        except NoScriptError:
-            script = cast("str", self._scripts[name].script)
-            return (await self._run(("EVAL", script, len(script_keys), *script_keys, *args)))[0]
+        async with Call("ping", self._timeout):
+            await self._transport.ping()
 
     # Projects -----------------------------------------------------------------------------------------
 
     async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:
-        async with _Call("put_project", self._timeout):
+        async with Call("put_project", self._timeout):
             # SET ... GET replaces and tells whether something was there, in one atomic command.
-            previous, _ = await self._in_order(
+            previous, _ = await self._transport.in_order(
                 ("SET", keys.project_key(project), document, "GET"), ("SADD", keys.PROJECTS, project)
             )
         return previous is None
 
     async def get_project(self, project: str) -> bytes | None:
-        async with _Call("get_project", self._timeout):
-            (document,) = await self._run(("GET", keys.project_key(project)))
+        async with Call("get_project", self._timeout):
+            (document,) = await self._transport.run(("GET", keys.project_key(project)))
         return cast("bytes | None", document)
 
     # Tokens -------------------------------------------------------------------------------------------
@@ -456,8 +175,8 @@ class RedisStore(Store):
         # A token's hash and its project's index live in different cluster slots, so no MULTI or script
         # spans them. The order makes every intermediate state safe: the index entry comes first (a dangling
         # entry is skipped by list_tokens) and the hash, which makes the token usable, last.
-        async with _Call("put_token", self._timeout):
-            await self._in_order(
+        async with Call("put_token", self._timeout):
+            await self._transport.in_order(
                 ("ZADD", keys.project_tokens_key(token.project), token.created_at, token.token_id),
                 (
                     "HSET",
@@ -468,26 +187,26 @@ class RedisStore(Store):
             )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
-        async with _Call("get_token", self._timeout):
-            (data,) = await self._run(("HGETALL", keys.token_key(token_id)))
+        async with Call("get_token", self._timeout):
+            (data,) = await self._transport.run(("HGETALL", keys.token_key(token_id)))
         return _token_from_hash(token_id, _hash(data)) if data else None
 
     async def list_tokens(self, project: str) -> list[TokenRecord]:
-        async with _Call("list_tokens", self._timeout):
-            (ids,) = await self._run(("ZRANGE", keys.project_tokens_key(project), 0, -1))
+        async with Call("list_tokens", self._timeout):
+            (ids,) = await self._transport.run(("ZRANGE", keys.project_tokens_key(project), 0, -1))
             # Each token's hash is in a slot of its own.
-            hashes = await self._each([("HGETALL", keys.token_key(i.decode())) for i in ids])
+            hashes = await self._transport.each([("HGETALL", keys.token_key(i.decode())) for i in ids])
         tokens = (_token_from_hash(i.decode(), _hash(h)) for i, h in zip(ids, hashes, strict=True) if h)
         return [t for t in tokens if t.project == project]
 
     async def delete_token(self, project: str, token_id: str) -> bool:
         # Revocation first (the hash is what authenticates), then the index entry; see put_token.
         token_key = keys.token_key(token_id)
-        async with _Call("delete_token", self._timeout):
-            (owner,) = await self._run(("HGET", token_key, "project"))
+        async with Call("delete_token", self._timeout):
+            (owner,) = await self._transport.run(("HGET", token_key, "project"))
             if owner is None or owner.decode() != project:
                 return False
-            deleted, _ = await self._in_order(
+            deleted, _ = await self._transport.in_order(
                 ("DEL", token_key), ("ZREM", keys.project_tokens_key(project), token_id)
             )
         return int(deleted) > 0
@@ -495,8 +214,8 @@ class RedisStore(Store):
     # Caller memory ------------------------------------------------------------------------------------
 
     async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
-        async with _Call("read_fields", self._timeout):
-            (data,) = await self._run(("HGETALL", keys.memory_key(project, subject)))
+        async with Call("read_fields", self._timeout):
+            (data,) = await self._transport.run(("HGETALL", keys.memory_key(project, subject)))
         # Inline StoredField.unpack (this runs for every field of every read): expired fields are skipped
         # before anything is built for them. (A hash arrives as a dict in RESP3, redis-py 8's default, as a flat list in RESP2.)
         fields: dict[str, StoredField] = {}
@@ -532,8 +251,8 @@ class RedisStore(Store):
         for name, stored in sets.items():
             args += [name, stored.packed()]
         args += deletes
-        async with _Call("patch_fields", self._timeout):
-            reply: list[Any] = await self._script(
+        async with Call("patch_fields", self._timeout):
+            reply: list[Any] = await self._transport.script(
                 "patch", [keys.memory_key(project, subject), keys.caller_index_key(subject)], args
             )
         return PatchResult(applied=reply[0] == 1, fields=_fields_from_flat(reply[1:]))
@@ -593,10 +312,12 @@ class RedisStore(Store):
         for name, stored in sets.items():
             args += [name, stored.packed()]
         args += deletes
-        async with _Call("end_conversation", self._timeout):
+        async with Call("end_conversation", self._timeout):
             if self._cluster:
                 # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
-                (previous,) = await self._run(("SET", claim, claimed, "NX", "PXAT", record.expires_at, "GET"))
+                (previous,) = await self._transport.run(
+                    ("SET", claim, claimed, "NX", "PXAT", record.expires_at, "GET")
+                )
                 # Already claimed for this caller (an earlier attempt): nothing to do; the SET was followed
                 # by a WAIT covering that attempt's writes in the slot (ClusterLink.run).
                 owner, _, until = (previous or b"").decode().partition("|")
@@ -606,15 +327,15 @@ class RedisStore(Store):
                         erased = owner == ERASED_CLAIM.decode()
                         return EndResult(EndStatus.ERASED if erased else EndStatus.CONFLICT, None)
                     # Expired by the service's clock (Redis's may lag behind it): the id is free again.
-                    await self._run(("SET", claim, claimed, "PXAT", record.expires_at))
+                    await self._transport.run(("SET", claim, claimed, "PXAT", record.expires_at))
             # A replay is acknowledged only once the first attempt's write is on a replica: the script call
             # is followed by a marker and a WAIT in its slot (ClusterLink.run).
-            reply: list[Any] = await self._script("patch", script_keys, args)
+            reply: list[Any] = await self._transport.script("patch", script_keys, args)
             if reply[0] == 4 and self._cluster:
                 # Refused for an erased caller: take back the claim naming them (the script on one server
                 # claims after its erasure check). A claim holds "<subject>|<expires_at>", the lease
                 # script's format: its release deletes the key only if it still names this subject.
-                await self._script("lease", [claim], [subject, 0, 0])
+                await self._transport.script("lease", [claim], [subject, 0, 0])
         if reply[0] == 2:
             seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
             return EndResult(EndStatus.REPLAYED, seen)
@@ -636,8 +357,8 @@ class RedisStore(Store):
     ) -> bool:
         recorded = entry.hour if recorded_at is None else recorded_at
         script_keys, args = self._record_arguments(project, entry, increments, expires_at, recorded)
-        async with _Call("record_conversation", self._timeout):
-            recorded = await self._script("record", script_keys, args)
+        async with Call("record_conversation", self._timeout):
+            recorded = await self._transport.script("record", script_keys, args)
         return bool(recorded)
 
     @staticmethod
@@ -681,15 +402,15 @@ class RedisStore(Store):
             await self.record_conversation(project, entry, increments, expires_at, now_ms)
             return await self.erased_at(project, subject, now_ms)
         script_keys, args = self._record_arguments(project, entry, increments, expires_at, now_ms)
-        record = self._script_command("record", script_keys, args)
+        record = self._transport.script_command("record", script_keys, args)
         tombstone = ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
-        async with _Call("record_conversation", self._timeout):
+        async with Call("record_conversation", self._timeout):
             try:
                 # One connection, one write: Redis runs them in this order.
-                _, (erased, expires) = await self._run(record, tombstone)
+                _, (erased, expires) = await self._transport.run(record, tombstone)
             except NoScriptError:
-                await self._script("record", script_keys, args)
-                erased, expires = (await self._run(tombstone))[0]
+                await self._transport.script("record", script_keys, args)
+                erased, expires = (await self._transport.run(tombstone))[0]
         return _live_erasure(erased, expires, now_ms)
 
     async def list_conversations(
@@ -712,19 +433,21 @@ class RedisStore(Store):
         if after is not None and not descending and after >= start:
             low = "(" + after
         entries: list[ConversationEntry] = []
-        async with _Call("list_conversations", self._timeout):
+        async with Call("list_conversations", self._timeout):
             while len(entries) < limit:
                 want = limit - len(entries)
                 if descending:
                     command: Command = ("ZRANGE", index, high, low, "BYLEX", "REV", "LIMIT", 0, want)
                 else:
                     command = ("ZRANGE", index, low, high, "BYLEX", "LIMIT", 0, want)
-                (members,) = await self._run(command)
+                (members,) = await self._transport.run(command)
                 if not members:
                     break
                 ids = [m.decode().split(":", 1)[1] for m in members]
                 # The entries share the index's slot (the project's hash tag): one MGET.
-                (values,) = await self._run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
+                (values,) = await self._transport.run(
+                    ("MGET", *(keys.analytics_entry_key(project, i) for i in ids))
+                )
                 for member, value in zip(members, values, strict=True):
                     if value is None:
                         continue  # expired, not swept from the index yet
@@ -744,9 +467,9 @@ class RedisStore(Store):
         self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
     ) -> list[Counters]:
         starts = bucket_starts(kind, first, last)
-        async with _Call("counters", self._timeout):
+        async with Call("counters", self._timeout):
             # One slot (the project's hash tag): one call.
-            replies = await self._run(
+            replies = await self._transport.run(
                 *(("HGETALL", keys.analytics_counter_key(project, kind, s)) for s in starts)
             )
         out = []
@@ -768,8 +491,8 @@ class RedisStore(Store):
     async def erase_caller(
         self, project: str, subject: str, now_ms: int, tombstone_until: int
     ) -> ErasureResult:
-        async with _Call("erase_caller", self._timeout):
-            reply: list[Any] = await self._script(
+        async with Call("erase_caller", self._timeout):
+            reply: list[Any] = await self._transport.script(
                 "erase",
                 [
                     keys.memory_key(project, subject),
@@ -794,7 +517,7 @@ class RedisStore(Store):
                 # follows the atomic step above, which already cut every link from the caller to them and
                 # left a marker in place of each live record. A live claim becomes an erasure marker too,
                 # naming nobody, so that an end of the id is refused as erased whoever sends it.
-                await self._each(
+                await self._transport.each(
                     [
                         (
                             ("SET", claim, ERASED_CLAIM + b"|" + until, "PXAT", int(until))
@@ -820,13 +543,13 @@ class RedisStore(Store):
             keys.analytics_index_key(project, False),
             *(keys.analytics_entry_key(project, i) for i in conversation_ids),
         ]
-        async with _Call("unlist_conversations", self._timeout):
-            removed = await self._script("unlist", script_keys, [])
+        async with Call("unlist_conversations", self._timeout):
+            removed = await self._transport.script("unlist", script_keys, [])
         return int(removed)
 
     async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
-        async with _Call("erased_at", self._timeout):
-            ((erased, expires),) = await self._run(
+        async with Call("erased_at", self._timeout):
+            ((erased, expires),) = await self._transport.run(
                 ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
             )
         return _live_erasure(erased, expires, now_ms)
@@ -834,8 +557,8 @@ class RedisStore(Store):
     # Retention ----------------------------------------------------------------------------------------
 
     async def list_projects(self) -> list[str]:
-        async with _Call("list_projects", self._timeout):
-            (projects,) = await self._run(("SMEMBERS", keys.PROJECTS))
+        async with Call("list_projects", self._timeout):
+            (projects,) = await self._transport.run(("SMEMBERS", keys.PROJECTS))
         return sorted(p.decode() for p in projects)
 
     async def sweep(
@@ -849,7 +572,7 @@ class RedisStore(Store):
         more = False
         visited = 0
         chunk = 256
-        async with _Call("sweep", self._bulk_timeout):
+        async with Call("sweep", self._bulk_timeout):
             for offset in range(0, keys.N_BUCKETS, chunk):
                 first = (self._sweep_from + offset) % keys.N_BUCKETS
                 buckets = [bucket % keys.N_BUCKETS for bucket in range(first, first + chunk)]
@@ -862,7 +585,7 @@ class RedisStore(Store):
                     self._sweep_from = (first + chunk) % keys.N_BUCKETS
                     more = True
                     break
-            (projects,) = await self._run(("SMEMBERS", keys.PROJECTS))
+            (projects,) = await self._transport.run(("SMEMBERS", keys.PROJECTS))
             for project in sorted({p.decode() for p in projects} | set(listed_after or ())):
                 cutoff = (listed_after or {}).get(project)
                 removed, project_more = await self._sweep_listing(project, now_ms, batch, cutoff)
@@ -875,31 +598,10 @@ class RedisStore(Store):
 
         Sweeps do not wait for replicas: what they remove had expired (reads skip it anyway), and a removal
         lost in a failover is made again by the next sweep."""
-        if self._link is None:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                script = self._scripts["sweep_bucket"]
-                for bucket in buckets:  # redis-py loads the script first if the server lacks it
-                    await script(
-                        keys=[keys.expiry_index_key(bucket)],
-                        args=[now_ms, batch, keys.memory_key_prefix(bucket)],
-                        client=pipe,
-                    )
-                replies: list[list[int]] = await pipe.execute()
-            return replies
-        calls = [
-            self._script_command(
-                "sweep_bucket", [keys.expiry_index_key(b)], [now_ms, batch, keys.memory_key_prefix(b)]
-            )
-            for b in buckets
-        ]
-        replies = await self._link.run_each(calls, replicate=False)
-        for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):  # a node that never ran it (promoted, restarted)
-                command = calls[i]
-                replies[i] = await self._script("sweep_bucket", [str(command[3])], command[4:])
-            elif isinstance(reply, Exception):
-                raise reply
-        return replies
+        return await self._transport.run_scripts(
+            "sweep_bucket",
+            [([keys.expiry_index_key(b)], [now_ms, batch, keys.memory_key_prefix(b)]) for b in buckets],
+        )
 
     async def _sweep_listing(
         self, project: str, now_ms: int, batch: int, cutoff: int | None = None
@@ -908,11 +610,11 @@ class RedisStore(Store):
         retention's), oldest first, stopping at the first live one (entries expire in about the order they
         were recorded). Every key is in the project's slot."""
         index = keys.analytics_index_key(project, None)
-        (members,) = await self._run(("ZRANGE", index, "-", "+", "BYLEX", "LIMIT", 0, batch))
+        (members,) = await self._transport.run(("ZRANGE", index, "-", "+", "BYLEX", "LIMIT", 0, batch))
         if not members:
             return 0, False
         ids = [m.decode().split(":", 1)[1] for m in members]
-        (values,) = await self._run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
+        (values,) = await self._transport.run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
         dead = []
         for member, value in zip(members, values, strict=True):
             if value is not None:
@@ -921,7 +623,7 @@ class RedisStore(Store):
                     break
             dead.append(member)
         if dead:
-            await self._run(
+            await self._transport.run(
                 ("MULTI",),
                 *(
                     ("ZREM", keys.analytics_index_key(project, repeat), *dead)
@@ -935,17 +637,17 @@ class RedisStore(Store):
 
     async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
         # A lease lost in a failover would let two sweepers run at once: acquiring waits for a replica.
-        async with _Call("acquire_lease", self._timeout):
-            acquired = await self._script("lease", [keys.lease_key(name)], [holder, now_ms, ttl_ms])
+        async with Call("acquire_lease", self._timeout):
+            acquired = await self._transport.script("lease", [keys.lease_key(name)], [holder, now_ms, ttl_ms])
         return bool(acquired)
 
     async def release_lease(self, name: str, holder: str) -> None:
-        async with _Call("release_lease", self._timeout):
-            await self._script("lease", [keys.lease_key(name)], [holder, 0, 0])
+        async with Call("release_lease", self._timeout):
+            await self._transport.script("lease", [keys.lease_key(name)], [holder, 0, 0])
 
     async def record_sweep(self, record: bytes) -> None:
-        async with _Call("record_sweep", self._timeout):
-            await self._run(
+        async with Call("record_sweep", self._timeout):
+            await self._transport.run(
                 ("MULTI",),
                 ("LPUSH", keys.SWEEPS, record),
                 ("LTRIM", keys.SWEEPS, 0, 99),
@@ -954,18 +656,22 @@ class RedisStore(Store):
             )
 
     async def list_sweeps(self, limit: int) -> list[bytes]:
-        async with _Call("list_sweeps", self._timeout):
-            (records,) = await self._run(("LRANGE", keys.SWEEPS, 0, limit - 1))
+        async with Call("list_sweeps", self._timeout):
+            (records,) = await self._transport.run(("LRANGE", keys.SWEEPS, 0, limit - 1))
         return cast("list[bytes]", records)
 
     async def append_audit(self, project: str, entry: AuditEntry) -> str:
-        async with _Call("append_audit", self._timeout):
-            (entry_id,) = await self._run(("XADD", keys.audit_key(project), "*", "e", encode_audit(entry)))
+        async with Call("append_audit", self._timeout):
+            (entry_id,) = await self._transport.run(
+                ("XADD", keys.audit_key(project), "*", "e", encode_audit(entry))
+            )
         return cast("bytes", entry_id).decode()
 
     async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
         high = "+" if before is None else "(" + before
-        async with _Call("list_audit", self._timeout):
-            (rows,) = await self._run(("XREVRANGE", keys.audit_key(project), high, "-", "COUNT", limit))
+        async with Call("list_audit", self._timeout):
+            (rows,) = await self._transport.run(
+                ("XREVRANGE", keys.audit_key(project), high, "-", "COUNT", limit)
+            )
         # Each row is [id, [field, value, ...]] (a map of the fields in some RESP3 clients: both are read).
         return [decode_audit(i.decode(), _hash(fields)[b"e"]) for i, fields in rows]

@@ -32,10 +32,9 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
-import hiredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -45,15 +44,27 @@ from redis.exceptions import (
     ClusterDownError,
     MaxConnectionsError,
     MovedError,
+    NoScriptError,
     ReadOnlyError,
-    RedisError,
     ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..domain.errors import StoreUnavailable
 from . import keys
+from .redis_transport import (
+    SCRIPTS,
+    Call,
+    Command,
+    NotReplicated,
+    RedisTransport,
+    ScriptCall,
+    check_version,
+    load_script,
+    pack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,34 +74,15 @@ DEFAULT_REPLICAS = 1
 #: How often a call is sent again after redirections (a resharding in progress, a stale slot map).
 REDIRECTIONS = 3
 
-#: A command and its arguments, as the Redis backend builds them.
-Command = Sequence[str | bytes | int]
 #: The commands of the backend that write nothing: a call made only of these waits for no replica.
 READS = frozenset(
     {"GET", "MGET", "HGET", "HMGET", "HGETALL", "ZRANGE", "LRANGE", "SMEMBERS", "XREVRANGE", "PEXPIRETIME"}
 )
 
 
-def pack(commands: Sequence[Command]) -> bytes:
-    """``commands`` in the Redis protocol, packed by hiredis in C (redis-py's asyncio connections pack in
-    Python: a seventh of an end of a conversation, whose scripts take some 60 arguments)."""
-    # hiredis's stub declares a one-element tuple; any tuple of str, bytes and int is packed.
-    return b"".join([hiredis.pack_command(cast(Any, tuple(command))) for command in commands])
-
-
 def writes(commands: Sequence[Command]) -> bool:
     """Whether any of ``commands`` may write (scripts do)."""
     return any(str(command[0]).upper() not in READS for command in commands)
-
-
-class NotReplicated(RedisError):
-    """A write ran on the primary but not enough replicas confirmed it in time: it is not acknowledged."""
-
-    def __init__(self, confirmed: int, wanted: int, timeout_ms: int) -> None:
-        super().__init__(
-            f"the write reached {confirmed} of the {wanted} replica(s) required within {timeout_ms} ms, so it"
-            " is not acknowledged (it may still have been applied: retry it)"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,3 +386,95 @@ class ClusterLink:
             await self.client.nodes_manager.initialize()
         except Exception as exc:  # a failover in progress: the next failure tries again
             log.debug("Redis Cluster slot map not reloaded: %s", exc)
+
+
+class ClusterTransport(RedisTransport):
+    """A Redis Cluster (``redis+cluster://`` URL, see :func:`parse_cluster_url`), reached by a
+    :class:`ClusterLink` made at each :meth:`open`; every write waits for a replica before it is
+    acknowledged."""
+
+    cluster = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        max_connections: int,
+        health_check_interval: int,
+    ) -> None:
+        super().__init__()
+        self.address = parse_cluster_url(url)  # a bad URL fails here, early
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._max_connections = max_connections
+        self._health_check_interval = health_check_interval
+        self._link: ClusterLink | None = None
+
+    @property
+    def link(self) -> ClusterLink:
+        if self._link is None:
+            raise StoreUnavailable("the Redis store is not open")
+        return self._link
+
+    async def open(self) -> None:
+        if self._link is not None:
+            return
+        link = ClusterLink(
+            self.address,
+            connect_timeout=self._connect_timeout,
+            # Half the call's budget: a replica that does not confirm by then fails the call cleanly (503)
+            # instead of letting the timeout cut it.
+            wait_timeout_ms=max(1, int(self._timeout * 500)),
+            max_connections=self._max_connections,
+            health_check_interval=self._health_check_interval,
+        )
+        # Discovery may try the listed nodes one after the other (one that is down costs a connect timeout)
+        # before it loads the slot map and the command table.
+        budget = self._timeout + self._connect_timeout * len(self.address.nodes)
+        try:
+            async with Call("open", budget):
+                await link.open()
+                info = await link.client.info("server")  # one node; all run the same version
+            check_version(info)
+        except BaseException:
+            await link.aclose()
+            raise
+        self.scripts = {name: link.client.register_script(load_script(f"{name}.lua")) for name in SCRIPTS}
+        self._link = link
+
+    async def aclose(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            await link.aclose()
+
+    async def ping(self) -> None:
+        await self.link.client.ping()
+
+    async def run(self, *commands: Command, replicate: bool | None = None) -> list[Any]:
+        return await self.link.run(commands, replicate=replicate)
+
+    async def in_order(self, *commands: Command) -> list[Any]:
+        return [(await self.run(command))[0] for command in commands]
+
+    async def each(self, commands: Sequence[Command], *, replicate: bool | None = None) -> list[Any]:
+        if not commands:
+            return []
+        replies = await self.link.run_each(
+            commands, replicate=any(writes([c]) for c in commands) if replicate is None else replicate
+        )
+        failure = next((r for r in replies if isinstance(r, Exception)), None)
+        if failure is not None:
+            raise failure
+        return replies
+
+    async def run_scripts(self, name: str, calls: Sequence[ScriptCall]) -> list[Any]:
+        commands = [self.script_command(name, script_keys, args) for script_keys, args in calls]
+        replies = await self.link.run_each(commands, replicate=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # a node that never ran it (promoted, restarted)
+                replies[i] = await self.script(name, *calls[i])
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
