@@ -17,7 +17,7 @@ Exceptions are described in :mod:`caller_memory.sdk.errors`.
 
 import logging
 
-from ._wire import MaskingFilter
+from . import _wire
 from .client import CircuitBreaker, FlushReport, MemoryClient, RetryPolicy
 from .conversation import Conversation, EndResult
 from .errors import (
@@ -33,7 +33,7 @@ from .errors import (
     ServiceUnavailableError,
 )
 from .memory import Memory
-from .outbox import Outbox, default_outbox_path
+from .outbox import Outbox, OutboxEntry, default_outbox_path
 
 __all__ = [
     "AuthenticationError",
@@ -48,6 +48,7 @@ __all__ = [
     "MemoryClient",
     "NotFoundError",
     "Outbox",
+    "OutboxEntry",
     "OutboxUnavailableError",
     "PermissionDeniedError",
     "PreconditionFailedError",
@@ -61,5 +62,5 @@ __all__ = [
 # Every record of the SDK's logger is masked (numbers and e-mail addresses, also percent-encoded) first.
 _log = logging.getLogger("caller_memory.sdk")
 _log.addHandler(logging.NullHandler())
-if not any(isinstance(f, MaskingFilter) for f in _log.filters):
-    _log.addFilter(MaskingFilter())
+if not any(isinstance(f, _wire.MaskingFilter) for f in _log.filters):
+    _log.addFilter(_wire.MaskingFilter())

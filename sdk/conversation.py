@@ -7,13 +7,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .memory import Memory
-
-if TYPE_CHECKING:
-    from .client import MemoryClient
-
 
 #: The largest integer magnitude JSON carries exactly everywhere (I-JSON, RFC 7493): 2**53 - 1.
 MAX_EXACT_INTEGER = 2**53 - 1
@@ -112,10 +108,20 @@ class EndResult:
     erased: bool = False
 
 
+class _Transport(Protocol):
+    """What a conversation needs of its client (:class:`~caller_memory.sdk.MemoryClient` is one). A protocol,
+    so that this module does not import client.py, which imports this one: the two have no import cycle, not
+    even one for type checking."""
+
+    async def read_memory(self, caller: str, *, previous: Memory | None = None) -> Memory: ...
+
+    async def end_conversation(self, conversation_id: str, body: dict[str, Any]) -> EndResult: ...
+
+
 class Conversation:
     """Created by :meth:`MemoryClient.conversation`; one per call."""
 
-    def __init__(self, client: MemoryClient, conversation_id: str, caller: str) -> None:
+    def __init__(self, client: _Transport, conversation_id: str, caller: str) -> None:
         self._client = client
         self.conversation_id = conversation_id
         self.caller = caller
