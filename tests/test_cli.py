@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.storage.sqlite import SQLiteStore
 
 from tests.conftest import PSEUDONYM_KEY
+from tests.support.service_process import ServiceProcess, free_port
 
 CONFIG = {
     "memory": {"repeat_caller": {"state_keys": ["caller_name"], "identifier_blacklist": ["+440000000000"]}}
@@ -142,13 +141,6 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
     assert bad_store.returncode != 0 and "unsupported store URL" in bad_store.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def http(method: str, url: str, token: str, body: Any = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Authorization": f"Bearer {token}"})
@@ -162,46 +154,20 @@ def http(method: str, url: str, token: str, body: Any = None) -> tuple[int, Any]
 
 
 def test_serve_runs_the_service_and_logs_no_numbers(tmp_path: Path) -> None:
-    port = free_port()
-    env = {
-        **os.environ,
-        "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
-        "CALLER_MEMORY_OPERATOR_TOKEN": "op-token-for-the-serve-test",
-        "CALLER_MEMORY_ACCESS_LOG": "1",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/readyz", timeout=1) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "service did not start"
-                time.sleep(0.1)
-        op = "op-token-for-the-serve-test"
+    op = "op-token-for-the-serve-test"
+    # No store given: the default, a SQLite file in the working directory.
+    service = ServiceProcess(None, tmp_path, env={"CALLER_MEMORY_OPERATOR_TOKEN": op})
+    with service:
+        base = service.url
         assert http("PUT", f"{base}/v1/projects/shop", op, CONFIG)[0] == 201
         status, body = http(
             "PATCH", f"{base}/v1/projects/shop/callers/+14155550100/memory", op, {"caller_name": "Ada"}
         )
         assert status == 200 and body["fields"] == {"caller_name": "Ada"}
         assert http("GET", f"{base}/v1/projects/shop/callers/+1415555010099999/memory", op)[0] == 422
-        assert (
-            tmp_path / "caller-memory.db"
-        ).exists()  # the default store: a SQLite file in the working directory
-    finally:
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=15)
-    assert proc.returncode == 0, output
+        assert (tmp_path / "caller-memory.db").exists()
+    output = service.log  # all of it: the process was stopped with SIGINT on leaving the block
+    assert service.proc.returncode == 0, output
     assert "listening on http://127.0.0.1" in output
     assert "PATCH /v1/projects/{project}/callers/{identifier}/memory 200" in output
     assert "4155550100" not in output

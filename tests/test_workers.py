@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY
 from tests.support.redis_server import RedisServer
-from tests.support.service_process import free_port
+from tests.support.service_process import SERVE, ServiceProcess, free_port
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -37,7 +36,6 @@ CACHE_SECONDS = 1.0
 #: Slack on top of the bound: one store round trip and the scheduling of a loaded machine.
 MARGIN_S = 0.5
 START_TIMEOUT_S = 20.0
-SERVE = [sys.executable, "-m", "caller_memory.service", "serve"]
 
 
 # Processes -------------------------------------------------------------------------------------------------
@@ -77,56 +75,21 @@ def holder_of_connection(port: int, client_port: int, pids: list[int]) -> int:
     raise AssertionError(f"no worker among {pids} holds the connection")
 
 
-class Supervised:
-    """``caller-memory serve --workers N`` as a real process group, with its log in ``workdir``."""
+class Supervised(ServiceProcess):
+    """``caller-memory serve --workers N`` as a real process group over ``store_url``, its log in ``workdir``."""
 
     def __init__(self, store_url: str, workdir: Path, workers: int = WORKERS) -> None:
-        self.port = free_port()
-        self.workers_wanted = workers
-        self.log_path = workdir / f"serve-{self.port}.log"
-        env = {
-            **os.environ,
-            "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
-            "CALLER_MEMORY_OPERATOR_TOKEN": OPERATOR_TOKEN,
-            "CALLER_MEMORY_STORE": store_url,
+        settings = {
             "CALLER_MEMORY_CONFIG_CACHE_SECONDS": str(CACHE_SECONDS),
             "CALLER_MEMORY_TOKEN_CACHE_SECONDS": str(CACHE_SECONDS),
             "CALLER_MEMORY_SWEEP_INTERVAL": "3600",  # none during the test
         }
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*SERVE, "--workers", str(workers), "--port", str(self.port)],
-                cwd=workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self._wait_for_log(f"with {workers} worker processes")
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def _wait_for_log(self, text: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while text not in self.log:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the supervisor exited with {self.proc.returncode}:\n{self.log[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no {text!r} within {START_TIMEOUT_S} s:\n{self.log[-3000:]}")
-            time.sleep(0.05)  # a process's output: no event to wait on
+        super().__init__(store_url, workdir, "--workers", str(workers), env=settings, access_log=False)
+        # Returns once every worker serves (the supervisor says so in its "listening on" line).
+        self.start(START_TIMEOUT_S)
 
     def workers(self) -> list[int]:
         return child_pids(self.proc.pid)
-
-    def wait_for_workers(self, exclude: set[int], timeout: float) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while True:
-            pids = self.workers()
-            if len(pids) == self.workers_wanted and not exclude & set(pids):
-                return pids
-            assert time.monotonic() < deadline, f"workers are {pids} after {timeout} s:\n{self.log[-2000:]}"
-            time.sleep(0.05)
 
     def call(self, method: str, path: str, token: str | None = None, body: Any = None) -> Answer:
         """One request over a fresh connection; the answer says which worker process served it."""
@@ -150,14 +113,8 @@ class Supervised:
         is_json = response.getheader("Content-Type", "").split(";")[0].endswith("json")
         return Answer(response.status, json.loads(raw) if raw and is_json else raw.decode(), pid)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        return super().stop(sig)  # as a process manager stops it
 
 
 @dataclass
@@ -334,10 +291,10 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_everything(
         assert set(worker_requests(text)) == set(current)
         assert healthz_count(text) == sent
     finally:
-        service.proc.send_signal(signal.SIGTERM)
+        service.send_signal(signal.SIGTERM)
         started = time.monotonic()
         try:
-            returncode = service.proc.wait(10)
+            returncode = service.wait(10)
         finally:
             service.stop()
     assert returncode == 0, service.log[-3000:]

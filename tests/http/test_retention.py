@@ -7,6 +7,7 @@ import os
 import re
 import signal
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from caller_memory.service.domain.clock import FakeClock, SystemClock
@@ -67,15 +68,14 @@ async def test_a_sweep_elsewhere_holds_the_lease(api: Api, shop: dict[str, str])
     assert (await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)).status == 200
 
 
-async def test_two_services_sweeping_at_once_do_not_double_run(store_url: str, tmp_path: object) -> None:
-    clock = SystemClock()
-    async with running_api(store_url, clock) as first, running_api(store_url, clock) as second:  # type: ignore[arg-type]
+async def test_two_services_sweeping_at_once_do_not_double_run(store_url: str, clock: FakeClock) -> None:
+    async with running_api(store_url, clock) as first, running_api(store_url, clock) as second:
         tokens = await first.project_with_tokens("shop", {"state_keys": ["a"], "field_ttls": {"a": "PT1S"}})
         for i in range(20):
             await first.call(
                 "PATCH", memory_path("shop", f"+1415555{i:04d}"), token=tokens["admin"], json={"a": i}
             )
-        await asyncio.sleep(1.1)  # real time: Redis expires by its own clock as well
+        clock.advance(1.1)  # the fields are due; Redis may expire their hashes by its own clock as well
         replies = await asyncio.gather(
             *(
                 svc.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
@@ -207,13 +207,20 @@ async def test_metrics(api: Api, shop: dict[str, str]) -> None:
 
 async def test_the_service_sweeps_on_its_own(store_url: str) -> None:
     async with running_api(store_url, SystemClock(), sweep_interval=0.2) as api:  # type: ignore[arg-type]
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:
-            listed = await api.call("GET", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
-            if listed.body["sweeps"]:
-                break
-            assert asyncio.get_running_loop().time() < deadline, "no scheduled sweep ran"
-            await asyncio.sleep(0.05)
+        # The scheduler (real time) calls the service's sweeper: told when a run ends, the test waits for that.
+        sweeper = api.app[SERVICES].sweeper
+        ran = asyncio.Event()
+        run = sweeper.run
+
+        async def observed() -> Any:
+            try:
+                return await run()
+            finally:
+                ran.set()
+
+        sweeper.run = observed  # type: ignore[method-assign]
+        await asyncio.wait_for(ran.wait(), 10)
+        listed = await api.call("GET", "/v1/admin/sweeps", token=OPERATOR_TOKEN)
         assert listed.body["sweeps"][0]["complete"] is True
         metrics = await api.call("GET", "/metrics")
         assert 'caller_memory_sweeps_total{outcome="completed"}' in metrics.body

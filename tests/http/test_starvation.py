@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +19,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,40 +28,13 @@ from caller_memory.service.http.server import FD_HEADROOM, RepeatedRecords
 from tests.conftest import BACKENDS, OPERATOR_TOKEN, PSEUDONYM_KEY, empty_store_url
 from tests.http.test_api import memory_path
 from tests.support.redis_server import RedisServer
-from tests.support.service_process import free_port, http, wait_http
+from tests.support.service_process import SERVE, ServiceProcess, http, service_environment
 
-SERVE = [sys.executable, "-m", "caller_memory.service", "serve"]
 CONFIG = {"memory": {"repeat_caller": {"state_keys": ["a"]}}}
 
 
-@dataclass
-class Service:
-    proc: subprocess.Popen[bytes]
-    url: str
-    port: int
-    log_path: Path
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def project(self, name: str) -> str:
-        """Create project ``name``; its agent token."""
-        http("PUT", f"{self.url}/v1/projects/{name}", OPERATOR_TOKEN, CONFIG)
-        minted = http("POST", f"{self.url}/v1/projects/{name}/tokens", OPERATOR_TOKEN, {"role": "agent"})
-        token: str = minted["token"]
-        return token
-
-
-def environment(store_url: str, **extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode(),
-        "CALLER_MEMORY_OPERATOR_TOKEN": OPERATOR_TOKEN,
-        "CALLER_MEMORY_STORE": store_url,
-        "CALLER_MEMORY_SWEEP_INTERVAL": "0",
-        **extra,
-    }
+#: Sweeps off: nothing but the test's own load runs in the service.
+NO_SWEEPS = {"CALLER_MEMORY_SWEEP_INTERVAL": "0"}
 
 
 @contextlib.contextmanager
@@ -71,28 +44,29 @@ def service(
     *args: str,
     preexec: Callable[[], None] | None = None,
     **env: str,
-) -> Iterator[Service]:
-    port = free_port()
-    log_path = workdir / f"service-{port}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [*SERVE, "--port", str(port), *args],
-            cwd=workdir,
-            env=environment(store_url, **env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=preexec,
-        )
+) -> Iterator[ServiceProcess]:
+    """The service without its access log (a flood of probes would fill it), stopped with SIGTERM."""
+    process = ServiceProcess(
+        store_url,
+        workdir,
+        *args,
+        env=NO_SWEEPS | env,
+        access_log=False,
+        preexec=preexec,
+    )
+    process.start()
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", proc, log_path, 20.0)
-        yield Service(proc, f"http://127.0.0.1:{port}", port, log_path)
+        yield process
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        process.stop(signal.SIGTERM)
+
+
+def project(svc: ServiceProcess, name: str) -> str:
+    """Create project ``name``; its agent token."""
+    http("PUT", f"{svc.url}/v1/projects/{name}", OPERATOR_TOKEN, CONFIG)
+    minted = http("POST", f"{svc.url}/v1/projects/{name}/tokens", OPERATOR_TOKEN, {"role": "agent"})
+    token: str = minted["token"]
+    return token
 
 
 def get(url: str, token: str | None = None, timeout: float = 10.0) -> tuple[int, float]:
@@ -132,7 +106,7 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 async def test_slow_bodies_of_one_project_do_not_starve_another(backend_url: str, tmp_path: Path) -> None:
     with service(backend_url, tmp_path, CALLER_MEMORY_BODY_TIMEOUT=str(BODY_TIMEOUT_S)) as svc:
-        attacker, victim = svc.project("attacker"), svc.project("victim")
+        attacker, victim = project(svc, "attacker"), project(svc, "victim")
         share = 64  # a quarter of the default in-flight bound of 256
         head = (
             "POST /v1/projects/attacker/conversations/call-1/end HTTP/1.1\r\nHost: x\r\n"
@@ -245,7 +219,7 @@ def test_20000_unfinished_heads_leave_the_service_reachable_and_its_log_short(tm
     if hard != resource.RLIM_INFINITY and hard < each + 64:
         pytest.skip(f"the hard limit of open files ({hard}) is below the {each + 64} one flooder needs")
     with service(f"sqlite:///{tmp_path}/memory.db", tmp_path) as svc:
-        token = svc.project("shop")
+        token = project(svc, "shop")
         read_url = svc.url + memory_path("shop")
         started = time.perf_counter()
         flooders = [
@@ -278,7 +252,7 @@ def test_20000_unfinished_heads_leave_the_service_reachable_and_its_log_short(tm
             assert [status for status, _ in after] == [200, 200]
             assert opened + failed == FLOOD and opened >= FLOOD * 0.95, (opened, failed)
             # The service kept within its bound (plus what it needs besides connections).
-            assert open_files(svc.proc.pid) <= 4096 + FD_HEADROOM
+            assert open_files(svc.pid) <= 4096 + FD_HEADROOM
             metrics = get_text(svc.url + "/metrics")
             closed = metric(metrics, 'caller_memory_connections_closed_total{reason="over_limit"}')
             assert closed >= opened - 4096
@@ -378,11 +352,11 @@ def test_the_open_file_limit_is_raised_to_fit_the_connections(tmp_path: Path) ->
         pytest.skip(f"the hard limit of open files ({hard}) is below {need}")
     store = f"sqlite:///{tmp_path}/memory.db"
     with service(store, tmp_path, preexec=_limit_open_files(256, hard)) as svc:
-        assert soft_open_files(svc.proc.pid) == need
+        assert soft_open_files(svc.pid) == need
         assert "open-file limit" not in svc.log
     # A hard limit too low: the bound is lowered to fit, and the operator told how to raise it.
     with service(store, tmp_path, preexec=_limit_open_files(512, 1024)) as svc:
-        assert soft_open_files(svc.proc.pid) == 1024
+        assert soft_open_files(svc.pid) == 1024
         assert "serving at most 768 connections, not CALLER_MEMORY_MAX_CONNECTIONS=4096" in svc.log
         assert get(svc.url + "/healthz")[0] == 200
 
@@ -400,7 +374,7 @@ def test_a_port_in_use_is_one_clear_line(workers: int, tmp_path: Path, redis_ser
             [*SERVE, "--port", str(port), "--workers", str(workers)],
             capture_output=True,
             text=True,
-            env=environment(redis_server.url),
+            env=service_environment(redis_server.url, **NO_SWEEPS),
             cwd=tmp_path,
             timeout=30,
         )
