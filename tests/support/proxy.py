@@ -17,6 +17,9 @@ class LossyProxy:
         self.drop_answers = 0
         #: Seconds every chunk of an answer is held back (a slow network or a slow server).
         self.delay = 0.0
+        #: Set when an answer is first held back: a request is then in flight in the service (wait on this
+        #: rather than sleeping until it probably is).
+        self.holding = asyncio.Event()
         self.connections = 0
         self.open_connections = 0
         self.most_open_connections = 0
@@ -53,7 +56,8 @@ class LossyProxy:
                         self.drop_answers -= 1
                         break  # the service answered: lose the answer
                     if answers and self.delay:
-                        await asyncio.sleep(self.delay)
+                        self.holding.set()
+                        await asyncio.sleep(self.delay)  # the fault itself: a slow store or network
                     writer.write(data)
                     await writer.drain()
             for w in (client_writer, server_writer):
