@@ -100,6 +100,11 @@ class _Output:
                 needle in self._seen
             )
 
+    @property
+    def ended(self) -> bool:
+        with self._changed:
+            return self._ended
+
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
@@ -168,8 +173,12 @@ class ServiceProcess:
         takes longer than ``timeout`` seconds."""
         assert self._output is not None, "not started"
         if not self._output.wait_for(text, timeout):
-            exited = self.proc.poll()
-            why = f"exited with {exited}" if exited is not None else f"logged no {text!r} within {timeout} s"
+            # The output ends when the process exits (or closes it): then say how it exited.
+            why = (
+                f"exited with {self.wait(10)}"
+                if self._output.ended
+                else f"logged no {text!r} within {timeout} s"
+            )
             raise RuntimeError(f"{self.proc.args} {why}:\n{self.log[-3000:]}")
 
     def pause(self) -> None:
