@@ -48,6 +48,16 @@ def load(trees: list[str]) -> dict[str, Any]:
     return packages
 
 
+def caller_of(package: Any) -> tuple[Any, ...]:
+    """How this version's store names a caller: a CallerRef (issue 13 on), or a project and a subject."""
+    try:
+        return (
+            importlib.import_module(f"{package.__name__}.service.domain.store").CallerRef(PROJECT, SUBJECT),
+        )
+    except (ImportError, AttributeError):
+        return (PROJECT, SUBJECT)
+
+
 async def store_of(package: Any, url: str) -> Any:
     redis = importlib.import_module(f"{package.__name__}.service.storage.redis")
     fields_module = importlib.import_module(f"{package.__name__}.service.domain.fields")
@@ -55,18 +65,20 @@ async def store_of(package: Any, url: str) -> Any:
     await store.open()
     now = int(time.time() * 1000)
     fields = {name: fields_module.StoredField(VALUE, now + 3_600_000, now) for name in FIELDS}
-    await store.patch_fields(PROJECT, SUBJECT, fields, [], now)
-    assert len(await store.read_fields(PROJECT, SUBJECT, now)) == len(FIELDS)
-    return store
+    caller = caller_of(package)
+    await store.patch_fields(*caller, fields, [], now)
+    assert len(await store.read_fields(*caller, now)) == len(FIELDS)
+    return store, caller
 
 
-async def one_round(store: Any, calls: int, concurrency: int) -> tuple[float, float]:
+async def one_round(store_and_caller: Any, calls: int, concurrency: int) -> tuple[float, float]:
+    store, caller = store_and_caller
     now = int(time.time() * 1000)
     share = calls // concurrency
 
     async def worker() -> None:
         for _ in range(share):
-            await store.read_fields(PROJECT, SUBJECT, now)
+            await store.read_fields(*caller, now)
 
     start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -84,7 +96,7 @@ async def measure(packages: dict[str, Any], url: str, args: argparse.Namespace) 
             for name, store in stores.items():
                 results[name].append(await one_round(store, args.calls, args.concurrency))
     finally:
-        for store in stores.values():
+        for store, _ in stores.values():
             await store.close()
     for name, rounds in results.items():
         wall = [r[0] for r in rounds]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from caller_memory.service.config import Settings, SettingsError
 from caller_memory.service.domain.fields import StoredField
+from caller_memory.service.domain.store import CallerRef
 from caller_memory.service.storage.sqlite import SQLiteStore
 
 from tests.conftest import PSEUDONYM_KEY
@@ -191,7 +192,7 @@ def test_sweep_command(tmp_path: Path) -> None:
         await store.open()
         long_ago = time.time_ns() // 1_000_000 - 60_000
         stale = StoredField(value=b"1", expires_at=long_ago + 1000, written_at=long_ago)
-        await store.patch_fields("shop", "a" * 32, {"a": stale}, [], long_ago)
+        await store.patch_fields(CallerRef("shop", "a" * 32), {"a": stale}, [], long_ago)
         await store.close()
 
     asyncio.run(write_expired_field())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import orjson
 
@@ -25,7 +24,17 @@ from .reports import (
     RepeatCallerReport,
     SeriesPoint,
 )
-from .store import AnalyticsInput, ConversationEntry, Counters, FirstInteraction, Store
+from .store import (
+    AnalyticsInput,
+    CallerRef,
+    ConversationEntry,
+    Counters,
+    EndAnalytics,
+    FirstInteraction,
+    Outcome,
+    Recording,
+    Store,
+)
 
 INTERVALS = ("hour", "day", "week")
 #: Most buckets one report may span (e.g. 41 days by the hour, 2.7 years by the day).
@@ -96,17 +105,13 @@ class AnalyticsService:
         self._store = store
 
     @staticmethod
-    def input_for(
-        project: Project, now: int, qa: str | None, reason: str | None, to: str | None
-    ) -> AnalyticsInput:
+    def input_for(project: Project, now: int, outcome: Outcome) -> AnalyticsInput:
         hour = floor_hour_ms(now)
         return AnalyticsInput(
             hour=hour,
             day=bucket_start("day", hour),
             week=bucket_start("week", hour),
-            qa=qa,
-            handoff_reason=reason,
-            handoff_to=to,
+            outcome=outcome,
             first_expires_at=now + project.retention_ms,
             # The retention in force now, not the one a stored first interaction was created under.
             first_after=now - project.retention_ms,
@@ -115,37 +120,37 @@ class AnalyticsService:
     async def record(
         self,
         project: Project,
+        caller: CallerRef,
         conversation_id: str,
         channel: str | None,
-        qa: str | None,
-        reason: str | None,
-        to: str | None,
-        data: dict[str, Any],
+        outcome: Outcome,
+        found: EndAnalytics,
+        *,
+        made_at: int,
         now: int,
-        subject: str,
-    ) -> tuple[ConversationEntry, int | None]:
-        """List and count a conversation from what the store returned with it (``ConversationRecord.extra``,
-        decoded). Idempotent: a replay records nothing again, and completes a recording that an earlier
-        attempt could not finish (the service died between the two steps).
-
-        Returns the entry and when the caller (``subject``) was erased, if they were, as read after the
-        recording (see ConversationService.end)."""
-        raw_first = data.get("first")
-        first = FirstInteraction(**raw_first) if raw_first else None
+    ) -> ConversationEntry:
+        """List and count a conversation from what the end of it found (:attr:`EndResult.analytics`).
+        Idempotent: a replay records nothing again, and completes a recording that an earlier attempt could
+        not finish (the service died between the two steps). A caller erased at or after ``made_at`` is not
+        listed (the store sees to it, whatever ran first). Returns the entry."""
         entry = ConversationEntry(
             conversation_id=conversation_id,
-            hour=int(data["hour"]),
+            hour=found.hour,
             channel=channel,
-            qa=qa,
-            handoff_reason=reason,
-            handoff_to=to,
-            first=first,
+            qa=outcome.qa,
+            handoff_reason=outcome.handoff_reason,
+            handoff_to=outcome.handoff_to,
+            first=found.first,
         )
-        new = [kind for kind in str(data.get("new") or "").split(",") if kind]
-        erased = await self._store.record_then_erased_at(
-            project.project_id, entry, increments(entry, new), now + project.retention_ms, subject, now
+        recording = Recording(
+            caller=caller,
+            entry=entry,
+            increments=increments(entry, found.new_buckets),
+            expires_at=now + project.retention_ms,
+            made_at=made_at,
         )
-        return entry, erased
+        await self._store.record_conversation(recording, now)
+        return entry
 
     # Queries ------------------------------------------------------------------------------------------
 

@@ -16,14 +16,8 @@ from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
 from .reports import RepeatCallerMetrics
-from .store import ConversationRecord, EndStatus, Store
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    qa: str | None = None
-    handoff_reason: str | None = None
-    handoff_to: str | None = None
+from .store import CallerRef, EndStatus, EndWrite, Store
+from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,51 +89,37 @@ class ConversationService:
                 option=orjson.OPT_SORT_KEYS,
             )
         ).hexdigest()
-        record = ConversationRecord(
-            fingerprint=fingerprint,
-            extra=orjson.dumps({}),
-            expires_at=now + min(RECALL_WINDOW_MS, project.retention_ms),
-        )
         stored = {
             name: StoredField(value=value, expires_at=now + project.ttl_ms[name], written_at=now)
             for name, value in sets.items()
         }
-        analytics = (
-            AnalyticsService.input_for(project, now, outcome.qa, outcome.handoff_reason, outcome.handoff_to)
-            if project.analytics_enabled
-            else None
-        )
+        analytics = AnalyticsService.input_for(project, now, outcome) if project.analytics_enabled else None
         made_at = min(now if received_at is None else received_at, now if ended_at is None else ended_at)
-        result = await self._store.end_conversation(
-            project.project_id, conversation_id, who.subject, stored, deletes, now, record, analytics, made_at
+        ref = CallerRef(project.project_id, who.subject)
+        end = EndWrite(
+            caller=ref,
+            conversation_id=conversation_id,
+            fingerprint=fingerprint,
+            expires_at=now + min(RECALL_WINDOW_MS, project.retention_ms),
+            made_at=made_at,
+            sets=stored,
+            deletes=deletes,
+            analytics=analytics,
         )
+        result = await self._store.end_conversation(end, now)
         if result.status is EndStatus.ERASED:
             return ConversationEnd(conversation_id, [], sorted(state), False, {}, False, erased=True)
-        if result.status is EndStatus.CONFLICT or result.record is None:
+        if result.status is EndStatus.CONFLICT:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
                 "a retry must send the same caller, state, outcome and channel"
             )
         repeat_caller: RepeatCallerMetrics = {}
-        extra = orjson.loads(result.record.extra)
-        if "hour" in extra:  # analytics were on when the conversation was first applied
-            # An erasure may have run between the memory write and the listing (they are two steps, in two
-            # places of the store): if so, take the listing back. The erasure unlists everything it saw;
-            # this catches what it could not see yet (``erased`` is read after the listing).
-            entry, erased = await self._analytics.record(
-                project,
-                conversation_id,
-                channel,
-                outcome.qa,
-                outcome.handoff_reason,
-                outcome.handoff_to,
-                extra,
-                now,
-                who.subject,
+        if result.analytics is not None:  # analytics were on when the conversation was first applied
+            entry = await self._analytics.record(
+                project, ref, conversation_id, channel, outcome, result.analytics, made_at=made_at, now=now
             )
             repeat_caller = metrics(entry.first)
-            if erased is not None and erased >= made_at:
-                await self._store.unlist_conversations(project.project_id, [conversation_id])
         return ConversationEnd(
             conversation_id=conversation_id,
             persisted=persisted,

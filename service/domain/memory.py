@@ -18,7 +18,7 @@ from .fields import StoredField, WriteCondition, compute_etag
 from .identifiers import Pseudonymizer, normalize
 from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .projects import Project
-from .store import Store
+from .store import CallerRef, Store
 
 EMPTY_ETAG = compute_etag({})
 
@@ -114,7 +114,7 @@ class MemoryService:
         if caller.blacklisted:
             return self._empty(caller)
         now = self._clock.now_ms()
-        stored = await self._store.read_fields(project.project_id, caller.subject, now)
+        stored = await self._store.read_fields(CallerRef(project.project_id, caller.subject), now)
         return self._view(project, caller, stored, now)
 
     def validate_patch(self, project: Project, patch: Any) -> tuple[dict[str, bytes], list[str]]:
@@ -169,7 +169,7 @@ class MemoryService:
         }
         condition = WriteCondition.from_header(if_match, project.ttl_ms) if if_match is not None else None
         result = await self._store.patch_fields(
-            project.project_id, caller.subject, stored, deletes, now, condition
+            CallerRef(project.project_id, caller.subject), stored, deletes, now, condition
         )
         view = self._view(project, caller, result.fields, now)
         if not result.applied:
@@ -182,7 +182,7 @@ class MemoryService:
         caller = self.caller(project, raw_identifier)
         now = self._clock.now_ms()
         removed = await self._store.erase_caller(
-            project.project_id, caller.subject, now, now + RECALL_WINDOW_MS
+            CallerRef(project.project_id, caller.subject), now, now + RECALL_WINDOW_MS
         )
         return ErasureReceipt(
             receipt_id=uuid.uuid4().hex,

@@ -4,7 +4,8 @@ implements it with identical semantics (see tests/storage).
 Conventions for all backends:
 - Times are integer milliseconds since the Unix epoch, always passed in by the caller (the service's clock),
   so that expiry is decided the same way everywhere and tests can use a fake clock.
-- ``subject`` is a caller pseudonym (never a phone number). ``project`` is a validated project id.
+- A caller is named by a :class:`CallerRef`: a validated project id and the caller's pseudonym (never a
+  phone number).
 - Field values are opaque JSON bytes; the store never parses them.
 - A field whose stored ``expires_at`` is at or before ``now_ms`` is dead: it is never returned and may be
   removed by any write that touches the same caller.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import StoredField, WriteCondition
@@ -36,16 +37,21 @@ class TokenRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class ConversationRecord:
-    """What is kept about an ended conversation so that a retry is recognised.
+class CallerRef:
+    """One caller of one project, as every caller-scoped method of the store names them."""
 
-    ``fingerprint`` identifies the request body (a hash: no caller data); ``extra`` is what the first
-    application computed and a replay must return unchanged (JSON bytes, e.g. repeat-caller metrics).
-    """
+    project: str
+    #: The caller's pseudonym (never a phone number).
+    subject: str
 
-    fingerprint: str
-    extra: bytes
-    expires_at: int
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a conversation ended, as the client reports it (each part optional)."""
+
+    qa: str | None = None
+    handoff_reason: str | None = None
+    handoff_to: str | None = None
 
 
 #: Bucket kinds of analytics counters.
@@ -64,11 +70,66 @@ class AnalyticsInput:
     hour: int
     day: int
     week: int
+    outcome: Outcome
+    first_expires_at: int
+    first_after: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EndWrite:
+    """The end of a conversation, as :meth:`Store.end_conversation` applies it."""
+
+    caller: CallerRef
+    conversation_id: str
+    #: Identifies the request body (a hash: no caller data): a retry with another body is a conflict.
+    fingerprint: str
+    #: Until when the conversation id is remembered (its record: replays, conflicts, erasure markers).
+    expires_at: int
+    #: When the write was made: an erasure at or after it wins.
+    made_at: int
+    sets: Mapping[str, StoredField] = field(default_factory=dict)
+    deletes: Sequence[str] = ()
+    #: Given when the project has analytics on: the end then looks up the caller's first interaction.
+    analytics: AnalyticsInput | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FirstInteraction:
+    conversation_id: str
+    hour: int
     qa: str | None
     handoff_reason: str | None
     handoff_to: str | None
-    first_expires_at: int
-    first_after: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EndAnalytics:
+    """What the end of a conversation found out for analytics, when it was first applied (a replay gets the
+    same, whatever it sends)."""
+
+    #: The conversation's hour.
+    hour: int
+    #: The caller's first interaction inside the retention window: None when this conversation is it.
+    first: FirstInteraction | None
+    #: The bucket kinds (of :data:`BUCKET_KINDS`, in that order) that see this caller for the first time.
+    new_buckets: tuple[str, ...]
+
+
+class EndStatus(enum.Enum):
+    APPLIED = "applied"  # first time: the fields were written and the record stored
+    REPLAYED = "replayed"  # the same conversation with the same body: nothing written
+    CONFLICT = "conflict"  # the same conversation id with another body: nothing written
+    ERASED = "erased"  # the caller was erased after this write was made: nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    """What :meth:`Store.end_conversation` did."""
+
+    status: EndStatus
+    #: APPLIED or REPLAYED with analytics on when the conversation was first applied: what to record (with
+    #: :meth:`Store.record_conversation`). None otherwise: nothing is to be recorded.
+    analytics: EndAnalytics | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +152,6 @@ class ConversationEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class FirstInteraction:
-    conversation_id: str
-    hour: int
-    qa: str | None
-    handoff_reason: str | None
-    handoff_to: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Counters:
     """Aggregates of one time bucket: ``kind`` (hour, day, week), its start, and name -> count."""
 
@@ -108,11 +160,26 @@ class Counters:
     values: Mapping[str, int]
 
 
-class EndStatus(enum.Enum):
-    APPLIED = "applied"  # first time: the fields were written and the record stored
-    REPLAYED = "replayed"  # the same conversation with the same body: nothing written
-    CONFLICT = "conflict"  # the same conversation id with another body: nothing written
-    ERASED = "erased"  # the caller was erased after this write was made: nothing written
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """An ended conversation to add to its project's analytics (:meth:`Store.record_conversation`)."""
+
+    #: Whose conversation it was: if they were erased at or after ``made_at``, it is not listed.
+    caller: CallerRef
+    entry: ConversationEntry
+    increments: Sequence[Counters]
+    #: When what is written expires (a bucket lives as long as its latest conversation).
+    expires_at: int
+    #: When the end of the conversation was made (:attr:`EndWrite.made_at`).
+    made_at: int
+
+
+class RecordStatus(enum.Enum):
+    RECORDED = "recorded"  # listed and counted
+    DUPLICATE = "duplicate"  # the conversation id was recorded already: nothing changed
+    ERASED = (
+        "erased"  # the caller was erased at or after the end was made: not listed (counters may count it)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +204,6 @@ class AuditEntry:
     details: Mapping[str, Any]
     receipt_id: str | None = None
     id: str = ""  # assigned by the store, increasing
-
-
-@dataclass(frozen=True, slots=True)
-class EndResult:
-    status: EndStatus
-    record: ConversationRecord | None  # the stored record when REPLAYED
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +267,13 @@ class Store(ABC):
     # Caller memory ------------------------------------------------------------------------------------
 
     @abstractmethod
-    async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+    async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
         """Every field of the caller whose stored expiry is after ``now_ms``."""
 
     @abstractmethod
     async def patch_fields(
         self,
-        project: str,
-        subject: str,
+        caller: CallerRef,
         sets: Mapping[str, StoredField],
         deletes: Sequence[str],
         now_ms: int,
@@ -231,13 +291,12 @@ class Store(ABC):
         """
 
     @abstractmethod
-    async def erase_caller(
-        self, project: str, subject: str, now_ms: int, tombstone_until: int
-    ) -> ErasureResult:
+    async def erase_caller(self, caller: CallerRef, now_ms: int, tombstone_until: int) -> ErasureResult:
         """Remove everything stored about the caller: memory, first-interaction record, the records that link
         conversation ids to the caller, and the analytics listing entries of those conversations (counters,
         which are anonymous, stay). Leaves a tombstone (erased at ``now_ms``, kept until
-        ``tombstone_until``) so that a write made before the erasure and arriving after it is dropped.
+        ``tombstone_until``) so that a write made before the erasure and arriving after it is dropped, and a
+        conversation recorded after the erasure is not listed (:meth:`record_conversation`).
 
         Each conversation record still live is replaced by an erasure marker that keeps nothing about the
         caller and expires when the record would have: until then every end of that conversation id, for
@@ -245,72 +304,48 @@ class Store(ABC):
         removed must not re-apply them). ``conversations`` counts the records unlinked."""
 
     @abstractmethod
-    async def end_conversation(
-        self,
-        project: str,
-        conversation_id: str,
-        subject: str,
-        sets: Mapping[str, StoredField],
-        deletes: Sequence[str],
-        now_ms: int,
-        record: ConversationRecord,
-        analytics: AnalyticsInput | None = None,
-        made_at: int | None = None,
-    ) -> EndResult:
-        """Apply the end of a conversation exactly once.
+    async def end_conversation(self, end: EndWrite, now_ms: int) -> EndResult:
+        """Apply the end of a conversation exactly once: the first step of ending it (the second, with
+        analytics, is :meth:`record_conversation`).
 
-        ``made_at`` is when the write was made (default ``now_ms``): if the caller was erased at or after
-        that time (a live tombstone), or an erasure left a live marker for this conversation id (see
-        :meth:`erase_caller`), nothing is written and the status is ERASED.
+        If the caller was erased at or after ``end.made_at`` (a live tombstone), or an erasure left a live
+        marker for this conversation id (see :meth:`erase_caller`), nothing is written and the status is
+        ERASED.
 
-        If a live record (``expires_at`` after ``now_ms``) exists for ``(project, conversation_id)``: when it
-        was stored for the same ``subject`` with the same fingerprint, nothing is written and the stored
-        record is returned (REPLAYED); otherwise nothing is written (CONFLICT). Without one, ``sets`` and
-        ``deletes`` are applied as by :meth:`patch_fields` (no condition) and ``record`` is stored, both
-        atomically with respect to the caller's memory (APPLIED).
+        If a live record (expiring after ``now_ms``) exists for ``(project, conversation_id)``: when it was
+        stored for the same caller with the same fingerprint, nothing is written and the status is REPLAYED,
+        with the analytics found when it was first applied; otherwise nothing is written (CONFLICT). Without
+        one, ``end.sets`` and ``end.deletes`` are applied as by :meth:`patch_fields` (no condition) and the
+        record is stored (expiring at ``end.expires_at``), both atomically with respect to the caller's
+        memory (APPLIED).
 
-        With ``analytics``, the same atomic step looks up the caller's first-interaction record: a live
-        one (``expires_at`` after ``now_ms``, created after ``analytics.first_after``; a record without its
+        With ``end.analytics``, the same atomic step looks up the caller's first-interaction record: a live
+        one (expiring after ``now_ms``, created after ``analytics.first_after``; a record without its
         creation time counts as created at its hour) makes this a repeat call; otherwise a new one is
         created from this conversation (hour-rounded, created at ``now_ms``, expiring at
-        ``analytics.first_expires_at``). It also notes which of
-        the hour, day and week buckets see this caller for the first time. The stored ``record.extra`` is
-        then the JSON ``{"hour": analytics.hour, "first": null | {"conversation_id", "hour", "qa",
-        "handoff_reason", "handoff_to"}, "new": "hour,day,week"}`` (the buckets new to the caller) ("first" null on a first
-        interaction), built by the store, and returned in ``EndResult.record`` (APPLIED and REPLAYED alike).
+        ``analytics.first_expires_at``). It also notes which of the hour, day and week buckets see this
+        caller for the first time. :attr:`EndResult.analytics` says what it found (APPLIED and REPLAYED
+        alike); it is None when analytics were off when the conversation was first applied.
         """
+
+    # Analytics ----------------------------------------------------------------------------------------
 
     @abstractmethod
-    async def record_conversation(
-        self,
-        project: str,
-        entry: ConversationEntry,
-        increments: Sequence[Counters],
-        expires_at: int,
-        recorded_at: int | None = None,
-    ) -> bool:
-        """Add an ended conversation to the project's analytics, once per conversation id.
+    async def record_conversation(self, recording: Recording, now_ms: int) -> RecordStatus:
+        """Add an ended conversation to its project's analytics, once per conversation id, recorded at
+        ``now_ms``.
 
-        Lists the entry and adds each of ``increments`` to the counters of its bucket. Returns False,
-        changing nothing, if the conversation id was already recorded. What is written expires at
-        ``expires_at`` (a bucket lives as long as its latest conversation). ``recorded_at`` (exact, default
-        ``entry.hour``) is kept with the entry, and the latest of a bucket's with the bucket, so that reads
-        and sweeps can apply a retention shorter than the one ``expires_at`` was computed with.
+        Lists the entry and adds each of the increments to the counters of its bucket; DUPLICATE, changing
+        nothing, if the conversation id was already recorded. What is written expires at
+        ``recording.expires_at``. The recording time is kept with the entry, and the latest of a bucket's
+        with the bucket, so that reads and sweeps can apply a retention shorter than the one ``expires_at``
+        was computed with.
+
+        A conversation whose caller was erased at or after ``recording.made_at`` (a live tombstone) is not
+        listed, whatever ran first (ERASED; its anonymous counters may count it): an erasure that ran
+        between :meth:`end_conversation` and this call could not see the listing yet, so the store takes it
+        back here, atomically or in an order that leaves no window.
         """
-
-    async def record_then_erased_at(
-        self,
-        project: str,
-        entry: ConversationEntry,
-        increments: Sequence[Counters],
-        expires_at: int,
-        subject: str,
-        now_ms: int,
-    ) -> int | None:
-        """:meth:`record_conversation` (recorded at ``now_ms``), then :meth:`erased_at` of ``subject``, read
-        after the recording (a backend may send the two together as long as they run in this order)."""
-        await self.record_conversation(project, entry, increments, expires_at, now_ms)
-        return await self.erased_at(project, subject, now_ms)
 
     @abstractmethod
     async def list_conversations(
@@ -341,14 +376,6 @@ class Store(ABC):
         """The non-empty, unexpired counter buckets of ``kind`` (hour, day, week) from ``first`` to ``last``
         (bucket start times, inclusive), in time order; with ``recorded_after``, only buckets whose latest
         conversation was recorded after it (a bucket without that time is judged by its expiry alone)."""
-
-    @abstractmethod
-    async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
-        """When the caller was last erased, if their tombstone is still live."""
-
-    @abstractmethod
-    async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
-        """Remove these conversations from the analytics listing (counters stay); returns how many were listed."""
 
     # Retention ----------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""How records are stored as bytes: the same bytes on every backend (a listed conversation, an audit record).
+"""How records are stored as bytes, the same on every backend: a listed conversation, an audit record, what
+the end of a conversation found for analytics.
 
 Storage details, kept out of the domain's Store interface (:mod:`caller_memory.service.domain.store`).
 """
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 import orjson
 
-from ..domain.store import AuditEntry, ConversationEntry, FirstInteraction
+from ..domain.store import BUCKET_KINDS, AuditEntry, ConversationEntry, EndAnalytics, FirstInteraction
+
+#: The stored analytics of a conversation ended with analytics off.
+NO_ANALYTICS = b"{}"
 
 
 def encode_entry(entry: ConversationEntry) -> bytes:
@@ -36,3 +40,36 @@ def encode_audit(entry: AuditEntry) -> bytes:
 def decode_audit(entry_id: str, data: bytes) -> AuditEntry:
     raw = orjson.loads(data)
     return AuditEntry(id=entry_id, **raw)
+
+
+def encode_end_analytics(found: EndAnalytics | None) -> bytes:
+    """What a conversation record keeps of :class:`EndAnalytics`, for its replays: ``{"hour", "first": null |
+    {"conversation_id", "hour", "qa", "handoff_reason", "handoff_to"}, "new": "hour,day,week"}`` (the buckets
+    new to the caller), or ``{}`` without analytics. The Redis script ``patch.lua`` writes the same JSON."""
+    if found is None:
+        return NO_ANALYTICS
+    return orjson.dumps({"hour": found.hour, "first": found.first, "new": ",".join(found.new_buckets)})
+
+
+def decode_end_analytics(data: bytes) -> EndAnalytics | None:
+    raw = orjson.loads(data or NO_ANALYTICS)
+    if "hour" not in raw:  # analytics were off when the conversation was first applied
+        return None
+    first = raw.get("first")
+    new = set(str(raw.get("new") or "").split(","))
+    return EndAnalytics(
+        # int(): whichever form of JSON number the Redis script wrote.
+        hour=int(raw["hour"]),
+        first=(
+            FirstInteraction(
+                conversation_id=first["conversation_id"],
+                hour=int(first["hour"]),
+                qa=first["qa"],
+                handoff_reason=first["handoff_reason"],
+                handoff_to=first["handoff_to"],
+            )
+            if first
+            else None
+        ),
+        new_buckets=tuple(kind for kind in BUCKET_KINDS if kind in new),
+    )

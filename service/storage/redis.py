@@ -19,29 +19,28 @@ operations whose algorithm differs on a cluster branch on ``RedisStore._cluster`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, cast
-
-from redis.exceptions import NoScriptError
 
 from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt
 from ..domain.fields import StoredField, WriteCondition
 from ..domain.store import (
-    AnalyticsInput,
     AuditEntry,
+    CallerRef,
     ConversationEntry,
-    ConversationRecord,
     Counters,
     EndResult,
     EndStatus,
+    EndWrite,
     ErasureResult,
     PatchResult,
+    Recording,
+    RecordStatus,
     Store,
     TokenRecord,
 )
 from . import keys
-from .codec import decode_audit, decode_entry, encode_audit, encode_entry
+from .codec import NO_ANALYTICS, decode_audit, decode_end_analytics, decode_entry, encode_audit, encode_entry
 from .redis_cluster import ClusterTransport, is_cluster_url
 from .redis_transport import Call, Command, RedisTransport, StandaloneTransport
 
@@ -102,11 +101,8 @@ def _split_listed(member: bytes, value: bytes) -> tuple[int, int, bytes]:
     return int(expires), int(recorded), data
 
 
-def _live_erasure(erased: bytes | None, expires: bytes | None, now_ms: int) -> int | None:
-    """A tombstone's erased_at, if the tombstone is live."""
-    if erased is None or expires is None or int(expires) <= now_ms:
-        return None
-    return int(erased)
+#: record.lua's replies.
+_RECORDED = {0: RecordStatus.DUPLICATE, 1: RecordStatus.RECORDED, 2: RecordStatus.ERASED}
 
 
 class RedisStore(Store):
@@ -213,9 +209,9 @@ class RedisStore(Store):
 
     # Caller memory ------------------------------------------------------------------------------------
 
-    async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+    async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
         async with Call("read_fields", self._timeout):
-            (data,) = await self._transport.run(("HGETALL", keys.memory_key(project, subject)))
+            (data,) = await self._transport.run(("HGETALL", keys.memory_key(caller.project, caller.subject)))
         # Inline StoredField.unpack (this runs for every field of every read): expired fields are skipped
         # before anything is built for them. (A hash arrives as a dict in RESP3, redis-py 8's default, as a flat list in RESP2.)
         fields: dict[str, StoredField] = {}
@@ -232,13 +228,13 @@ class RedisStore(Store):
 
     async def patch_fields(
         self,
-        project: str,
-        subject: str,
+        caller: CallerRef,
         sets: Mapping[str, StoredField],
         deletes: Sequence[str],
         now_ms: int,
         condition: WriteCondition | None = None,
     ) -> PatchResult:
+        project, subject = caller.project, caller.subject
         args: list[str | bytes | int] = [now_ms, keys.index_member(project, subject), "", ""]
         if condition is None:
             args += ["", 0, 0]
@@ -257,20 +253,10 @@ class RedisStore(Store):
             )
         return PatchResult(applied=reply[0] == 1, fields=_fields_from_flat(reply[1:]))
 
-    async def end_conversation(
-        self,
-        project: str,
-        conversation_id: str,
-        subject: str,
-        sets: Mapping[str, StoredField],
-        deletes: Sequence[str],
-        now_ms: int,
-        record: ConversationRecord,
-        analytics: AnalyticsInput | None = None,
-        made_at: int | None = None,
-    ) -> EndResult:
+    async def end_conversation(self, end: EndWrite, now_ms: int) -> EndResult:
+        project, subject, conversation_id = end.caller.project, end.caller.subject, end.conversation_id
         claim = keys.conversation_claim_key(project, conversation_id)
-        claimed = f"{subject}|{record.expires_at}"
+        claimed = f"{subject}|{end.expires_at}"
         script_keys = [
             keys.memory_key(project, subject),
             keys.caller_index_key(subject),
@@ -287,13 +273,14 @@ class RedisStore(Store):
             keys.index_member(project, subject),
             "R",
             subject,
-            record.fingerprint,
-            record.extra,
-            record.expires_at,
+            end.fingerprint,
+            NO_ANALYTICS,  # the script writes what it finds instead, with analytics
+            end.expires_at,
             conversation_id,
-            now_ms if made_at is None else made_at,
+            end.made_at,
             "" if self._cluster else claimed,
         ]
+        analytics = end.analytics
         if analytics is None:
             args.append("")
         else:
@@ -302,21 +289,21 @@ class RedisStore(Store):
                 analytics.hour,
                 analytics.day,
                 analytics.week,
-                _optional(analytics.qa),
-                _optional(analytics.handoff_reason),
-                _optional(analytics.handoff_to),
+                _optional(analytics.outcome.qa),
+                _optional(analytics.outcome.handoff_reason),
+                _optional(analytics.outcome.handoff_to),
                 analytics.first_expires_at,
                 analytics.first_after,
             ]
-        args += ["", 0, 0, len(sets)]
-        for name, stored in sets.items():
+        args += ["", 0, 0, len(end.sets)]
+        for name, stored in end.sets.items():
             args += [name, stored.packed()]
-        args += deletes
+        args += end.deletes
         async with Call("end_conversation", self._timeout):
             if self._cluster:
                 # First claim the id for this caller (in the id's own slot), then apply in the caller's slot.
                 (previous,) = await self._transport.run(
-                    ("SET", claim, claimed, "NX", "PXAT", record.expires_at, "GET")
+                    ("SET", claim, claimed, "NX", "PXAT", end.expires_at, "GET")
                 )
                 # Already claimed for this caller (an earlier attempt): nothing to do; the SET was followed
                 # by a WAIT covering that attempt's writes in the slot (ClusterLink.run).
@@ -325,9 +312,9 @@ class RedisStore(Store):
                     if int(until or 0) > now_ms:
                         # An erasure removed what this id wrote (erase_caller): it wins over any end of it.
                         erased = owner == ERASED_CLAIM.decode()
-                        return EndResult(EndStatus.ERASED if erased else EndStatus.CONFLICT, None)
+                        return EndResult(EndStatus.ERASED if erased else EndStatus.CONFLICT)
                     # Expired by the service's clock (Redis's may lag behind it): the id is free again.
-                    await self._transport.run(("SET", claim, claimed, "PXAT", record.expires_at))
+                    await self._transport.run(("SET", claim, claimed, "PXAT", end.expires_at))
             # A replay is acknowledged only once the first attempt's write is on a replica: the script call
             # is followed by a marker and a WAIT in its slot (ClusterLink.run).
             reply: list[Any] = await self._transport.script("patch", script_keys, args)
@@ -336,82 +323,53 @@ class RedisStore(Store):
                 # claims after its erasure check). A claim holds "<subject>|<expires_at>", the lease
                 # script's format: its release deletes the key only if it still names this subject.
                 await self._transport.script("lease", [claim], [subject, 0, 0])
-        if reply[0] == 2:
-            seen = ConversationRecord(fingerprint=reply[1].decode(), extra=reply[2], expires_at=int(reply[3]))
-            return EndResult(EndStatus.REPLAYED, seen)
+        if reply[0] == 2:  # {2, fingerprint, analytics found when first applied, expires_at}
+            return EndResult(EndStatus.REPLAYED, decode_end_analytics(reply[2]))
         if reply[0] == 3:
-            return EndResult(EndStatus.CONFLICT, None)
+            return EndResult(EndStatus.CONFLICT)
         if reply[0] == 4:
-            return EndResult(EndStatus.ERASED, None)
-        return EndResult(EndStatus.APPLIED, replace(record, extra=reply[1]))
+            return EndResult(EndStatus.ERASED)
+        return EndResult(EndStatus.APPLIED, decode_end_analytics(reply[1]))
 
     # Analytics ----------------------------------------------------------------------------------------
 
-    async def record_conversation(
-        self,
-        project: str,
-        entry: ConversationEntry,
-        increments: Sequence[Counters],
-        expires_at: int,
-        recorded_at: int | None = None,
-    ) -> bool:
-        recorded = entry.hour if recorded_at is None else recorded_at
-        script_keys, args = self._record_arguments(project, entry, increments, expires_at, recorded)
-        async with Call("record_conversation", self._timeout):
-            recorded = await self._transport.script("record", script_keys, args)
-        return bool(recorded)
-
-    @staticmethod
-    def _record_arguments(
-        project: str,
-        entry: ConversationEntry,
-        increments: Sequence[Counters],
-        expires_at: int,
-        recorded_at: int,
-    ) -> tuple[list[str], list[str | bytes | int]]:
-        repeat = entry.first is not None
+    async def record_conversation(self, recording: Recording, now_ms: int) -> RecordStatus:
+        caller, entry = recording.caller, recording.entry
+        project = caller.project
         script_keys = [
             keys.analytics_entry_key(project, entry.conversation_id),
             keys.analytics_index_key(project, None),
-            keys.analytics_index_key(project, repeat),
+            keys.analytics_index_key(project, entry.first is not None),
         ]
+        if not self._cluster:
+            # One server: the script reads the caller's tombstone itself, atomically with the listing.
+            script_keys.append(keys.tombstone_key(project, caller.subject))
         args: list[str | bytes | int] = [
-            b"%d|%d|" % (expires_at, recorded_at) + encode_entry(entry),
+            b"%d|%d|" % (recording.expires_at, now_ms) + encode_entry(entry),
             entry.sort_key,
-            expires_at,
-            recorded_at,
+            recording.expires_at,
+            now_ms,
+            "" if self._cluster else recording.made_at,
+            now_ms,
         ]
-        for counters in increments:
+        for counters in recording.increments:
             script_keys.append(keys.analytics_counter_key(project, counters.kind, counters.bucket))
             pairs = [(name, amount) for name, amount in counters.values.items() if amount]
             args.append(len(pairs))
             for name, amount in pairs:
                 args += [name, amount]
-        return script_keys, args
-
-    async def record_then_erased_at(
-        self,
-        project: str,
-        entry: ConversationEntry,
-        increments: Sequence[Counters],
-        expires_at: int,
-        subject: str,
-        now_ms: int,
-    ) -> int | None:
-        if self._cluster:  # two slots: one call after the other keeps the order
-            await self.record_conversation(project, entry, increments, expires_at, now_ms)
-            return await self.erased_at(project, subject, now_ms)
-        script_keys, args = self._record_arguments(project, entry, increments, expires_at, now_ms)
-        record = self._transport.script_command("record", script_keys, args)
-        tombstone = ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
         async with Call("record_conversation", self._timeout):
-            try:
-                # One connection, one write: Redis runs them in this order.
-                _, (erased, expires) = await self._transport.run(record, tombstone)
-            except NoScriptError:
-                await self._transport.script("record", script_keys, args)
-                erased, expires = (await self._transport.run(tombstone))[0]
-        return _live_erasure(erased, expires, now_ms)
+            status = _RECORDED[int(await self._transport.script("record", script_keys, args))]
+        if not self._cluster:
+            return status
+        # The tombstone is in the caller's slot: read after the listing, so that an erasure either ran
+        # before this read (seen here: the listing is taken back) or will unlist it itself (erase_caller
+        # unlists after its tombstone is written). An erasure cannot fall in between unseen.
+        erased = await self._erased_at(caller, now_ms)
+        if erased is not None and erased >= recording.made_at:
+            await self.unlist_conversations(project, [entry.conversation_id])
+            return RecordStatus.ERASED
+        return status
 
     async def list_conversations(
         self,
@@ -488,9 +446,8 @@ class RedisStore(Store):
             out.append(Counters(kind, start, values))
         return out
 
-    async def erase_caller(
-        self, project: str, subject: str, now_ms: int, tombstone_until: int
-    ) -> ErasureResult:
+    async def erase_caller(self, caller: CallerRef, now_ms: int, tombstone_until: int) -> ErasureResult:
+        project, subject = caller.project, caller.subject
         async with Call("erase_caller", self._timeout):
             reply: list[Any] = await self._transport.script(
                 "erase",
@@ -535,6 +492,7 @@ class RedisStore(Store):
         )
 
     async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
+        """Remove these conversations from the analytics listing (counters stay); how many were listed."""
         if not conversation_ids:
             return 0
         script_keys = [
@@ -547,12 +505,15 @@ class RedisStore(Store):
             removed = await self._transport.script("unlist", script_keys, [])
         return int(removed)
 
-    async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
+    async def _erased_at(self, caller: CallerRef, now_ms: int) -> int | None:
+        """When the caller was last erased, if their tombstone is still live."""
         async with Call("erased_at", self._timeout):
             ((erased, expires),) = await self._transport.run(
-                ("HMGET", keys.tombstone_key(project, subject), "erased_at", "expires_at")
+                ("HMGET", keys.tombstone_key(caller.project, caller.subject), "erased_at", "expires_at")
             )
-        return _live_erasure(erased, expires, now_ms)
+        if erased is None or expires is None or int(expires) <= now_ms:
+            return None
+        return int(erased)
 
     # Retention ----------------------------------------------------------------------------------------
 

@@ -12,12 +12,9 @@ import asyncio
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
-
-import orjson
 
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition, live_fields
@@ -25,17 +22,30 @@ from ..domain.store import (
     BUCKET_KINDS,
     AnalyticsInput,
     AuditEntry,
+    CallerRef,
     ConversationEntry,
-    ConversationRecord,
     Counters,
+    EndAnalytics,
     EndResult,
     EndStatus,
+    EndWrite,
     ErasureResult,
+    FirstInteraction,
     PatchResult,
+    Recording,
+    RecordStatus,
     Store,
     TokenRecord,
 )
-from .codec import audit_id, decode_audit, decode_entry, encode_audit, encode_entry
+from .codec import (
+    audit_id,
+    decode_audit,
+    decode_end_analytics,
+    decode_entry,
+    encode_audit,
+    encode_end_analytics,
+    encode_entry,
+)
 
 T = TypeVar("T")
 
@@ -270,8 +280,8 @@ class SQLiteStore(Store):
         ).fetchall()
         return {name: StoredField(bytes(value), expires, written) for name, value, expires, written in rows}
 
-    async def read_fields(self, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
-        return await self._read(lambda conn: self._fields(conn, project, subject, now_ms))
+    async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
+        return await self._read(lambda conn: self._fields(conn, caller.project, caller.subject, now_ms))
 
     @classmethod
     def _apply(
@@ -302,13 +312,14 @@ class SQLiteStore(Store):
 
     async def patch_fields(
         self,
-        project: str,
-        subject: str,
+        caller: CallerRef,
         sets: Mapping[str, StoredField],
         deletes: Sequence[str],
         now_ms: int,
         condition: WriteCondition | None = None,
     ) -> PatchResult:
+        project, subject = caller.project, caller.subject
+
         def run(conn: sqlite3.Connection) -> PatchResult:
             current = self._fields(conn, project, subject, now_ms)
             if condition is not None and not condition.holds(live_fields(current, condition.ttl_ms, now_ms)):
@@ -321,70 +332,67 @@ class SQLiteStore(Store):
 
         return await self._write(run)
 
-    async def end_conversation(
-        self,
-        project: str,
-        conversation_id: str,
-        subject: str,
-        sets: Mapping[str, StoredField],
-        deletes: Sequence[str],
-        now_ms: int,
-        record: ConversationRecord,
-        analytics: AnalyticsInput | None = None,
-        made_at: int | None = None,
-    ) -> EndResult:
+    async def end_conversation(self, end: EndWrite, now_ms: int) -> EndResult:
+        project, subject, conversation_id = end.caller.project, end.caller.subject, end.conversation_id
+
         def run(conn: sqlite3.Connection) -> EndResult:
-            erased = conn.execute(
-                "SELECT erased_at FROM tombstones WHERE project = ? AND subject = ? AND expires_at > ?",
-                (project, subject, now_ms),
-            ).fetchone()
-            if erased is not None and erased[0] >= (now_ms if made_at is None else made_at):
-                return EndResult(EndStatus.ERASED, None)
+            if self._erased_since(conn, end.caller, end.made_at, now_ms):
+                return EndResult(EndStatus.ERASED)
             row = conn.execute(
-                "SELECT subject, fingerprint, extra, expires_at FROM conversations "
+                "SELECT subject, fingerprint, extra FROM conversations "
                 "WHERE project = ? AND conversation_id = ? AND expires_at > ?",
                 (project, conversation_id, now_ms),
             ).fetchone()
             if row is not None:
                 if row[0] == ERASED_SUBJECT:  # an erasure removed what this id wrote: it wins
-                    return EndResult(EndStatus.ERASED, None)
-                if row[0] == subject and row[1] == record.fingerprint:
-                    stored = ConversationRecord(fingerprint=row[1], extra=bytes(row[2]), expires_at=row[3])
-                    return EndResult(EndStatus.REPLAYED, stored)
-                return EndResult(EndStatus.CONFLICT, None)
-            self._apply(conn, project, subject, sets, deletes, now_ms)
-            if analytics is not None:
-                record_ = replace(
-                    record,
-                    extra=self._first_interaction(conn, project, subject, conversation_id, analytics, now_ms),
-                )
-            else:
-                record_ = record
+                    return EndResult(EndStatus.ERASED)
+                if row[0] == subject and row[1] == end.fingerprint:
+                    return EndResult(EndStatus.REPLAYED, decode_end_analytics(bytes(row[2])))
+                return EndResult(EndStatus.CONFLICT)
+            self._apply(conn, project, subject, end.sets, end.deletes, now_ms)
+            found = (
+                None
+                if end.analytics is None
+                else self._first_interaction(conn, end.caller, conversation_id, end.analytics, now_ms)
+            )
             conn.execute(
                 "INSERT OR REPLACE INTO conversations "
                 "(project, conversation_id, subject, fingerprint, extra, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (project, conversation_id, subject, record_.fingerprint, record_.extra, record_.expires_at),
+                (
+                    project,
+                    conversation_id,
+                    subject,
+                    end.fingerprint,
+                    encode_end_analytics(found),
+                    end.expires_at,
+                ),
             )
-            return EndResult(EndStatus.APPLIED, record_)
+            return EndResult(EndStatus.APPLIED, found)
 
         return await self._write(run)
 
     @staticmethod
+    def _erased_since(conn: sqlite3.Connection, caller: CallerRef, made_at: int, now_ms: int) -> bool:
+        """Whether the caller's live tombstone says they were erased at or after ``made_at``."""
+        row = conn.execute(
+            "SELECT erased_at FROM tombstones WHERE project = ? AND subject = ? AND expires_at > ?",
+            (caller.project, caller.subject, now_ms),
+        ).fetchone()
+        return row is not None and row[0] >= made_at
+
+    @staticmethod
     def _first_interaction(
-        conn: sqlite3.Connection,
-        project: str,
-        subject: str,
-        conversation_id: str,
-        a: AnalyticsInput,
-        now_ms: int,
-    ) -> bytes:
+        conn: sqlite3.Connection, caller: CallerRef, conversation_id: str, a: AnalyticsInput, now_ms: int
+    ) -> EndAnalytics:
         """Look up (or start) the caller's first interaction; see Store.end_conversation."""
+        key = (caller.project, caller.subject)
         row = conn.execute(
             "SELECT conversation_id, hour, qa, handoff_reason, handoff_to, seen_hour, seen_day, seen_week "
             "FROM first_interactions WHERE project = ? AND subject = ? AND expires_at > ? "
             "AND coalesce(created_at, hour) > ?",  # the current retention, not the one it was made under
-            (project, subject, now_ms, a.first_after),
+            (*key, now_ms, a.first_after),
         ).fetchone()
+        outcome = a.outcome
         if row is None:
             first = None
             seen: tuple[int | None, ...] = (None, None, None)
@@ -393,39 +401,26 @@ class SQLiteStore(Store):
                 "handoff_reason, handoff_to, expires_at, seen_hour, seen_day, seen_week, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    project, subject, conversation_id, a.hour, a.qa, a.handoff_reason, a.handoff_to,
+                    *key, conversation_id, a.hour, outcome.qa, outcome.handoff_reason, outcome.handoff_to,
                     a.first_expires_at, a.hour, a.day, a.week, now_ms,
                 ),
             )  # fmt: skip
         else:
-            first = {
-                "conversation_id": row[0],
-                "hour": row[1],
-                "qa": row[2],
-                "handoff_reason": row[3],
-                "handoff_to": row[4],
-            }
+            first = FirstInteraction(*row[:5])
             seen = (row[5], row[6], row[7])
             conn.execute(
                 "UPDATE first_interactions SET seen_hour = ?, seen_day = ?, seen_week = ? "
                 "WHERE project = ? AND subject = ?",
-                (a.hour, a.day, a.week, project, subject),
+                (a.hour, a.day, a.week, *key),
             )
         current = (a.hour, a.day, a.week)
-        new = [kind for kind, last, now in zip(BUCKET_KINDS, seen, current, strict=True) if last != now]
-        return orjson.dumps({"hour": a.hour, "first": first, "new": ",".join(new)})
+        new = tuple(kind for kind, last, now in zip(BUCKET_KINDS, seen, current, strict=True) if last != now)
+        return EndAnalytics(hour=a.hour, first=first, new_buckets=new)
 
-    async def record_conversation(
-        self,
-        project: str,
-        entry: ConversationEntry,
-        increments: Sequence[Counters],
-        expires_at: int,
-        recorded_at: int | None = None,
-    ) -> bool:
-        recorded = entry.hour if recorded_at is None else recorded_at
+    async def record_conversation(self, recording: Recording, now_ms: int) -> RecordStatus:
+        project, entry = recording.caller.project, recording.entry
 
-        def run(conn: sqlite3.Connection) -> bool:
+        def run(conn: sqlite3.Connection) -> RecordStatus:
             cur = conn.execute(
                 "INSERT OR IGNORE INTO analytics_conversations "
                 "(project, sort_key, conversation_id, repeat, entry, expires_at, recorded_at) "
@@ -436,27 +431,36 @@ class SQLiteStore(Store):
                     entry.conversation_id,
                     entry.first is not None,
                     encode_entry(entry),
-                    expires_at,
-                    recorded,
+                    recording.expires_at,
+                    now_ms,
                 ),
             )
-            if cur.rowcount == 0:
-                return False
-            conn.executemany(
-                "INSERT INTO analytics_counters (project, kind, bucket, name, count, expires_at, recorded_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, kind, bucket, name) DO UPDATE SET "
-                "count = count + excluded.count, expires_at = max(expires_at, excluded.expires_at), "
-                "recorded_at = max(coalesce(recorded_at, 0), excluded.recorded_at)",
-                [
-                    (project, c.kind, c.bucket, name, amount, expires_at, recorded)
-                    for c in increments
-                    for name, amount in c.values.items()
-                    if amount
-                ],
-            )
-            return True
+            status = RecordStatus.DUPLICATE if cur.rowcount == 0 else RecordStatus.RECORDED
+            if status is RecordStatus.RECORDED:
+                self._count(conn, recording, now_ms)
+            # In the same transaction, so an erasure ran wholly before (its tombstone is seen here) or after
+            # (it unlists the entry itself). Counters are anonymous: they keep the conversation.
+            if self._erased_since(conn, recording.caller, recording.made_at, now_ms):
+                self._unlist(conn, project, [entry.conversation_id])
+                return RecordStatus.ERASED
+            return status
 
         return await self._write(run)
+
+    @staticmethod
+    def _count(conn: sqlite3.Connection, recording: Recording, now_ms: int) -> None:
+        conn.executemany(
+            "INSERT INTO analytics_counters (project, kind, bucket, name, count, expires_at, recorded_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, kind, bucket, name) DO UPDATE SET "
+            "count = count + excluded.count, expires_at = max(expires_at, excluded.expires_at), "
+            "recorded_at = max(coalesce(recorded_at, 0), excluded.recorded_at)",
+            [
+                (recording.caller.project, c.kind, c.bucket, name, amount, recording.expires_at, now_ms)
+                for c in recording.increments
+                for name, amount in c.values.items()
+                if amount
+            ],
+        )
 
     async def list_conversations(
         self,
@@ -518,9 +522,9 @@ class SQLiteStore(Store):
 
         return await self._read(run)
 
-    async def erase_caller(
-        self, project: str, subject: str, now_ms: int, tombstone_until: int
-    ) -> ErasureResult:
+    async def erase_caller(self, caller: CallerRef, now_ms: int, tombstone_until: int) -> ErasureResult:
+        project, subject = caller.project, caller.subject
+
         def run(conn: sqlite3.Connection) -> ErasureResult:
             key = (project, subject)
             fields = conn.execute("DELETE FROM fields WHERE project = ? AND subject = ?", key).rowcount
@@ -557,19 +561,6 @@ class SQLiteStore(Store):
             ).rowcount
             for i in ids
         )
-
-    async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:
-        return await self._write(lambda conn: self._unlist(conn, project, conversation_ids))
-
-    async def erased_at(self, project: str, subject: str, now_ms: int) -> int | None:
-        def run(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT erased_at FROM tombstones WHERE project = ? AND subject = ? AND expires_at > ?",
-                (project, subject, now_ms),
-            ).fetchone()
-            return int(row[0]) if row else None
-
-        return await self._read(run)
 
     # Retention ----------------------------------------------------------------------------------------
 

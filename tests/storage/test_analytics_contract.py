@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
-import orjson
 from caller_memory.service.domain.analytics import AnalyticsService, increments
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS, bucket_start
 from caller_memory.service.domain.identifiers import Pseudonymizer
-from caller_memory.service.domain.projects import compile_project, parse_config
+from caller_memory.service.domain.projects import Project, compile_project, parse_config
 from caller_memory.service.domain.store import (
     AnalyticsInput,
+    CallerRef,
     ConversationEntry,
-    ConversationRecord,
+    Counters,
+    EndAnalytics,
     EndStatus,
+    EndWrite,
     FirstInteraction,
+    Outcome,
+    Recording,
+    RecordStatus,
     Store,
 )
 
@@ -39,54 +43,51 @@ SHOP = compile_project(
 
 def analytics_at(at: int, qa: str | None = None, to: str | None = None) -> AnalyticsInput:
     """What the service gives the store for a conversation ending at ``at``."""
-    return AnalyticsService.input_for(SHOP, at, qa, None, to)
+    return AnalyticsService.input_for(SHOP, at, Outcome(qa=qa, handoff_to=to))
 
 
-async def end(store: Store, conv: str, subject: str, at: int, **outcome: str) -> dict[str, object]:
-    record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=at + DAY_MS)
-    result = await store.end_conversation(
-        PROJECT, conv, subject, {}, [], at, record, analytics_at(at, **outcome)
-    )
-    assert result.status is EndStatus.APPLIED and result.record is not None
-    extra: dict[str, object] = json.loads(result.record.extra)
-    return extra
+def ending(conv: str, subject: str, at: int, analytics: AnalyticsInput | None = None) -> EndWrite:
+    return EndWrite(CallerRef(PROJECT, subject), conv, conv, at + DAY_MS, at, analytics=analytics)
+
+
+async def end(store: Store, conv: str, subject: str, at: int, **outcome: str) -> EndAnalytics:
+    result = await store.end_conversation(ending(conv, subject, at, analytics_at(at, **outcome)), at)
+    assert result.status is EndStatus.APPLIED and result.analytics is not None
+    return result.analytics
 
 
 async def test_first_interaction_is_recorded_once_and_expires(store: Store) -> None:
     subject, t = uuid.uuid4().hex, now_ms()
     hour = t - t % HOUR_MS
     first = await end(store, "c1", subject, t, qa="unresolved", to="human")
-    assert first["first"] is None and first["hour"] == hour
-    assert sorted(str(first["new"]).split(",")) == ["day", "hour", "week"]
+    assert first == EndAnalytics(hour=hour, first=None, new_buckets=("hour", "day", "week"))
     second = await end(store, "c2", subject, t + 60_000, qa="resolved")
-    assert second["first"] == {
-        "conversation_id": "c1",
-        "hour": hour,
-        "qa": "unresolved",
-        "handoff_reason": None,
-        "handoff_to": "human",
-    }
-    assert second["new"] == ""  # same hour, day and week: nothing new
+    assert second.first == FirstInteraction(
+        conversation_id="c1", hour=hour, qa="unresolved", handoff_reason=None, handoff_to="human"
+    )
+    assert second.new_buckets == ()  # same hour, day and week: nothing new
     third = await end(store, "c3", subject, t + 2 * DAY_MS)
-    assert third["first"] == second["first"]  # the first interaction, not the second
-    assert "day" in str(third["new"]) and "hour" in str(third["new"])
+    assert third.first == second.first  # the first interaction, not the second
+    assert "day" in third.new_buckets and "hour" in third.new_buckets
     # After the retention period the next call is a first interaction again.
     later = t + RETENTION
     again = await end(store, "c4", subject, later)
-    assert again["first"] is None
-    assert (await end(store, "c5", subject, later + 1000))["first"]["conversation_id"] == "c4"  # type: ignore[index]
+    assert again.first is None
+    repeat = await end(store, "c5", subject, later + 1000)
+    assert repeat.first is not None and repeat.first.conversation_id == "c4"
 
 
 async def test_a_replay_returns_the_stored_analytics(store: Store) -> None:
     subject, t = uuid.uuid4().hex, now_ms()
     await end(store, "c1", subject, t)
     applied = await end(store, "c2", subject, t + 1000)
-    record = ConversationRecord(fingerprint="c2", extra=b"{}", expires_at=t + DAY_MS)
+    later = t + 5 * HOUR_MS
     replay = await store.end_conversation(
-        PROJECT, "c2", subject, {}, [], t + 5 * HOUR_MS, record, analytics_at(t + 5 * HOUR_MS)
+        EndWrite(CallerRef(PROJECT, subject), "c2", "c2", t + DAY_MS, later, analytics=analytics_at(later)),
+        later,
     )
-    assert replay.status is EndStatus.REPLAYED and replay.record is not None
-    assert orjson.loads(replay.record.extra) == applied
+    assert replay.status is EndStatus.REPLAYED
+    assert replay.analytics == applied
 
 
 def entry(
@@ -95,16 +96,35 @@ def entry(
     return ConversationEntry(conv, hour, "voice", qa, None, None, first)
 
 
+async def record(
+    store: Store,
+    e: ConversationEntry,
+    counts: list[Counters],
+    expires: int,
+    at: int | None = None,
+    *,
+    project: str = PROJECT,
+    subject: str = "0" * 32,
+    made_at: int = 0,
+) -> RecordStatus:
+    """Record ``e`` at ``at`` (by default its hour) for a caller never erased, unless told otherwise."""
+    recording = Recording(CallerRef(project, subject), e, counts, expires, made_at)
+    return await store.record_conversation(recording, e.hour if at is None else at)
+
+
 async def test_recording_is_idempotent_and_counts(store: Store) -> None:
     t = now_ms()
     hour = t - t % HOUR_MS
     first = FirstInteraction("c0", hour - 3 * HOUR_MS, "unresolved", None, "human")
     repeat = entry("c1", hour, first, qa="resolved")
     expires = t + DAY_MS
-    assert await store.record_conversation(PROJECT, repeat, increments(repeat, ["hour", "day"]), expires)
-    assert not await store.record_conversation(PROJECT, repeat, increments(repeat, ["hour", "day"]), expires)
+    counts = increments(repeat, ["hour", "day"])
+    assert await record(store, repeat, counts, expires) is RecordStatus.RECORDED
+    assert await record(store, repeat, counts, expires) is RecordStatus.DUPLICATE
     one = entry("c2", hour)
-    assert await store.record_conversation(PROJECT, one, increments(one, ["hour", "day", "week"]), expires)
+    assert (
+        await record(store, one, increments(one, ["hour", "day", "week"]), expires) is RecordStatus.RECORDED
+    )
     [hourly] = await store.counters(PROJECT, "hour", hour, hour, t)
     assert hourly.bucket == hour
     assert dict(hourly.values) == {
@@ -138,7 +158,7 @@ async def test_listing_order_paging_filters_and_expiry(store: Store) -> None:
     ]
     for e in recorded:
         expires = t + (1000 if e.conversation_id == "c" else DAY_MS)
-        await store.record_conversation(PROJECT, e, increments(e, []), expires)
+        await record(store, e, increments(e, []), expires)
 
     async def ids(**options: object) -> list[str]:
         args: dict[str, object] = {
@@ -178,18 +198,17 @@ async def test_a_shortened_retention_applies_to_stored_first_interactions(store:
     await end(store, "c1", subject, t)  # created under 30 days: it would be stored until t + 30 days
     later = t + 7 * DAY_MS  # exactly 7 days on: past the new retention
 
-    async def first_of(conv: str, at: int, project: object) -> object:
-        record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=at + DAY_MS)
-        a = AnalyticsService.input_for(project, at, None, None, None)  # type: ignore[arg-type]
-        result = await store.end_conversation(PROJECT, conv, subject, {}, [], at, record, a)
-        assert result.status is EndStatus.APPLIED and result.record is not None
-        return json.loads(result.record.extra)["first"]
+    async def first_of(conv: str, at: int, project: Project) -> str | None:
+        a = AnalyticsService.input_for(project, at, Outcome())
+        result = await store.end_conversation(ending(conv, subject, at, a), at)
+        assert result.status is EndStatus.APPLIED and result.analytics is not None
+        return None if result.analytics.first is None else result.analytics.first.conversation_id
 
-    assert (await first_of("c2", later - 1, SHORT))["conversation_id"] == "c1"  # type: ignore[index]
+    assert await first_of("c2", later - 1, SHORT) == "c1"
     assert await first_of("c3", later, SHORT) is None  # older than the current retention: a first again
-    assert (await first_of("c4", later + 1, SHORT))["conversation_id"] == "c3"  # type: ignore[index]
+    assert await first_of("c4", later + 1, SHORT) == "c3"
     # Under the longer retention again, the new record stands (the old one was replaced, not hidden).
-    assert (await first_of("c5", later + 2, SHOP))["conversation_id"] == "c3"  # type: ignore[index]
+    assert await first_of("c5", later + 2, SHOP) == "c3"
 
 
 async def test_listing_and_counters_obey_a_retention_shorter_than_their_expiry(store: Store) -> None:
@@ -197,8 +216,8 @@ async def test_listing_and_counters_obey_a_retention_shorter_than_their_expiry(s
     hour = t - t % HOUR_MS
     expires = t + 30 * DAY_MS  # recorded under 30 days
     old, new = entry("old", hour), entry("new", hour + 2 * HOUR_MS)
-    await store.record_conversation(PROJECT, old, increments(old, ["hour", "day"]), expires, hour + 10)
-    await store.record_conversation(PROJECT, new, increments(new, ["hour"]), expires, hour + 2 * HOUR_MS + 10)
+    await record(store, old, increments(old, ["hour", "day"]), expires, hour + 10)
+    await record(store, new, increments(new, ["hour"]), expires, hour + 2 * HOUR_MS + 10)
 
     async def ids(recorded_after: int | None) -> list[str]:
         listed = await store.list_conversations(
@@ -232,9 +251,9 @@ async def test_a_sweep_removes_listed_conversations_past_the_current_retention(s
     expires = t + 30 * DAY_MS
     for i in range(5):
         e = entry(f"c{i}", hour + i * HOUR_MS)
-        await store.record_conversation(PROJECT, e, increments(e, []), expires, hour + i * HOUR_MS + 1)
+        await record(store, e, increments(e, []), expires, hour + i * HOUR_MS + 1)
     other = entry("elsewhere", hour)
-    await store.record_conversation("other", other, increments(other, []), expires, hour + 1)
+    await record(store, other, increments(other, []), expires, hour + 1, project="other")
     removed = 0
     more = True
     while more:  # batches of 2: several rounds
@@ -248,3 +267,75 @@ async def test_a_sweep_removes_listed_conversations_past_the_current_retention(s
         assert [e.conversation_id for e in listed] == remaining
     counts, _ = await store.sweep(t, 2, {PROJECT: hour + 2 * HOUR_MS + 1})
     assert counts["analytics_entries"] == 0  # safe to repeat
+
+
+def listed(entries: list[ConversationEntry]) -> list[str]:
+    return [e.conversation_id for e in entries]
+
+
+async def all_listed(store: Store, now: int) -> list[str]:
+    return listed(
+        await store.list_conversations(
+            PROJECT, start="0", stop="9", repeat=None, after=None, limit=100, descending=False, now_ms=now
+        )
+    )
+
+
+async def test_a_recording_after_an_erasure_is_not_listed(store: Store) -> None:
+    """The two steps of an end (memory, then analytics) with the caller's erasure in between: the erasure
+    could not see the listing yet, so the recording must not list it (the race a Redis Cluster has between
+    slots, and any backend between two calls). Counters are anonymous: they count it, as they keep a
+    conversation whose caller is erased later."""
+    subject, t = uuid.uuid4().hex, now_ms()
+    hour = t - t % HOUR_MS
+    ended = await end(store, "c1", subject, t)
+    erased = await store.erase_caller(CallerRef(PROJECT, subject), t + 10, t + DAY_MS)
+    assert erased.conversations == 1 and erased.listed == 0  # nothing listed yet
+    e = entry("c1", ended.hour)
+    counts = increments(e, ended.new_buckets)
+    assert (
+        await record(store, e, counts, t + DAY_MS, t + 20, subject=subject, made_at=t) is RecordStatus.ERASED
+    )
+    assert await all_listed(store, t + 20) == []
+    [hourly] = await store.counters(PROJECT, "hour", hour, hour, t + 20)
+    assert hourly.values["conversations"] == 1
+    # A retry of the recording (a replay of the end) lists nothing either.
+    assert (
+        await record(store, e, counts, t + DAY_MS, t + 30, subject=subject, made_at=t) is RecordStatus.ERASED
+    )
+    assert await all_listed(store, t + 30) == []
+    # A conversation made after the erasure is listed; so is one of a caller never erased.
+    later = entry("c2", hour)
+    assert await record(store, later, [], t + DAY_MS, t + 40, subject=subject, made_at=t + 10 + 1) is (
+        RecordStatus.RECORDED
+    )
+    other = entry("c3", hour)
+    assert await record(store, other, [], t + DAY_MS, t + 40, subject=uuid.uuid4().hex, made_at=t) is (
+        RecordStatus.RECORDED
+    )
+    assert await all_listed(store, t + 40) == ["c2", "c3"]
+    # Once the tombstone is gone, nothing is held against the caller's old conversations.
+    old = entry("c4", hour)
+    assert await record(store, old, [], t + 2 * DAY_MS, t + DAY_MS, subject=subject, made_at=t) is (
+        RecordStatus.RECORDED
+    )
+
+
+async def test_an_erasure_unlists_what_was_recorded_before_it(store: Store) -> None:
+    subject, t = uuid.uuid4().hex, now_ms()
+    ended = await end(store, "c1", subject, t)
+    e = entry("c1", ended.hour)
+    status = await record(
+        store, e, increments(e, ended.new_buckets), t + DAY_MS, t + 1, subject=subject, made_at=t
+    )
+    assert status is RecordStatus.RECORDED
+    assert await all_listed(store, t + 1) == ["c1"]
+    erased = await store.erase_caller(CallerRef(PROJECT, subject), t + 10, t + DAY_MS)
+    assert (erased.conversations, erased.listed) == (1, 1)
+    assert await all_listed(store, t + 10) == []
+    # Recording it again (a retry that got past the end before the erasure) does not bring it back.
+    status = await record(
+        store, e, increments(e, ended.new_buckets), t + DAY_MS, t + 20, subject=subject, made_at=t
+    )
+    assert status is RecordStatus.ERASED
+    assert await all_listed(store, t + 20) == []

@@ -17,10 +17,22 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from caller_memory.service.domain.clock import HOUR_MS, bucket_start
 from caller_memory.service.domain.errors import StoreCorrupt, StoreUnavailable
 from caller_memory.service.domain.fields import StoredField, WriteCondition, compute_etag, live_fields
-from caller_memory.service.domain.store import ConversationRecord, EndStatus, Store, TokenRecord
+from caller_memory.service.domain.store import (
+    AnalyticsInput,
+    CallerRef,
+    ConversationEntry,
+    EndResult,
+    EndStatus,
+    EndWrite,
+    Outcome,
+    Store,
+    TokenRecord,
+)
 from caller_memory.service.storage import keys
+from caller_memory.service.storage.codec import encode_entry
 from caller_memory.service.storage.redis import RedisStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -101,25 +113,27 @@ async def test_tokens_put_get_list_delete(store: Store) -> None:
 
 
 async def test_unknown_caller_reads_empty(store: Store) -> None:
-    assert await store.read_fields(PROJECT, new_subject(), now_ms()) == {}
+    assert await store.read_fields(CallerRef(PROJECT, new_subject()), now_ms()) == {}
 
 
 async def test_patch_sets_and_returns_fields(store: Store) -> None:
     subject, t = new_subject(), now_ms()
     sets = {"cheese_type": field("gouda", t), "visits": field({"n": 3, "tags": ["a|b"]}, t)}
-    result = await store.patch_fields(PROJECT, subject, sets, [], t)
+    result = await store.patch_fields(CallerRef(PROJECT, subject), sets, [], t)
     assert result.applied is True
     assert result.fields == sets
-    assert await store.read_fields(PROJECT, subject, t) == sets
-    assert await store.read_fields("other", subject, t) == {}  # projects do not share callers
+    assert await store.read_fields(CallerRef(PROJECT, subject), t) == sets
+    assert await store.read_fields(CallerRef("other", subject), t) == {}  # projects do not share callers
 
 
 async def test_patch_is_a_merge(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"cheese_type": field("gouda", t)}, [], t)
-    result = await store.patch_fields(PROJECT, subject, {"booking_day": field("Friday", t + 5)}, [], t + 5)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"cheese_type": field("gouda", t)}, [], t)
+    result = await store.patch_fields(
+        CallerRef(PROJECT, subject), {"booking_day": field("Friday", t + 5)}, [], t + 5
+    )
     assert values(result.fields) == {"cheese_type": "gouda", "booking_day": "Friday"}
-    assert values(await store.read_fields(PROJECT, subject, t + 5)) == {
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t + 5)) == {
         "cheese_type": "gouda",
         "booking_day": "Friday",
     }
@@ -127,62 +141,70 @@ async def test_patch_is_a_merge(store: Store) -> None:
 
 async def test_latest_write_wins(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"booking_day": field("Friday", t)}, [], t)
-    await store.patch_fields(PROJECT, subject, {"booking_day": field("Monday", t + 1)}, [], t + 1)
-    assert await store.read_fields(PROJECT, subject, t + 1) == {"booking_day": field("Monday", t + 1)}
+    await store.patch_fields(CallerRef(PROJECT, subject), {"booking_day": field("Friday", t)}, [], t)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"booking_day": field("Monday", t + 1)}, [], t + 1)
+    assert await store.read_fields(CallerRef(PROJECT, subject), t + 1) == {
+        "booking_day": field("Monday", t + 1)
+    }
 
 
 async def test_deletes_remove_fields(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"a": field(1, t), "b": field(2, t)}, [], t)
-    result = await store.patch_fields(PROJECT, subject, {}, ["a", "never_there"], t + 1)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t), "b": field(2, t)}, [], t)
+    result = await store.patch_fields(CallerRef(PROJECT, subject), {}, ["a", "never_there"], t + 1)
     assert result.applied is True
     assert values(result.fields) == {"b": 2}
-    assert values(await store.read_fields(PROJECT, subject, t + 1)) == {"b": 2}
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t + 1)) == {"b": 2}
 
 
 async def test_expired_fields_are_not_returned_and_go_on_next_write(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"short": field(1, t, 10_000), "long": field(2, t)}, [], t)
-    assert set(await store.read_fields(PROJECT, subject, t + 9_999)) == {"short", "long"}
+    await store.patch_fields(
+        CallerRef(PROJECT, subject), {"short": field(1, t, 10_000), "long": field(2, t)}, [], t
+    )
+    assert set(await store.read_fields(CallerRef(PROJECT, subject), t + 9_999)) == {"short", "long"}
     # Dead at its expiry instant exactly, without any sweep.
-    assert set(await store.read_fields(PROJECT, subject, t + 10_000)) == {"long"}
-    assert set(await store.read_fields(PROJECT, subject, t + 10_001)) == {"long"}
+    assert set(await store.read_fields(CallerRef(PROJECT, subject), t + 10_000)) == {"long"}
+    assert set(await store.read_fields(CallerRef(PROJECT, subject), t + 10_001)) == {"long"}
 
     # A write at the expiry instant: the field is dead then, so the write removes it.
-    result = await store.patch_fields(PROJECT, subject, {"new": field(3, t + 10_000)}, [], t + 10_000)
+    result = await store.patch_fields(
+        CallerRef(PROJECT, subject), {"new": field(3, t + 10_000)}, [], t + 10_000
+    )
     assert set(result.fields) == {"long", "new"}
     # The dead field was physically removed by that write: erasure finds only two fields.
-    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 2
+    assert (await store.erase_caller(CallerRef(PROJECT, subject), now_ms(), now_ms() + TTL)).fields == 2
 
 
 async def test_rewriting_a_field_renews_it(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"a": field("x", t, 10_000)}, [], t)
-    await store.patch_fields(PROJECT, subject, {"a": field("x", t + 5_000, 10_000)}, [], t + 5_000)
-    assert await store.read_fields(PROJECT, subject, t + 12_000) == {"a": field("x", t + 5_000, 10_000)}
-    assert await store.read_fields(PROJECT, subject, t + 15_000) == {}
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field("x", t, 10_000)}, [], t)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field("x", t + 5_000, 10_000)}, [], t + 5_000)
+    assert await store.read_fields(CallerRef(PROJECT, subject), t + 12_000) == {
+        "a": field("x", t + 5_000, 10_000)
+    }
+    assert await store.read_fields(CallerRef(PROJECT, subject), t + 15_000) == {}
 
 
 async def test_all_fields_deleted_leaves_the_caller_gone(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"a": field(1, t), "b": field(2, t)}, [], t)
-    result = await store.patch_fields(PROJECT, subject, {}, ["a", "b"], t + 1)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t), "b": field(2, t)}, [], t)
+    result = await store.patch_fields(CallerRef(PROJECT, subject), {}, ["a", "b"], t + 1)
     assert result.applied is True
     assert result.fields == {}
-    assert await store.read_fields(PROJECT, subject, t + 1) == {}
-    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 0
+    assert await store.read_fields(CallerRef(PROJECT, subject), t + 1) == {}
+    assert (await store.erase_caller(CallerRef(PROJECT, subject), now_ms(), now_ms() + TTL)).fields == 0
 
 
 async def test_erase_removes_everything_and_counts_fields(store: Store) -> None:
     subject, other, t = new_subject(), new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"a": field(1, t, 1_000), "b": field(2, t)}, [], t)
-    await store.patch_fields(PROJECT, other, {"a": field(1, t)}, [], t)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t, 1_000), "b": field(2, t)}, [], t)
+    await store.patch_fields(CallerRef(PROJECT, other), {"a": field(1, t)}, [], t)
     # Dead fields not yet removed count too: erasure reports what it physically removed.
-    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 2
-    assert await store.read_fields(PROJECT, subject, t) == {}
-    assert (await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 0
-    assert values(await store.read_fields(PROJECT, other, t)) == {"a": 1}
+    assert (await store.erase_caller(CallerRef(PROJECT, subject), now_ms(), now_ms() + TTL)).fields == 2
+    assert await store.read_fields(CallerRef(PROJECT, subject), t) == {}
+    assert (await store.erase_caller(CallerRef(PROJECT, subject), now_ms(), now_ms() + TTL)).fields == 0
+    assert values(await store.read_fields(CallerRef(PROJECT, other), t)) == {"a": 1}
 
 
 # Write conditions (If-Match) -------------------------------------------------------------------------
@@ -194,39 +216,45 @@ TTLS = dict.fromkeys(AWKWARD_NAMES, TTL)
 
 async def test_matching_etag_applies(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    first = await store.patch_fields(PROJECT, subject, {n: field(n, t) for n in AWKWARD_NAMES}, [], t)
+    first = await store.patch_fields(
+        CallerRef(PROJECT, subject), {n: field(n, t) for n in AWKWARD_NAMES}, [], t
+    )
     etag = compute_etag(live_fields(first.fields, TTLS, t + 1))
     condition = WriteCondition(etags=('"0000"', etag), any_existing=False, ttl_ms=TTLS)
-    result = await store.patch_fields(PROJECT, subject, {"B": field("new", t + 1)}, [], t + 1, condition)
+    result = await store.patch_fields(
+        CallerRef(PROJECT, subject), {"B": field("new", t + 1)}, [], t + 1, condition
+    )
     assert result.applied is True
     assert values(result.fields)["B"] == "new"
 
 
 async def test_stale_etag_refuses_and_changes_nothing(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    first = await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
+    first = await store.patch_fields(CallerRef(PROJECT, subject), {"ab": field(1, t)}, [], t)
     stale = compute_etag(live_fields(first.fields, TTLS, t))
-    second = await store.patch_fields(PROJECT, subject, {"ab": field(2, t + 1)}, [], t + 1)
+    second = await store.patch_fields(CallerRef(PROJECT, subject), {"ab": field(2, t + 1)}, [], t + 1)
     condition = WriteCondition(etags=(stale,), any_existing=False, ttl_ms=TTLS)
-    refused = await store.patch_fields(PROJECT, subject, {"alpha": field(3, t + 2)}, ["ab"], t + 2, condition)
+    refused = await store.patch_fields(
+        CallerRef(PROJECT, subject), {"alpha": field(3, t + 2)}, ["ab"], t + 2, condition
+    )
     assert refused.applied is False
     assert refused.fields == second.fields
-    assert await store.read_fields(PROJECT, subject, t + 2) == second.fields
+    assert await store.read_fields(CallerRef(PROJECT, subject), t + 2) == second.fields
 
 
 async def test_any_existing_condition(store: Store) -> None:
     subject, t = new_subject(), now_ms()
     star = WriteCondition(etags=(), any_existing=True, ttl_ms=TTLS)
-    refused = await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t, star)
+    refused = await store.patch_fields(CallerRef(PROJECT, subject), {"ab": field(1, t)}, [], t, star)
     assert refused.applied is False
     assert refused.fields == {}
-    assert await store.read_fields(PROJECT, subject, t) == {}
+    assert await store.read_fields(CallerRef(PROJECT, subject), t) == {}
     assert (
-        await store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)
+        await store.erase_caller(CallerRef(PROJECT, subject), now_ms(), now_ms() + TTL)
     ).fields == 0  # nothing was created on the way
 
-    await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
-    applied = await store.patch_fields(PROJECT, subject, {"ab": field(2, t + 1)}, [], t + 1, star)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"ab": field(1, t)}, [], t)
+    applied = await store.patch_fields(CallerRef(PROJECT, subject), {"ab": field(2, t + 1)}, [], t + 1, star)
     assert applied.applied is True
     assert values(applied.fields) == {"ab": 2}
 
@@ -234,29 +262,33 @@ async def test_any_existing_condition(store: Store) -> None:
 async def test_condition_is_evaluated_under_the_current_ttls(store: Store) -> None:
     """A field hidden by a shortened TTL (or dropped from state_keys) is not part of the ETag."""
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {n: field(n, t) for n in AWKWARD_NAMES}, [], t)
+    await store.patch_fields(CallerRef(PROJECT, subject), {n: field(n, t) for n in AWKWARD_NAMES}, [], t)
     later = t + 1_000  # Zeta's effective expiry under the shortened TTL, exactly: no longer live
     shortened = {**TTLS, "Zeta": 1_000}
     del shortened["alpha"]
-    stored = await store.read_fields(PROJECT, subject, later)
+    stored = await store.read_fields(CallerRef(PROJECT, subject), later)
     assert set(stored) == set(AWKWARD_NAMES)  # all still stored...
     visible = live_fields(stored, shortened, later)
     assert set(visible) == set(AWKWARD_NAMES) - {"Zeta", "alpha"}  # ...but two no longer live
 
     with_hidden = WriteCondition(etags=(compute_etag(stored),), any_existing=False, ttl_ms=shortened)
-    refused = await store.patch_fields(PROJECT, subject, {"ab": field(0, later)}, [], later, with_hidden)
+    refused = await store.patch_fields(
+        CallerRef(PROJECT, subject), {"ab": field(0, later)}, [], later, with_hidden
+    )
     assert refused.applied is False
 
     live_only = WriteCondition(etags=(compute_etag(visible),), any_existing=False, ttl_ms=shortened)
-    result = await store.patch_fields(PROJECT, subject, {"ab": field(0, later)}, [], later, live_only)
+    result = await store.patch_fields(
+        CallerRef(PROJECT, subject), {"ab": field(0, later)}, [], later, live_only
+    )
     assert result.applied is True
 
 
 async def test_empty_etag_list_never_holds(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"ab": field(1, t)}, [], t)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"ab": field(1, t)}, [], t)
     nothing = WriteCondition(etags=(), any_existing=False, ttl_ms=TTLS)
-    assert (await store.patch_fields(PROJECT, subject, {}, ["ab"], t, nothing)).applied is False
+    assert (await store.patch_fields(CallerRef(PROJECT, subject), {}, ["ab"], t, nothing)).applied is False
 
 
 # Concurrency -----------------------------------------------------------------------------------------
@@ -265,94 +297,124 @@ async def test_empty_etag_list_never_holds(store: Store) -> None:
 async def test_concurrent_patches_all_land(store: Store) -> None:
     subject, t = new_subject(), now_ms()
     names = [f"f{i}" for i in range(50)]
-    await asyncio.gather(*(store.patch_fields(PROJECT, subject, {n: field(n, t)}, [], t) for n in names))
-    assert values(await store.read_fields(PROJECT, subject, t)) == {n: n for n in names}
+    await asyncio.gather(
+        *(store.patch_fields(CallerRef(PROJECT, subject), {n: field(n, t)}, [], t) for n in names)
+    )
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t)) == {n: n for n in names}
 
 
 # Ended conversations --------------------------------------------------------------------------------
 
 
-def conv_record(fingerprint: str, at: int, extra: bytes = b"{}") -> ConversationRecord:
-    return ConversationRecord(fingerprint=fingerprint, extra=extra, expires_at=at + TTL)
+def ending(
+    subject: str,
+    conversation_id: str,
+    at: int,
+    fingerprint: str = "fp",
+    sets: dict[str, StoredField] | None = None,
+    deletes: tuple[str, ...] = (),
+    *,
+    ttl: int = TTL,
+    made_at: int | None = None,
+    analytics: AnalyticsInput | None = None,
+    project: str = PROJECT,
+) -> EndWrite:
+    """The end of a conversation made at ``at`` (unless ``made_at`` says otherwise), remembered for ``ttl``."""
+    return EndWrite(
+        caller=CallerRef(project, subject),
+        conversation_id=conversation_id,
+        fingerprint=fingerprint,
+        expires_at=at + ttl,
+        made_at=at if made_at is None else made_at,
+        sets=sets or {},
+        deletes=deletes,
+        analytics=analytics,
+    )
+
+
+def analytics_at(at: int, retention: int = 10 * TTL, qa: str | None = None) -> AnalyticsInput:
+    hour = at - at % HOUR_MS
+    return AnalyticsInput(
+        hour,
+        bucket_start("day", hour),
+        bucket_start("week", hour),
+        Outcome(qa=qa),
+        at + retention,
+        at - retention,
+    )
 
 
 async def test_end_applies_once_and_replays(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    record = conv_record("fp-1", t, b'{"first": true}')
-    first = await store.end_conversation(PROJECT, "conv-1", subject, {"a": field("x", t)}, [], t, record)
-    assert first.status is EndStatus.APPLIED and first.record == record
-    assert values(await store.read_fields(PROJECT, subject, t)) == {"a": "x"}
-    await store.patch_fields(PROJECT, subject, {"a": field("newer", t + 1)}, [], t + 1)
-    # A retry writes nothing (the newer value stays) and returns what was stored the first time.
-    again = await store.end_conversation(
-        PROJECT, "conv-1", subject, {"a": field("x", t + 2)}, [], t + 2, conv_record("fp-1", t + 2, b"{}")
+    first = await store.end_conversation(
+        ending(subject, "conv-1", t, "fp-1", {"a": field("x", t)}, analytics=analytics_at(t, qa="resolved")),
+        t,
     )
-    assert again.status is EndStatus.REPLAYED
-    assert again.record is not None
-    assert (again.record.fingerprint, again.record.extra, again.record.expires_at) == (
-        "fp-1",
-        b'{"first": true}',
-        t + TTL,
+    assert first.status is EndStatus.APPLIED and first.analytics is not None
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t)) == {"a": "x"}
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field("newer", t + 1)}, [], t + 1)
+    # A retry writes nothing (the newer value stays) and returns what was found the first time, whatever
+    # analytics it sends (another hour) or none.
+    for analytics in (analytics_at(t + 2 * HOUR_MS), None):
+        again = await store.end_conversation(
+            ending(subject, "conv-1", t + 2, "fp-1", {"a": field("x", t + 2)}, analytics=analytics), t + 2
+        )
+        assert again.status is EndStatus.REPLAYED
+        assert again.analytics == first.analytics
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t + 2)) == {"a": "newer"}
+    # Without analytics when first applied: none on a replay either, whatever it sends.
+    plain = await store.end_conversation(ending(subject, "conv-2", t, "fp-2"), t)
+    assert plain == EndResult(EndStatus.APPLIED, None)
+    replay = await store.end_conversation(
+        ending(subject, "conv-2", t + 3, "fp-2", analytics=analytics_at(t)), t + 3
     )
-    assert values(await store.read_fields(PROJECT, subject, t + 2)) == {"a": "newer"}
+    assert replay == EndResult(EndStatus.REPLAYED, None)
 
 
 async def test_end_with_another_body_or_caller_is_a_conflict(store: Store) -> None:
     subject, other, t = new_subject(), new_subject(), now_ms()
-    await store.end_conversation(
-        PROJECT, "conv-1", subject, {"a": field(1, t)}, [], t, conv_record("fp-1", t)
-    )
-    changed = await store.end_conversation(
-        PROJECT, "conv-1", subject, {"a": field(2, t)}, [], t, conv_record("fp-2", t)
-    )
-    assert changed.status is EndStatus.CONFLICT
-    elsewhere = await store.end_conversation(
-        PROJECT, "conv-1", other, {"a": field(3, t)}, [], t, conv_record("fp-1", t)
-    )
-    assert elsewhere.status is EndStatus.CONFLICT
-    assert values(await store.read_fields(PROJECT, subject, t)) == {"a": 1}
-    assert await store.read_fields(PROJECT, other, t) == {}
+    await store.end_conversation(ending(subject, "conv-1", t, "fp-1", {"a": field(1, t)}), t)
+    changed = await store.end_conversation(ending(subject, "conv-1", t, "fp-2", {"a": field(2, t)}), t)
+    assert changed == EndResult(EndStatus.CONFLICT, None)
+    elsewhere = await store.end_conversation(ending(other, "conv-1", t, "fp-1", {"a": field(3, t)}), t)
+    assert elsewhere == EndResult(EndStatus.CONFLICT, None)
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t)) == {"a": 1}
+    assert await store.read_fields(CallerRef(PROJECT, other), t) == {}
     # The same id in another project is another conversation.
     assert (
-        await store.end_conversation("bakery", "conv-1", other, {}, [], t, conv_record("fp-9", t))
+        await store.end_conversation(ending(other, "conv-1", t, "fp-9", project="bakery"), t)
     ).status is EndStatus.APPLIED
 
 
 async def test_end_deletes_and_expired_records(store: Store) -> None:
     subject, t = new_subject(), now_ms()
-    await store.patch_fields(PROJECT, subject, {"a": field(1, t), "b": field(2, t)}, [], t)
-    short = ConversationRecord(fingerprint="fp", extra=b"{}", expires_at=t + 1_500)
-    applied = await store.end_conversation(PROJECT, "conv-2", subject, {}, ["a"], t, short)
+    await store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t), "b": field(2, t)}, [], t)
+    applied = await store.end_conversation(ending(subject, "conv-2", t, "fp", deletes=("a",), ttl=1_500), t)
     assert applied.status is EndStatus.APPLIED
-    assert values(await store.read_fields(PROJECT, subject, t)) == {"b": 2}
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), t)) == {"b": 2}
     # Once its record has expired, the id can be used again (it is a new conversation then).
     later = t + 2_000
     again = await store.end_conversation(
-        PROJECT, "conv-2", subject, {"a": field(5, later)}, [], later, conv_record("other", later)
+        ending(subject, "conv-2", later, "other", {"a": field(5, later)}), later
     )
     assert again.status is EndStatus.APPLIED
-    assert values(await store.read_fields(PROJECT, subject, later)) == {"a": 5, "b": 2}
+    assert values(await store.read_fields(CallerRef(PROJECT, subject), later)) == {"a": 5, "b": 2}
 
 
 async def test_an_expired_conversation_id_is_free_for_another_caller(store: Store) -> None:
     subject, other, t = new_subject(), new_subject(), now_ms()
-    short = ConversationRecord(fingerprint="fp", extra=b"{}", expires_at=t + 1_000)
-    await store.end_conversation(PROJECT, "conv-4", subject, {}, [], t, short)
+    await store.end_conversation(ending(subject, "conv-4", t, "fp", ttl=1_000), t)
     later = t + 1_000
-    reused = await store.end_conversation(
-        PROJECT, "conv-4", other, {"a": field(1, later)}, [], later, conv_record("fp", later)
-    )
+    reused = await store.end_conversation(ending(other, "conv-4", later, "fp", {"a": field(1, later)}), later)
     assert reused.status is EndStatus.APPLIED
-    assert values(await store.read_fields(PROJECT, other, later)) == {"a": 1}
+    assert values(await store.read_fields(CallerRef(PROJECT, other), later)) == {"a": 1}
 
 
 async def test_concurrent_identical_ends_apply_once(store: Store) -> None:
     subject, t = new_subject(), now_ms()
     results = await asyncio.gather(
         *(
-            store.end_conversation(
-                PROJECT, "conv-3", subject, {"n": field(1, t)}, [], t, conv_record("fp", t)
-            )
+            store.end_conversation(ending(subject, "conv-3", t, "fp", {"n": field(1, t)}), t)
             for _ in range(20)
         )
     )
@@ -384,13 +446,13 @@ async def test_random_patches_match_a_dict_model(store: Store, steps: list[Any])
     for sets, deletes, advance in steps:
         deletes = [n for n in deletes if n not in sets]  # a name in both is not something the API sends
         stored = {name: field(v, t, ttl) for name, (v, ttl) in sets.items()}
-        result = await store.patch_fields(PROJECT, subject, stored, deletes, t)
+        result = await store.patch_fields(CallerRef(PROJECT, subject), stored, deletes, t)
         model = {n: f for n, f in model.items() if f.expires_at > t and n not in deletes} | stored
         assert result.applied is True
         assert result.fields == model
         t += advance
         model = {n: f for n, f in model.items() if f.expires_at > t}
-        assert await store.read_fields(PROJECT, subject, t) == model
+        assert await store.read_fields(CallerRef(PROJECT, subject), t) == model
 
 
 # Redis only: what is left on the server --------------------------------------------------------------
@@ -403,12 +465,12 @@ async def test_redis_hash_expiry_and_index_score(
     hash_key, index_key = keys.memory_key(PROJECT, subject), keys.caller_index_key(subject)
     member = keys.index_member(PROJECT, subject)
     await redis_store.patch_fields(
-        PROJECT, subject, {"a": field(1, t, 5_000), "b": field(2, t, 90_000)}, [], t
+        CallerRef(PROJECT, subject), {"a": field(1, t, 5_000), "b": field(2, t, 90_000)}, [], t
     )
     assert await redis_client.pexpiretime(hash_key) == t + 90_000
     assert await redis_client.zscore(index_key, member) == t + 5_000
 
-    await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t + 1, 120_000)}, ["b"], t + 1)
+    await redis_store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t + 1, 120_000)}, ["b"], t + 1)
     assert await redis_client.pexpiretime(hash_key) == t + 120_001
     assert await redis_client.zscore(index_key, member) == t + 120_001
 
@@ -417,11 +479,9 @@ async def test_redis_a_write_refused_for_an_erased_caller_leaves_no_claim(
     redis_store: RedisStore, redis_client: redis.asyncio.Redis
 ) -> None:
     subject, t = new_subject(), now_ms()
-    record = ConversationRecord(fingerprint="f", extra=b"{}", expires_at=t + 86_400_000)
-    await redis_store.erase_caller(PROJECT, subject, t, t + 86_400_000)
-    ended = await redis_store.end_conversation(
-        PROJECT, "late-call", subject, {"a": field(1, t + 5)}, [], t + 5, record, None, made_at=t - 1
-    )
+    await redis_store.erase_caller(CallerRef(PROJECT, subject), t, t + 86_400_000)
+    late = ending(subject, "late-call", t + 5, "f", {"a": field(1, t + 5)}, ttl=86_400_000, made_at=t - 1)
+    ended = await redis_store.end_conversation(late, t + 5)
     assert ended.status is EndStatus.ERASED
     # The id's claim would name the erased caller's pseudonym for days.
     assert await redis_client.exists(keys.conversation_claim_key(PROJECT, "late-call")) == 0
@@ -431,10 +491,11 @@ async def test_redis_an_erasure_leaves_markers_that_name_nobody(
     redis_store: RedisStore, redis_client: redis.asyncio.Redis
 ) -> None:
     subject, t = new_subject(), now_ms()
-    record = ConversationRecord(fingerprint="f", extra=b"{}", expires_at=t + 86_400_000)
-    ended = await redis_store.end_conversation(PROJECT, "c1", subject, {"a": field(1, t)}, [], t, record)
+    ended = await redis_store.end_conversation(
+        ending(subject, "c1", t, "f", {"a": field(1, t)}, ttl=86_400_000), t
+    )
     assert ended.status is EndStatus.APPLIED
-    await redis_store.erase_caller(PROJECT, subject, t + 1, t + 2 * 86_400_000)
+    await redis_store.erase_caller(CallerRef(PROJECT, subject), t + 1, t + 2 * 86_400_000)
     claim = keys.conversation_claim_key(PROJECT, "c1")
     marker = keys.conversation_record_key(PROJECT, subject, "c1")
     assert await redis_client.get(claim) == b"!|%d" % (t + 86_400_000)
@@ -450,11 +511,10 @@ async def test_redis_an_erasure_leaves_markers_that_name_nobody(
     # A retry whose claim was taken before the erasure rewrote it (on a cluster the claim and the caller's
     # data are two steps): the marker in the caller's slot refuses it, and no claim naming them is left.
     await redis_client.set(claim, f"{subject}|{t + 86_400_000}")
-    replay = await redis_store.end_conversation(
-        PROJECT, "c1", subject, {"a": field(1, t + 5)}, [], t + 5, record, None, made_at=t + 5
-    )
+    retry = ending(subject, "c1", t + 5, "f", {"a": field(1, t + 5)}, ttl=86_400_000 - 5)
+    replay = await redis_store.end_conversation(retry, t + 5)
     assert replay.status is EndStatus.ERASED
-    assert await redis_store.read_fields(PROJECT, subject, t + 5) == {}
+    assert await redis_store.read_fields(CallerRef(PROJECT, subject), t + 5) == {}
     if redis_store._cluster:  # (on one server this cannot happen: one script checks both, marker first)
         assert await redis_client.exists(claim) == 0
 
@@ -464,9 +524,6 @@ async def test_redis_analytics_of_the_earlier_release_are_read_by_their_hour(
 ) -> None:
     """Entries stored as "<expires_at>|<json>" and first-interaction records without created_at (made before
     analytics kept their recording times) count as recorded at their hour."""
-    from caller_memory.service.domain.clock import HOUR_MS, bucket_start
-    from caller_memory.service.domain.store import AnalyticsInput, ConversationEntry
-    from caller_memory.service.storage.codec import encode_entry
 
     t = now_ms()
     hour = t - t % HOUR_MS
@@ -491,14 +548,13 @@ async def test_redis_analytics_of_the_earlier_release_are_read_by_their_hour(
         "seen_day": 0, "seen_week": 0})  # fmt: skip
 
     async def first_of(conv: str, first_after: int) -> Any:
-        a = AnalyticsInput(hour, bucket_start("day", hour), bucket_start("week", hour), None, None, None,
-                           t + TTL, first_after)  # fmt: skip
-        record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=t + TTL)
-        ended = await redis_store.end_conversation(PROJECT, conv, subject, {}, [], t, record, a)
-        assert ended.record is not None
-        return json.loads(ended.record.extra)["first"]
+        a = AnalyticsInput(hour, bucket_start("day", hour), bucket_start("week", hour), Outcome(), t + TTL,
+                           first_after)  # fmt: skip
+        ended = await redis_store.end_conversation(ending(subject, conv, t, conv, analytics=a), t)
+        assert ended.analytics is not None
+        return ended.analytics.first
 
-    assert (await first_of("c1", hour - HOUR_MS - 1))["conversation_id"] == "c0"
+    assert (await first_of("c1", hour - HOUR_MS - 1)).conversation_id == "c0"
     assert await first_of("c2", hour - HOUR_MS) is None  # created at its hour: at the cutoff, past it
     assert await redis_client.hget(first, "created_at") == b"%d" % t  # the new record keeps its time
     # The erasure of an entry in the earlier form works too.
@@ -512,8 +568,8 @@ async def test_redis_over_a_unix_socket() -> None:
         await store.open()
         try:
             subject, t = new_subject(), now_ms()
-            await store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
-            assert set(await store.read_fields(PROJECT, subject, t)) == {"a"}
+            await store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t)}, [], t)
+            assert set(await store.read_fields(CallerRef(PROJECT, subject), t)) == {"a"}
         finally:
             await store.close()
 
@@ -522,9 +578,9 @@ async def test_redis_deleting_everything_leaves_no_key(
     redis_store: RedisStore, redis_client: redis.asyncio.Redis
 ) -> None:
     subject, t = new_subject(), now_ms()
-    await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+    await redis_store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t)}, [], t)
     assert await redis_client.exists(keys.memory_key(PROJECT, subject)) == 1
-    await redis_store.patch_fields(PROJECT, subject, {}, ["a"], t + 1)
+    await redis_store.patch_fields(CallerRef(PROJECT, subject), {}, ["a"], t + 1)
     assert await redis_client.exists(keys.memory_key(PROJECT, subject)) == 0
     assert (
         await redis_client.zscore(keys.caller_index_key(subject), keys.index_member(PROJECT, subject)) is None
@@ -534,8 +590,8 @@ async def test_redis_deleting_everything_leaves_no_key(
 
 async def test_redis_erase_leaves_no_key(redis_store: RedisStore, redis_client: redis.asyncio.Redis) -> None:
     subject, t = new_subject(), now_ms()
-    await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
-    assert (await redis_store.erase_caller(PROJECT, subject, now_ms(), now_ms() + TTL)).fields == 1
+    await redis_store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t)}, [], t)
+    assert (await redis_store.erase_caller(CallerRef(PROJECT, subject), now_ms(), now_ms() + TTL)).fields == 1
     # Only the tombstone is left, and it goes by itself.
     assert await redis_client.keys("*") == [keys.tombstone_key(PROJECT, subject).encode()]
     assert 0 < await redis_client.pttl(keys.tombstone_key(PROJECT, subject)) <= TTL
@@ -557,7 +613,7 @@ async def test_redis_scripts_survive_a_script_flush(
 ) -> None:
     subject, t = new_subject(), now_ms()
     await redis_client.script_flush()  # what a restarted or failed-over server looks like
-    result = await redis_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+    result = await redis_store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t)}, [], t)
     assert values(result.fields) == {"a": 1}
 
 
@@ -567,9 +623,9 @@ async def test_redis_unreadable_field_is_store_corrupt(
     subject, t = new_subject(), now_ms()
     await redis_client.hset(keys.memory_key(PROJECT, subject), "a", b"not a packed field")
     with pytest.raises(StoreCorrupt):
-        await redis_store.read_fields(PROJECT, subject, t)
+        await redis_store.read_fields(CallerRef(PROJECT, subject), t)
     with pytest.raises(StoreCorrupt):
-        await redis_store.patch_fields(PROJECT, subject, {"b": field(1, t)}, [], t)
+        await redis_store.patch_fields(CallerRef(PROJECT, subject), {"b": field(1, t)}, [], t)
     assert await redis_client.hkeys(keys.memory_key(PROJECT, subject)) == [b"a"]  # nothing written
 
 
@@ -581,7 +637,7 @@ async def test_redis_unreachable_and_hung_server_is_store_unavailable() -> None:
             os.kill(server.pid, signal.SIGSTOP)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable) as hung:
-                await store.read_fields(PROJECT, new_subject(), now_ms())
+                await store.read_fields(CallerRef(PROJECT, new_subject()), now_ms())
             assert time.monotonic() - started < 0.6  # bounded by the store timeout, not the driver's retries
             assert isinstance(hung.value.__cause__, TimeoutError)  # the call was bounded, and cancelled
             os.kill(server.pid, signal.SIGCONT)
@@ -604,9 +660,6 @@ async def test_redis_unreachable_and_hung_server_is_store_unavailable() -> None:
 
 async def test_an_erasure_leaves_alone_a_reused_id_of_another_caller(store: Store) -> None:
     """c1 ended for A, its record expired, c1 reused for B: erasing A neither unlinks, unlists nor blocks B's."""
-    from caller_memory.service.domain.clock import HOUR_MS, bucket_start
-    from caller_memory.service.domain.store import AnalyticsInput
-
     a = new_subject()
     b = a[:8] + new_subject()[8:]  # the same bucket on Redis: the same record key for one id
     t = now_ms()
@@ -614,16 +667,14 @@ async def test_an_erasure_leaves_alone_a_reused_id_of_another_caller(store: Stor
     async def end(who: str, at: int) -> EndStatus:
         hour = at - at % HOUR_MS
         analytics = AnalyticsInput(
-            hour, bucket_start("day", hour), bucket_start("week", hour), None, None, None, at + 10 * TTL
+            hour, bucket_start("day", hour), bucket_start("week", hour), Outcome(), at + 10 * TTL
         )
-        record = ConversationRecord(fingerprint="f" + who, extra=b"{}", expires_at=at + TTL)
-        return (
-            await store.end_conversation(PROJECT, "c1", who, {"a": field(who, at)}, [], at, record, analytics)
-        ).status
+        write = ending(who, "c1", at, "f" + who, {"a": field(who, at)}, analytics=analytics)
+        return (await store.end_conversation(write, at)).status
 
     assert await end(a, t) is EndStatus.APPLIED
     assert await end(b, t + TTL) is EndStatus.APPLIED  # A's record expired: the id is free
-    erased = await store.erase_caller(PROJECT, a, t + TTL + 1, t + TTL + 1000)
+    erased = await store.erase_caller(CallerRef(PROJECT, a), t + TTL + 1, t + TTL + 1000)
     assert erased.conversations == 0
     assert await end(b, t + TTL + 2) is EndStatus.REPLAYED  # B's conversation is still B's
-    assert values(await store.read_fields(PROJECT, b, t + TTL + 2)) == {"a": b}
+    assert values(await store.read_fields(CallerRef(PROJECT, b), t + TTL + 2)) == {"a": b}

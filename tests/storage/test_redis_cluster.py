@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from caller_memory.service.domain.errors import StoreUnavailable
-from caller_memory.service.domain.store import ConversationRecord, EndStatus
+from caller_memory.service.domain.store import CallerRef, EndStatus
 from caller_memory.service.storage import keys, open_store
 from caller_memory.service.storage.redis import RedisStore
 from caller_memory.service.storage.redis_cluster import parse_cluster_url, slot_of
 from redis.crc import key_slot
 
-from tests.storage.test_contract import PROJECT, field, new_subject, now_ms, values
+from tests.storage.test_contract import PROJECT, ending, field, new_subject, now_ms, values
 from tests.support.redis_cluster import ClusterNodeServer, RedisCluster
 from tests.support.redis_server import RedisServer
 from tests.test_cli import CONFIG, run_cli
@@ -70,17 +70,18 @@ async def test_scripts_are_reloaded_on_nodes_that_lost_them(
         with node.client() as client:
             client.script_flush()
     for i, subject in enumerate(subjects):
-        result = await cluster_store.patch_fields(PROJECT, subject, {"a": field(i, t, 1_000)}, [], t)
+        result = await cluster_store.patch_fields(
+            CallerRef(PROJECT, subject), {"a": field(i, t, 1_000)}, [], t
+        )
         assert values(result.fields) == {"a": i}
-        record = ConversationRecord(fingerprint=f"f{i}", extra=b"{}", expires_at=t + 60_000)
-        ended = await cluster_store.end_conversation(PROJECT, f"conv-{i}", subject, {}, [], t, record)
+        ended = await cluster_store.end_conversation(ending(subject, f"conv-{i}", t, f"f{i}"), t)
         assert ended.status is EndStatus.APPLIED
     for node in redis_cluster.running_nodes():
         with node.client() as client:
             client.script_flush()
     counts, more = await cluster_store.sweep(t + 2_000, 1_000)  # a script in every bucket of every primary
     assert (counts["fields"], counts["callers"], more) == (len(subjects), len(subjects), False)
-    erased = await cluster_store.erase_caller(PROJECT, subjects[0], t + 3_000, t + 60_000)
+    erased = await cluster_store.erase_caller(CallerRef(PROJECT, subjects[0]), t + 3_000, t + 60_000)
     assert erased.conversations == 1
 
 
@@ -89,7 +90,7 @@ async def test_a_write_is_acknowledged_only_once_a_replica_has_it(
 ) -> None:
     subject, t = new_subject(), now_ms()
     key = keys.memory_key(PROJECT, subject)
-    await cluster_store.patch_fields(PROJECT, subject, {"a": field(1, t)}, [], t)
+    await cluster_store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t)}, [], t)
     primary = redis_cluster.primary_of(key)
     replica = redis_cluster.replica_of(primary)
     # A conversation id whose claim is on another primary: the first attempt gets as far as the memory write.
@@ -106,21 +107,20 @@ async def test_a_write_is_acknowledged_only_once_a_replica_has_it(
         os.kill(replica.pid, signal.SIGSTOP)
         paused.append(replica)
         with pytest.raises(StoreUnavailable, match=r"reached 0 of the 1 replica"):
-            await cluster_store.patch_fields(PROJECT, subject, {"b": field(2, t)}, [], t)
+            await cluster_store.patch_fields(CallerRef(PROJECT, subject), {"b": field(2, t)}, [], t)
         # Reads do not wait for replicas.
-        assert set(await cluster_store.read_fields(PROJECT, subject, t)) == {"a", "b"}
+        assert set(await cluster_store.read_fields(CallerRef(PROJECT, subject), t)) == {"a", "b"}
 
         # The retry of an end of a conversation whose first answer was lost is a replay; it is acknowledged
         # only once the replica has the original write too.
-        record = ConversationRecord(fingerprint="f", extra=b"{}", expires_at=t + 60_000)
-        sets = {"c": field(3, t)}
+        write = ending(subject, conversation, t, "f", {"c": field(3, t)})
         with pytest.raises(StoreUnavailable):
-            await cluster_store.end_conversation(PROJECT, conversation, subject, sets, [], t, record)
+            await cluster_store.end_conversation(write, t)
         with pytest.raises(StoreUnavailable):  # a replay now: it waits for the replica too
-            await cluster_store.end_conversation(PROJECT, conversation, subject, sets, [], t, record)
+            await cluster_store.end_conversation(write, t)
         os.kill(replica.pid, signal.SIGCONT)
         paused.remove(replica)
-        replay = await cluster_store.end_conversation(PROJECT, conversation, subject, sets, [], t, record)
+        replay = await cluster_store.end_conversation(write, t)
         assert replay.status is EndStatus.REPLAYED
         assert sorted(client.hkeys(key)) == [b"a", b"b", b"c"]
 

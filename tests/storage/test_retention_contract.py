@@ -12,8 +12,10 @@ from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.domain.store import (
     AnalyticsInput,
     AuditEntry,
-    ConversationRecord,
+    CallerRef,
     EndStatus,
+    EndWrite,
+    Outcome,
     Store,
 )
 
@@ -46,7 +48,7 @@ async def test_a_sweep_removes_exactly_what_expired(store: Store) -> None:
         subject = uuid.uuid4().hex
         for name in rng.sample(["a", "b", "c", "d"], rng.randint(1, 4)):
             ttl = rng.choice([1_000, 5_000, 60_000, 3_600_000])
-            await store.patch_fields(PROJECT, subject, {name: field(name, t, ttl)}, [], t)
+            await store.patch_fields(CallerRef(PROJECT, subject), {name: field(name, t, ttl)}, [], t)
             model[(subject, name)] = t + ttl
     cutoff = t + 10_000
     dead = [key for key, expires in model.items() if expires <= cutoff]
@@ -56,7 +58,9 @@ async def test_a_sweep_removes_exactly_what_expired(store: Store) -> None:
     assert removed["fields"] == len(dead)
     assert removed["callers"] == len(emptied)
     for subject in subjects:
-        live = await store.read_fields(PROJECT, subject, t)  # read "before" the cutoff: only survivors left
+        live = await store.read_fields(
+            CallerRef(PROJECT, subject), t
+        )  # read "before" the cutoff: only survivors left
         assert set(live) == {n for (s, n), e in model.items() if s == subject and e > cutoff}
     again = await sweep_all(store, cutoff)
     assert again["fields"] == 0 and again["callers"] == 0  # safe to repeat
@@ -65,7 +69,7 @@ async def test_a_sweep_removes_exactly_what_expired(store: Store) -> None:
 async def test_an_interrupted_sweep_is_resumed_by_the_next(store: Store) -> None:
     t = now_ms()
     for i in range(30):
-        await store.patch_fields(PROJECT, uuid.uuid4().hex, {"a": field(i, t, 1_000)}, [], t)
+        await store.patch_fields(CallerRef(PROJECT, uuid.uuid4().hex), {"a": field(i, t, 1_000)}, [], t)
     counts, more = await store.sweep(t + 2_000, 10)  # one round, then "the process dies"
     assert more and counts["fields"] >= 10
     rest = await sweep_all(store, t + 2_000, batch=10)
@@ -108,30 +112,28 @@ async def test_audit_log_pages_newest_first(store: Store) -> None:
 
 def analytics(at: int) -> AnalyticsInput:
     hour = at - at % HOUR_MS
-    return AnalyticsInput(
-        hour, bucket_start("day", hour), bucket_start("week", hour), None, None, None, at + DAY_MS
-    )
+    return AnalyticsInput(hour, bucket_start("day", hour), bucket_start("week", hour), Outcome(), at + DAY_MS)
 
 
 async def test_the_tombstone_drops_writes_made_before_the_erasure(store: Store) -> None:
     subject, t = uuid.uuid4().hex, now_ms()
 
     async def end(conv: str, made_at: int, at: int) -> EndStatus:
-        record = ConversationRecord(fingerprint=conv, extra=b"{}", expires_at=at + DAY_MS)
         sets = {"a": field(conv, at, 60_000)}
-        return (
-            await store.end_conversation(PROJECT, conv, subject, sets, [], at, record, analytics(at), made_at)
-        ).status
+        write = EndWrite(
+            CallerRef(PROJECT, subject), conv, conv, at + DAY_MS, made_at, sets, (), analytics(at)
+        )
+        return (await store.end_conversation(write, at)).status
 
     assert await end("c1", t, t) is EndStatus.APPLIED
-    erased = await store.erase_caller(PROJECT, subject, t + 10, t + DAY_MS)
+    erased = await store.erase_caller(CallerRef(PROJECT, subject), t + 10, t + DAY_MS)
     assert erased.fields == 1 and erased.first_interaction and erased.conversations == 1
     # Made before the erasure, arriving after it: dropped.
     assert await end("c2", t + 5, t + 20) is EndStatus.ERASED
-    assert await store.read_fields(PROJECT, subject, t + 20) == {}
+    assert await store.read_fields(CallerRef(PROJECT, subject), t + 20) == {}
     # Made after it (the caller called again): kept, and a first interaction again.
     assert await end("c3", t + 30, t + 30) is EndStatus.APPLIED
-    assert set(await store.read_fields(PROJECT, subject, t + 30)) == {"a"}
+    assert set(await store.read_fields(CallerRef(PROJECT, subject), t + 30)) == {"a"}
     # The tombstone does not outlive its time.
     assert await end("c4", t + 5, t + DAY_MS + 1) is EndStatus.APPLIED
 
@@ -143,26 +145,26 @@ async def test_an_erasure_wins_over_a_replay_made_after_it(store: Store) -> None
     subject, other, t = uuid.uuid4().hex, uuid.uuid4().hex, now_ms()
 
     async def end(conv: str, who: str, at: int, made_at: int | None = None, value: str = "x") -> EndStatus:
-        record = ConversationRecord(fingerprint=conv + value, extra=b"{}", expires_at=at + DAY_MS)
         sets = {"a": field(value, at, 7 * DAY_MS)}
-        result = await store.end_conversation(
-            PROJECT, conv, who, sets, [], at, record, analytics(at), at if made_at is None else made_at
+        made = at if made_at is None else made_at
+        write = EndWrite(
+            CallerRef(PROJECT, who), conv, conv + value, at + DAY_MS, made, sets, (), analytics(at)
         )
-        return result.status
+        return (await store.end_conversation(write, at)).status
 
     assert await end("c1", subject, t) is EndStatus.APPLIED
-    erased = await store.erase_caller(PROJECT, subject, t + 10, t + 7 * DAY_MS)
+    erased = await store.erase_caller(CallerRef(PROJECT, subject), t + 10, t + 7 * DAY_MS)
     assert erased.conversations == 1 and erased.fields == 1
     for at in (t + 20, t + HOUR_MS, t + DAY_MS - 1):  # the record of c1 lived until t + DAY_MS
         assert await end("c1", subject, at) is EndStatus.ERASED  # made after the erasure: still erased
         assert await end("c1", subject, at, value="y") is EndStatus.ERASED  # whatever the body
         assert await end("c1", other, at) is EndStatus.ERASED  # whoever sends it
-        assert await store.read_fields(PROJECT, subject, at) == {}
-        assert await store.read_fields(PROJECT, other, at) == {}
+        assert await store.read_fields(CallerRef(PROJECT, subject), at) == {}
+        assert await store.read_fields(CallerRef(PROJECT, other), at) == {}
     # A second erasure finds no link left to cut (the marker names nobody).
-    again = await store.erase_caller(PROJECT, subject, t + 30, t + 7 * DAY_MS)
+    again = await store.erase_caller(CallerRef(PROJECT, subject), t + 30, t + 7 * DAY_MS)
     assert again.conversations == 0 and again.fields == 0
     # Another conversation of the caller after the erasure is kept; c1 is a free id once its time is over.
     assert await end("c2", subject, t + 40) is EndStatus.APPLIED
     assert await end("c1", other, t + DAY_MS) is EndStatus.APPLIED
-    assert set(await store.read_fields(PROJECT, other, t + DAY_MS)) == {"a"}
+    assert set(await store.read_fields(CallerRef(PROJECT, other), t + DAY_MS)) == {"a"}

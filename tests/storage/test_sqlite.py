@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from caller_memory.service.domain.errors import StoreCorrupt
 from caller_memory.service.domain.fields import StoredField
+from caller_memory.service.domain.store import CallerRef
 from caller_memory.service.storage.sqlite import SQLiteStore
 
 
@@ -25,7 +26,7 @@ async def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
     await store.open()
     for i in range(300):
         field = StoredField(value=b'"%d"' % i, expires_at=2**42, written_at=1)
-        await store.patch_fields("p", f"{i:032x}", {"name": field}, [], 0)
+        await store.patch_fields(CallerRef("p", f"{i:032x}"), {"name": field}, [], 0)
     await store.close()
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -38,11 +39,11 @@ async def test_reopening_keeps_the_data(tmp_path: Path) -> None:
     store = SQLiteStore(path)
     await store.open()
     field = StoredField(value=b'"Ada"', expires_at=2**42, written_at=1)
-    await store.patch_fields("p", "a" * 32, {"caller_name": field}, [], 0)
+    await store.patch_fields(CallerRef("p", "a" * 32), {"caller_name": field}, [], 0)
     await store.close()
     again = SQLiteStore(path)
     await again.open()
-    assert await again.read_fields("p", "a" * 32, 0) == {"caller_name": field}
+    assert await again.read_fields(CallerRef("p", "a" * 32), 0) == {"caller_name": field}
     await again.close()
 
 
@@ -52,14 +53,14 @@ async def test_a_file_of_the_earlier_release_gains_the_recording_times(tmp_path:
     import sqlite3
 
     from caller_memory.service.domain.clock import HOUR_MS
-    from caller_memory.service.domain.store import ConversationEntry
+    from caller_memory.service.domain.store import ConversationEntry, Recording
 
     path = tmp_path / "memory.db"
     store = SQLiteStore(path)
     await store.open()
     hour = 1000 * HOUR_MS
     old = ConversationEntry("old", hour, "voice", None, None, None, None)
-    await store.record_conversation("p", old, [], 2**42, hour + 5)
+    await store.record_conversation(Recording(CallerRef("p", "a" * 32), old, [], 2**42, made_at=0), hour + 5)
     await store.close()
     # Make it a file of the earlier release: without the added columns and their index.
     conn = sqlite3.connect(path)
