@@ -254,7 +254,12 @@ def test_20000_unfinished_heads_leave_the_service_reachable_and_its_log_short(tm
             # The service kept within its bound (plus what it needs besides connections).
             assert open_files(svc.pid) <= 4096 + FD_HEADROOM
             metrics = get_text(svc.url + "/metrics")
-            closed = metric(metrics, 'caller_memory_connections_closed_total{reason="over_limit"}')
+            # Every head beyond the bound was closed: as the oldest one over the limit, or (on a slow machine,
+            # where the flood outlasts the head deadline) at its deadline.
+            closed = sum(
+                metric(metrics, f'caller_memory_connections_closed_total{{reason="{reason}"}}', 0.0)
+                for reason in ("over_limit", "header_timeout")
+            )
             assert closed >= opened - 4096
             assert metric(metrics, "caller_memory_open_connections") <= 4096
         finally:
@@ -286,10 +291,12 @@ def get_text(url: str) -> str:
         return text
 
 
-def metric(text: str, sample: str) -> float:
+def metric(text: str, sample: str, default: float | None = None) -> float:
     for line in text.splitlines():
         if line.startswith(sample + " "):
             return float(line.split()[-1])
+    if default is not None:
+        return default  # a labelled counter appears once it was first counted
     raise AssertionError(f"no {sample} in /metrics")
 
 
