@@ -78,6 +78,27 @@ async def test_project_put_get_replace(store: Store) -> None:
     assert await store.get_project("other") is None
 
 
+async def test_projects_are_listed_in_order(store: Store) -> None:
+    t = now_ms()
+    assert await store.list_projects() == []
+    for project in ("zoo", PROJECT, "bakery"):
+        await store.put_project(project, b"{}", t)
+    await store.put_project(PROJECT, b'{"v": 2}', t + 1)  # replaced, not listed twice
+    assert await store.list_projects() == ["bakery", PROJECT, "zoo"]
+
+
+async def test_open_ping_and_close(store: Store) -> None:
+    await store.open()  # opening an open store changes nothing
+    await store.ping()
+    await store.close()
+    await store.close()  # closing twice is safe
+    with pytest.raises(StoreUnavailable):
+        await store.ping()  # closed: unavailable, not a driver error
+    await store.open()  # and it can be opened again
+    await store.ping()
+    assert await store.read_fields(CallerRef(PROJECT, new_subject()), now_ms()) == {}
+
+
 # Tokens -----------------------------------------------------------------------------------------------
 
 
