@@ -1,0 +1,266 @@
+"""The building blocks of the OpenAPI document (openapi.py): media types, the shared parameters, headers and
+responses, request bodies with their examples, and one operation's skeleton."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from ..domain.limits import (
+    CONVERSATION_ID_PATTERN,
+    FIELD_NAME_PATTERN,
+    MAX_BODY_BYTES,
+    MAX_IDENTIFIER_CHARS,
+    PROJECT_ID_PATTERN,
+    TOKEN_ID_PATTERN,
+)
+from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
+from .queries import QueryModel, query_parameters
+
+Json = dict[str, Any]
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+PROBLEM = "application/problem+json"
+
+ROLE_TEXT = {
+    "operator": "Role: **operator** (the operator token only; a project token, whatever its role, gets 403).",
+    "admin": "Role: **admin** (a token with role `admin` in this project, or the operator token).",
+    "agent": "Role: **agent** (a token with role `agent` or `admin` in this project, or the operator token).",
+    "analytics": "Role: **analytics** (a token with role `analytics` or `admin` in this project, or the operator "
+    "token).",
+}
+
+AUTH_TEXT = (
+    "`Authorization: Bearer <token>`. The **operator token** is set in the service's environment "
+    "(`CALLER_MEMORY_OPERATOR_TOKEN`); it manages projects and may do anything a project admin may do in "
+    "every project (so it can mint a project's first admin token). **Project tokens** "
+    "(`cm_<token_id>_<secret>`) are minted per project and carry one role: `agent` (read memory), "
+    "`analytics` (for the analytics endpoints) or `admin` (everything in the project). "
+    "A project token sees nothing of another project: that project is reported as not found (404)."
+)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("caller-memory")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def ref(name: str, kind: str = "schemas") -> Json:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+# Parameters, headers, responses ---------------------------------------------------------------------------
+
+
+def shared_parameters() -> dict[str, Json]:
+    def path(name: str, description: str, schema: Json) -> Json:
+        return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
+
+    def header(name: str, description: str) -> Json:
+        return {"name": name, "in": "header", "description": description, "schema": {"type": "string"}}
+
+    return {
+        "project": path(
+            "project",
+            "Project id: 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit.",
+            {"type": "string", "pattern": PROJECT_ID_PATTERN, "examples": ["cheese-shop"]},
+        ),
+        "identifier": path(
+            "identifier",
+            "The caller's phone number, percent-encoded: E.164 (`+14155550100`) or any form libphonenumber "
+            "reads, national numbers with the project's `default_region`.",
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_IDENTIFIER_CHARS,
+                "examples": ["+14155550100"],
+            },
+        ),
+        "field": path(
+            "field",
+            "A field name.",
+            {"type": "string", "pattern": FIELD_NAME_PATTERN, "examples": ["caller_name"]},
+        ),
+        "token_id": path("token_id", "A token id.", {"type": "string", "pattern": TOKEN_ID_PATTERN}),
+        "conversation_id": path(
+            "conversation_id",
+            "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
+            {"type": "string", "pattern": CONVERSATION_ID_PATTERN, "examples": ["call-1"]},
+        ),
+        "asset": path(
+            "asset",
+            "A file of the dashboard page; only these names exist.",
+            {"type": "string", "enum": sorted(ASSETS)},
+        ),
+        "If-Match": header(
+            "If-Match",
+            "Write only if the memory's ETag is one of these (`*`: if it has live fields); else 412.",
+        ),
+        "If-None-Match": header(
+            "If-None-Match", "ETags the client holds: 304 without a body if one matches."
+        ),
+    }
+
+
+def shared_headers() -> dict[str, Json]:
+    return {
+        "ETag": {"description": "Strong ETag of the caller's live memory.", "schema": {"type": "string"}},
+        "Cache-Control": {"description": "`no-store`.", "schema": {"type": "string", "const": "no-store"}},
+        "WWW-Authenticate": {"description": '`Bearer realm="caller-memory"`.', "schema": {"type": "string"}},
+        "Retry-After": {
+            "description": "Seconds to wait.",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^[0-9]+$"},
+        },
+        "X-Next-Cursor": {
+            "description": "The cursor of the next page (absent on the last page): `next_cursor` of the body.",
+            "schema": {"type": "string"},
+        },
+        "Link": {
+            "description": 'RFC 8288 link to the next page: `<...?cursor=...>; rel="next"` (absent on the last '
+            "page).",
+            "schema": {"type": "string"},
+        },
+        "X-Content-Type-Options": {
+            "description": "`nosniff`, on every response.",
+            "schema": {"type": "string", "const": "nosniff"},
+        },
+        "Idempotent-Replayed": {
+            "description": "`true` when this answers a retry: nothing was applied again.",
+            "schema": {"type": "string", "enum": ["true", "false"]},
+        },
+    }
+
+
+def response(description: str, schema: str | None = None, *headers: str, media: str = JSON) -> Json:
+    response: Json = {"description": description}
+    if headers:
+        response["headers"] = {name: ref(name, "headers") for name in headers}
+    if schema is not None:
+        response["content"] = {media: {"schema": ref(schema)}}
+    return response
+
+
+def problem(description: str, *headers: str) -> Json:
+    return response(description, "Problem", *headers, media=PROBLEM)
+
+
+def authenticated() -> dict[str, Json | None]:
+    """What every authenticated operation may answer besides its own outcomes."""
+    return {
+        "400": problem(
+            "A header value is not valid UTF-8, or `If-Match` / `If-None-Match` is not a list of entity tags."
+        ),
+        "401": problem("Missing, malformed or unknown bearer token.", "WWW-Authenticate"),
+        "403": problem("The token's role does not allow this operation."),
+        "404": problem("No such project, or the token belongs to another project."),
+        "422": problem("The project id is malformed."),
+        "429": problem(
+            "Too many failed authentications from this address lately (this one failed too), or this "
+            "project already has its share of the requests in flight; retry after `Retry-After` seconds. A "
+            "valid token is never refused for others' failures.",
+            "Retry-After",
+        ),
+        "500": problem("Unexpected error (logged), or the store holds data this version cannot read."),
+        "503": problem(
+            "The store did not answer in time, or the service has its limit of requests in flight (then "
+            "with `Retry-After`)."
+        ),
+    }
+
+
+def body_errors() -> dict[str, Json | None]:
+    return {
+        "400": problem("The body is empty or not valid JSON, or a header is malformed."),
+        "408": problem("The body did not arrive within the body timeout (CALLER_MEMORY_BODY_TIMEOUT)."),
+        "413": problem(f"The body is larger than {MAX_BODY_BYTES} bytes."),
+        "415": problem(
+            f"The Content-Type is neither `{JSON}` nor `{MERGE_PATCH}`, or names a charset other than UTF-8."
+        ),
+    }
+
+
+def dashboard_file(description: str, *media: str) -> Json:
+    """A file of the dashboard page, with the headers that keep the page to itself."""
+    text = {"type": "string"}
+    return {
+        "description": description,
+        "headers": {
+            "Content-Security-Policy": {
+                "description": "Only this origin's scripts, styles and API; no inline script; no form posts.",
+                "schema": text | {"const": CONTENT_SECURITY_POLICY},
+            },
+            "X-Content-Type-Options": {"schema": text | {"const": "nosniff"}},
+            "Cache-Control": {
+                "description": "Revalidate with the ETag.",
+                "schema": text | {"const": "no-cache"},
+            },
+            "ETag": {"description": "Of the file's content.", "schema": text},
+        },
+        "content": {m: {"schema": text | {"description": "UTF-8."}} for m in media},
+    }
+
+
+#: Request bodies as the README's walkthrough sends them (schemathesis' examples phase sends them too).
+BODY_EXAMPLES: dict[str, Json] = {
+    "ProjectConfig": {
+        "memory": {
+            "repeat_caller": {
+                "state_keys": ["caller_name", "booking_day", "verified"],
+                "retention": "P90D",
+                "field_ttls": {"booking_day": "P7D"},
+                "analytics_enabled": True,
+            }
+        }
+    },
+    "TokenCreate": {"role": "agent", "label": "cheese-shop agent prod"},
+    "MemoryPatch": {"caller_name": "Ada", "booking_day": None},
+    "EndRequest": {
+        "caller": "+14155550100",
+        "state": {"caller_name": "Ada", "mood": "happy"},
+        "outcome": {"qa": "resolved"},
+        "channel": "voice",
+    },
+}
+
+
+def request_body(schema: str, description: str, *media: str) -> Json:
+    example = {"example": BODY_EXAMPLES[schema]} if schema in BODY_EXAMPLES else {}
+    content = {m: {"schema": ref(schema)} | example for m in media or (JSON,)}
+    return {"required": True, "description": description, "content": content}
+
+
+# Operations -----------------------------------------------------------------------------------------------
+
+MEMORY_HEADERS = ("ETag", "Cache-Control")
+BAD_CALLER = "The identifier is not a possible phone number"
+
+
+def operation(
+    operation_id: str,
+    role: str | None,
+    summary: str,
+    responses: dict[str, Json | None],
+    *,
+    parameters: tuple[str, ...] = (),
+    query: type[QueryModel] | None = None,
+    body: Json | None = None,
+    description: str = "",
+) -> Json:
+    op: Json = {"operationId": operation_id, "summary": summary}
+    if role is None:
+        op |= {"security": [], "description": description or summary}
+    else:
+        op["x-required-role"] = role
+        op["description"] = f"{ROLE_TEXT[role]} {description}".strip()
+        responses = authenticated() | responses
+    if parameters or query is not None:
+        op["parameters"] = [ref(name, "parameters") for name in parameters]
+        op["parameters"] += query_parameters(query) if query is not None else []
+    if body is not None:
+        op["requestBody"] = body
+    op["responses"] = {status: r for status, r in sorted(responses.items()) if r is not None}
+    return op
