@@ -25,7 +25,6 @@ from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt
 from ..domain.fields import StoredField, WriteCondition
 from ..domain.store import (
-    AuditEntry,
     CallerRef,
     ConversationEntry,
     Counters,
@@ -40,9 +39,10 @@ from ..domain.store import (
     TokenRecord,
 )
 from . import keys
-from .codec import NO_ANALYTICS, decode_audit, decode_end_analytics, decode_entry, encode_audit, encode_entry
+from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry
 from .redis_cluster import ClusterTransport, is_cluster_url
-from .redis_transport import Call, Command, RedisTransport, StandaloneTransport
+from .redis_retention import RedisRetention, split_listed
+from .redis_transport import Call, Command, RedisTransport, StandaloneTransport, hash_reply
 
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
@@ -79,35 +79,18 @@ def _token_from_hash(token_id: str, data: Mapping[bytes, bytes]) -> TokenRecord:
         raise StoreCorrupt(f"token {token_id} is stored in a form this version cannot read") from exc
 
 
-def _hash(reply: Any) -> dict[bytes, bytes]:
-    """A raw HGETALL reply: a dict in RESP3 (redis-py 8's default), a flat list in RESP2."""
-    if isinstance(reply, dict):
-        return reply
-    return dict(zip(reply[::2], reply[1::2], strict=True))
-
-
 #: The fields of a counter hash that are not counters.
 _COUNTER_META = (b"_expires_at", b"_recorded_at")
-
-
-def _split_listed(member: bytes, value: bytes) -> tuple[int, int, bytes]:
-    """``(expires_at, recorded_at, json)`` of a listed entry's value, "<expires_at>|<recorded_at>|<json>";
-    one of an earlier release, "<expires_at>|<json>", counts as recorded at its hour (its index member's
-    first 13 digits)."""
-    expires, _, rest = value.partition(b"|")
-    if rest[:1] == b"{":
-        return int(expires), int(member[:13]), rest
-    recorded, _, data = rest.partition(b"|")
-    return int(expires), int(recorded), data
 
 
 #: record.lua's replies.
 _RECORDED = {0: RecordStatus.DUPLICATE, 1: RecordStatus.RECORDED, 2: RecordStatus.ERASED}
 
 
-class RedisStore(Store):
+class RedisStore(RedisRetention, Store):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
     Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`.redis_cluster.parse_cluster_url`).
+    Retention (sweeps, leases, sweep reports, the audit log): :class:`.redis_retention.RedisRetention`.
     """
 
     def __init__(
@@ -185,14 +168,14 @@ class RedisStore(Store):
     async def get_token(self, token_id: str) -> TokenRecord | None:
         async with Call("get_token", self._timeout):
             (data,) = await self._transport.run(("HGETALL", keys.token_key(token_id)))
-        return _token_from_hash(token_id, _hash(data)) if data else None
+        return _token_from_hash(token_id, hash_reply(data)) if data else None
 
     async def list_tokens(self, project: str) -> list[TokenRecord]:
         async with Call("list_tokens", self._timeout):
             (ids,) = await self._transport.run(("ZRANGE", keys.project_tokens_key(project), 0, -1))
             # Each token's hash is in a slot of its own.
             hashes = await self._transport.each([("HGETALL", keys.token_key(i.decode())) for i in ids])
-        tokens = (_token_from_hash(i.decode(), _hash(h)) for i, h in zip(ids, hashes, strict=True) if h)
+        tokens = (_token_from_hash(i.decode(), hash_reply(h)) for i, h in zip(ids, hashes, strict=True) if h)
         return [t for t in tokens if t.project == project]
 
     async def delete_token(self, project: str, token_id: str) -> bool:
@@ -409,7 +392,7 @@ class RedisStore(Store):
                 for member, value in zip(members, values, strict=True):
                     if value is None:
                         continue  # expired, not swept from the index yet
-                    expires, recorded, data = _split_listed(member, value)
+                    expires, recorded, data = split_listed(member, value)
                     if expires > now_ms and (recorded_after is None or recorded > recorded_after):
                         entries.append(decode_entry(data))
                 last = members[-1].decode()
@@ -432,7 +415,7 @@ class RedisStore(Store):
             )
         out = []
         for start, reply in zip(starts, replies, strict=True):
-            data = _hash(reply)
+            data = hash_reply(reply)
             if not data or int(data.get(b"_expires_at", b"0")) <= now_ms:
                 continue
             # Its latest conversation past the current retention (a bucket of an earlier release, without
@@ -514,125 +497,3 @@ class RedisStore(Store):
         if erased is None or expires is None or int(expires) <= now_ms:
             return None
         return int(erased)
-
-    # Retention ----------------------------------------------------------------------------------------
-
-    async def list_projects(self) -> list[str]:
-        async with Call("list_projects", self._timeout):
-            (projects,) = await self._transport.run(("SMEMBERS", keys.PROJECTS))
-        return sorted(p.decode() for p in projects)
-
-    async def sweep(
-        self, now_ms: int, batch: int, listed_after: Mapping[str, int] | None = None
-    ) -> tuple[dict[str, int], bool]:
-        # Buckets are visited in chunks, from where the previous round stopped, until about ``batch``
-        # callers were visited: a round's work follows what expired (plus a constant walk of the buckets).
-        # Each bucket's script touches one slot (the bucket's hash tag); on a cluster, the buckets of a chunk
-        # go to their primaries, one write per primary, so a sweep covers every primary.
-        counts = {"fields": 0, "callers": 0, "analytics_entries": 0}
-        more = False
-        visited = 0
-        chunk = 256
-        async with Call("sweep", self._bulk_timeout):
-            for offset in range(0, keys.N_BUCKETS, chunk):
-                first = (self._sweep_from + offset) % keys.N_BUCKETS
-                buckets = [bucket % keys.N_BUCKETS for bucket in range(first, first + chunk)]
-                for fields, callers, bucket_more, due in await self._sweep_buckets(buckets, now_ms, batch):
-                    counts["fields"] += int(fields)
-                    counts["callers"] += int(callers)
-                    visited += int(due)
-                    more = more or bool(bucket_more)
-                if visited >= batch and offset + chunk < keys.N_BUCKETS:
-                    self._sweep_from = (first + chunk) % keys.N_BUCKETS
-                    more = True
-                    break
-            (projects,) = await self._transport.run(("SMEMBERS", keys.PROJECTS))
-            for project in sorted({p.decode() for p in projects} | set(listed_after or ())):
-                cutoff = (listed_after or {}).get(project)
-                removed, project_more = await self._sweep_listing(project, now_ms, batch, cutoff)
-                counts["analytics_entries"] += removed
-                more = more or project_more
-        return counts, more
-
-    async def _sweep_buckets(self, buckets: Sequence[int], now_ms: int, batch: int) -> list[list[int]]:
-        """Run the sweep script in each bucket: ``[fields, callers, more, due]`` per bucket.
-
-        Sweeps do not wait for replicas: what they remove had expired (reads skip it anyway), and a removal
-        lost in a failover is made again by the next sweep."""
-        return await self._transport.run_scripts(
-            "sweep_bucket",
-            [([keys.expiry_index_key(b)], [now_ms, batch, keys.memory_key_prefix(b)]) for b in buckets],
-        )
-
-    async def _sweep_listing(
-        self, project: str, now_ms: int, batch: int, cutoff: int | None = None
-    ) -> tuple[int, bool]:
-        """Drop index members whose entry has expired (or was recorded at or before ``cutoff``, the current
-        retention's), oldest first, stopping at the first live one (entries expire in about the order they
-        were recorded). Every key is in the project's slot."""
-        index = keys.analytics_index_key(project, None)
-        (members,) = await self._transport.run(("ZRANGE", index, "-", "+", "BYLEX", "LIMIT", 0, batch))
-        if not members:
-            return 0, False
-        ids = [m.decode().split(":", 1)[1] for m in members]
-        (values,) = await self._transport.run(("MGET", *(keys.analytics_entry_key(project, i) for i in ids)))
-        dead = []
-        for member, value in zip(members, values, strict=True):
-            if value is not None:
-                expires, recorded, _ = _split_listed(member, value)
-                if expires > now_ms and (cutoff is None or recorded > cutoff):
-                    break
-            dead.append(member)
-        if dead:
-            await self._transport.run(
-                ("MULTI",),
-                *(
-                    ("ZREM", keys.analytics_index_key(project, repeat), *dead)
-                    for repeat in (None, True, False)
-                ),
-                ("DEL", *(keys.analytics_entry_key(project, m.decode().split(":", 1)[1]) for m in dead)),
-                ("EXEC",),
-                replicate=False,  # as the buckets' sweep
-            )
-        return len(dead), len(dead) == batch
-
-    async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
-        # A lease lost in a failover would let two sweepers run at once: acquiring waits for a replica.
-        async with Call("acquire_lease", self._timeout):
-            acquired = await self._transport.script("lease", [keys.lease_key(name)], [holder, now_ms, ttl_ms])
-        return bool(acquired)
-
-    async def release_lease(self, name: str, holder: str) -> None:
-        async with Call("release_lease", self._timeout):
-            await self._transport.script("lease", [keys.lease_key(name)], [holder, 0, 0])
-
-    async def record_sweep(self, record: bytes) -> None:
-        async with Call("record_sweep", self._timeout):
-            await self._transport.run(
-                ("MULTI",),
-                ("LPUSH", keys.SWEEPS, record),
-                ("LTRIM", keys.SWEEPS, 0, 99),
-                ("EXEC",),
-                replicate=False,  # a report lost in a failover costs nothing: the data was swept
-            )
-
-    async def list_sweeps(self, limit: int) -> list[bytes]:
-        async with Call("list_sweeps", self._timeout):
-            (records,) = await self._transport.run(("LRANGE", keys.SWEEPS, 0, limit - 1))
-        return cast("list[bytes]", records)
-
-    async def append_audit(self, project: str, entry: AuditEntry) -> str:
-        async with Call("append_audit", self._timeout):
-            (entry_id,) = await self._transport.run(
-                ("XADD", keys.audit_key(project), "*", "e", encode_audit(entry))
-            )
-        return cast("bytes", entry_id).decode()
-
-    async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
-        high = "+" if before is None else "(" + before
-        async with Call("list_audit", self._timeout):
-            (rows,) = await self._transport.run(
-                ("XREVRANGE", keys.audit_key(project), high, "-", "COUNT", limit)
-            )
-        # Each row is [id, [field, value, ...]] (a map of the fields in some RESP3 clients: both are read).
-        return [decode_audit(i.decode(), _hash(fields)[b"e"]) for i, fields in rows]

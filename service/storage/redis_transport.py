@@ -50,6 +50,13 @@ def pack(commands: Sequence[Command]) -> bytes:
     return b"".join([hiredis.pack_command(cast(Any, tuple(command))) for command in commands])
 
 
+def hash_reply(reply: Any) -> dict[bytes, bytes]:
+    """A raw HGETALL reply: a dict in RESP3 (redis-py 8's default), a flat list in RESP2."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
 class NotReplicated(RedisError):
     """A write ran on the primary but not enough replicas confirmed it in time: it is not acknowledged."""
 

@@ -14,14 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition, live_fields
 from ..domain.store import (
     BUCKET_KINDS,
     AnalyticsInput,
-    AuditEntry,
     CallerRef,
     ConversationEntry,
     Counters,
@@ -37,15 +36,8 @@ from ..domain.store import (
     Store,
     TokenRecord,
 )
-from .codec import (
-    audit_id,
-    decode_audit,
-    decode_end_analytics,
-    decode_entry,
-    encode_audit,
-    encode_end_analytics,
-    encode_entry,
-)
+from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
+from .sqlite_retention import SQLiteRetention
 
 T = TypeVar("T")
 
@@ -86,7 +78,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteRetention, Store):
+    """:class:`Store` on one SQLite file (retention: :class:`.sqlite_retention.SQLiteRetention`)."""
+
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)
         self._busy_timeout_ms = busy_timeout_ms
@@ -561,113 +555,3 @@ class SQLiteStore(Store):
             ).rowcount
             for i in ids
         )
-
-    # Retention ----------------------------------------------------------------------------------------
-
-    #: Tables swept by their expires_at index: kind reported -> (table, primary key columns).
-    _EXPIRING: ClassVar[dict[str, tuple[str, str]]] = {
-        "first_interactions": ("first_interactions", "project, subject"),
-        "conversations": ("conversations", "project, conversation_id"),
-        "analytics_entries": ("analytics_conversations", "project, sort_key"),
-        "analytics_counters": ("analytics_counters", "project, kind, bucket, name"),
-        "tombstones": ("tombstones", "project, subject"),
-    }
-
-    async def list_projects(self) -> list[str]:
-        def run(conn: sqlite3.Connection) -> list[str]:
-            return [row[0] for row in conn.execute("SELECT project FROM projects ORDER BY project")]
-
-        return await self._read(run)
-
-    async def sweep(
-        self, now_ms: int, batch: int, listed_after: Mapping[str, int] | None = None
-    ) -> tuple[dict[str, int], bool]:
-        def run(conn: sqlite3.Connection) -> tuple[dict[str, int], bool]:
-            counts: dict[str, int] = {}
-            more = False
-            dead = conn.execute(
-                "SELECT project, subject, name FROM fields WHERE expires_at <= ? LIMIT ?", (now_ms, batch)
-            ).fetchall()
-            conn.executemany("DELETE FROM fields WHERE project = ? AND subject = ? AND name = ?", dead)
-            callers = {(p, s) for p, s, _ in dead}
-            counts["fields"] = len(dead)
-            counts["callers"] = sum(
-                conn.execute("SELECT 1 FROM fields WHERE project = ? AND subject = ? LIMIT 1", c).fetchone()
-                is None
-                for c in callers
-            )
-            more = more or len(dead) == batch
-            for kind, (table, key) in self._EXPIRING.items():
-                removed = conn.execute(
-                    f"DELETE FROM {table} WHERE ({key}) IN "
-                    f"(SELECT {key} FROM {table} WHERE expires_at <= ? LIMIT ?)",
-                    (now_ms, batch),
-                ).rowcount
-                counts[kind] = removed
-                more = more or removed == batch
-            for project, cutoff in sorted((listed_after or {}).items()):
-                # Past the project's current retention (shortened since they were recorded).
-                removed = conn.execute(
-                    "DELETE FROM analytics_conversations WHERE (project, sort_key) IN (SELECT project, sort_key "
-                    "FROM analytics_conversations WHERE project = ? AND recorded_at <= ? LIMIT ?)",
-                    (project, cutoff, batch),
-                ).rowcount
-                counts["analytics_entries"] += removed
-                more = more or removed == batch
-            return counts, more
-
-        return await self._write(run)
-
-    async def acquire_lease(self, name: str, holder: str, now_ms: int, ttl_ms: int) -> bool:
-        def run(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                "SET holder = excluded.holder, expires_at = excluded.expires_at "
-                "WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
-                (name, holder, now_ms + ttl_ms, now_ms),
-            )
-            return cur.rowcount > 0
-
-        return await self._write(run)
-
-    async def release_lease(self, name: str, holder: str) -> None:
-        await self._write(
-            lambda conn: conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
-        )
-
-    async def record_sweep(self, record: bytes) -> None:
-        def run(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO sweeps (record) VALUES (?)", (record,))
-            conn.execute("DELETE FROM sweeps WHERE id <= (SELECT max(id) FROM sweeps) - 100")
-
-        await self._write(run)
-
-    async def list_sweeps(self, limit: int) -> list[bytes]:
-        def run(conn: sqlite3.Connection) -> list[bytes]:
-            rows = conn.execute("SELECT record FROM sweeps ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-            return [bytes(row[0]) for row in rows]
-
-        return await self._read(run)
-
-    async def append_audit(self, project: str, entry: AuditEntry) -> str:
-        def run(conn: sqlite3.Connection) -> str:
-            row = conn.execute(
-                "INSERT INTO audit (project, entry) VALUES (?, ?) RETURNING id",
-                (project, encode_audit(entry)),
-            ).fetchone()
-            return audit_id(int(row[0]))
-
-        return await self._write(run)
-
-    async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
-        def run(conn: sqlite3.Connection) -> list[AuditEntry]:
-            # Either form of id (the other backend's ``ms-seq`` too): "older than 5-3" is "at most 5" here.
-            ms, _, seq = (before or "").partition("-")
-            bound = (int(ms) + (1 if seq and int(seq) else 0)) if before is not None else 2**63 - 1
-            rows = conn.execute(
-                "SELECT id, entry FROM audit WHERE project = ? AND id < ? ORDER BY id DESC LIMIT ?",
-                (project, bound, limit),
-            ).fetchall()
-            return [decode_audit(audit_id(int(row[0])), bytes(row[1])) for row in rows]
-
-        return await self._read(run)
