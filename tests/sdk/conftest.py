@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[Handler], Awaitable[str]]
+
+
+def valid_end(request: web.Request) -> dict[str, Any]:
+    """The documented answer to the end of the conversation a request to a fake service names."""
+    return {
+        "conversation_id": request.match_info["tail"].split("/")[-2],
+        "persisted": ["booking_day"],
+        "ignored": [],
+        "blacklisted": False,
+        "erased": False,
+        "repeat_caller": {},
+    }
 
 
 @pytest.fixture

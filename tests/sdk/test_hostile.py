@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from caller_memory.sdk import CircuitBreaker, InvalidRequestError, MemoryClient, RetryPolicy
 
-from tests.sdk.conftest import Serve
+from tests.sdk.conftest import Serve, valid_end
 
 CALLER = "+14155550100"
 NATIONAL = "4155550100"
@@ -29,17 +29,6 @@ FAST = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, attempt_timeout=
 BUDGET = 0.15
 #: What a read may take beyond its budget on a loaded machine.
 MARGIN = 0.1
-
-
-def valid_end(request: web.Request) -> dict[str, Any]:
-    return {
-        "conversation_id": request.match_info["tail"].split("/")[-2],
-        "persisted": ["booking_day"],
-        "ignored": [],
-        "blacklisted": False,
-        "erased": False,
-        "repeat_caller": {},
-    }
 
 
 VALID_MEMORY: dict[str, Any] = {

@@ -25,23 +25,12 @@ from caller_memory.sdk import (
 )
 
 from tests.conftest import OPERATOR_TOKEN, Api
-from tests.sdk.conftest import Serve
+from tests.sdk.conftest import Serve, valid_end
 from tests.support.service_process import free_port
 
 CALLER = "+14155550100"
 FAST = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, attempt_timeout=0.5)
 PROJECT = "cheese-shop"
-
-
-def valid_end(request: web.Request) -> dict[str, Any]:
-    return {
-        "conversation_id": request.match_info["tail"].split("/")[-2],
-        "persisted": ["booking_day"],
-        "ignored": [],
-        "blacklisted": False,
-        "erased": False,
-        "repeat_caller": {},
-    }
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import copy
 import logging
 import pickle
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -23,32 +22,11 @@ from caller_memory.sdk import (
 )
 
 from tests.conftest import Api
+from tests.sdk.conftest import Serve
 
 CALLER = "+14155550100"
 END_ROUTE = "/conversations/{conversation_id}/end"
 FAST = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.05, attempt_timeout=0.3)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@pytest.fixture
-async def fake_service() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    """Serve one handler for every path on a real socket; yields a function returning the base URL."""
-    runners: list[web.AppRunner] = []
-
-    async def start(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app, shutdown_timeout=0.5, access_log=None)  # no wait for hung handlers
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 @pytest.fixture
@@ -60,9 +38,7 @@ def end_body(n: int) -> bytes:
     return orjson.dumps({"caller": CALLER, "state": {"n": n}, "outcome": {}, "channel": "voice"})
 
 
-async def test_a_cancelled_end_is_still_delivered(
-    fake_service: Callable[[Handler], Awaitable[str]], tmp_path: Path
-) -> None:
+async def test_a_cancelled_end_is_still_delivered(serve: Serve, tmp_path: Path) -> None:
     stalled = asyncio.Event()
 
     async def hang(request: web.Request) -> web.Response:
@@ -70,7 +46,7 @@ async def test_a_cancelled_end_is_still_delivered(
         await asyncio.sleep(30)
         return web.Response()
 
-    url = await fake_service(hang)
+    url = await serve(hang)
     async with MemoryClient(url, token="t", project="p", outbox_path=tmp_path / "o.db", retry=FAST) as client:
         conv = client.conversation("conv-1", caller=CALLER)
         conv.state["booking_day"] = "Friday"
@@ -118,7 +94,7 @@ async def test_concurrent_end_calls_send_one_request(api: Api, shop: dict[str, s
 
 
 async def test_answers_that_are_not_the_services_are_transient_and_never_logged(
-    fake_service: Callable[[Handler], Awaitable[str]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    serve: Serve, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def proxy_page(request: web.Request) -> web.Response:
         if request.method == "POST":
@@ -127,7 +103,7 @@ async def test_answers_that_are_not_the_services_are_transient_and_never_logged(
             status=502, text=f"<html>Bad gateway for {request.path}</html>", content_type="text/html"
         )
 
-    url = await fake_service(proxy_page)
+    url = await serve(proxy_page)
     caplog.set_level(logging.DEBUG)
     async with MemoryClient(url, token="t", project="p", outbox_path=tmp_path / "o.db", retry=FAST) as client:
         conv = client.conversation("conv-1", caller=CALLER)
@@ -159,13 +135,11 @@ async def test_local_problems_fail_early_and_clearly(tmp_path: Path) -> None:
             pass
 
 
-async def test_an_outbox_that_breaks_mid_run_is_reported(
-    fake_service: Callable[[Handler], Awaitable[str]], tmp_path: Path
-) -> None:
+async def test_an_outbox_that_breaks_mid_run_is_reported(serve: Serve, tmp_path: Path) -> None:
     async def down(request: web.Request) -> web.Response:
         return web.Response(status=503)
 
-    url = await fake_service(down)
+    url = await serve(down)
     async with MemoryClient(url, token="t", project="p", outbox_path=tmp_path / "o.db", retry=FAST) as client:
         await client.outbox.close()
         (tmp_path / "o.db").chmod(0o400)
@@ -175,16 +149,14 @@ async def test_an_outbox_that_breaks_mid_run_is_reported(
             await client.conversation("conv-1", caller=CALLER).end()
 
 
-async def test_retry_after_is_honoured(
-    fake_service: Callable[[Handler], Awaitable[str]], tmp_path: Path
-) -> None:
+async def test_retry_after_is_honoured(serve: Serve, tmp_path: Path) -> None:
     times: list[float] = []
 
     async def busy(request: web.Request) -> web.Response:
         times.append(time.monotonic())
         return web.Response(status=429, headers={"Retry-After": "0.3"})
 
-    url = await fake_service(busy)
+    url = await serve(busy)
     policy = RetryPolicy(attempts=2, base_delay=0.0, max_delay=1.0, attempt_timeout=1.0)
     async with MemoryClient(
         url, token="t", project="p", outbox_path=tmp_path / "o.db", retry=policy
@@ -193,9 +165,7 @@ async def test_retry_after_is_honoured(
     assert len(times) == 2 and times[1] - times[0] >= 0.29
 
 
-async def test_the_circuit_lets_one_probe_through(
-    fake_service: Callable[[Handler], Awaitable[str]], tmp_path: Path
-) -> None:
+async def test_the_circuit_lets_one_probe_through(serve: Serve, tmp_path: Path) -> None:
     calls = 0
 
     async def failing(request: web.Request) -> web.Response:
@@ -203,7 +173,7 @@ async def test_the_circuit_lets_one_probe_through(
         calls += 1
         return web.Response(status=503)
 
-    url = await fake_service(failing)
+    url = await serve(failing)
     circuit = CircuitBreaker(failures=2, reset_after=0.0)
     async with MemoryClient(
         url, token="t", project="p", outbox_path=tmp_path / "o.db", circuit=circuit
