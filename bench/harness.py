@@ -13,6 +13,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,9 +29,28 @@ from caller_memory.service.storage import keys  # noqa: E402
 from common import FIELDS, PROJECT, VALUE, caller_phone, cpu_seconds, pseudonym  # noqa: E402, F401
 
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer  # noqa: E402
-from tests.support.service_process import wait_http  # noqa: E402
 
 OPERATOR_TOKEN = "bench-operator-token-0123456789abcdef"
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Wait until ``url`` answers 200 (the service, the baseline or the static server: not only ours, so not
+    the tests' harness); fail with the end of the process's log if it exits or is too slow."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+
+
 HOUR_MS = 3_600_000
 RETENTION_MS = 30 * 24 * HOUR_MS
 
