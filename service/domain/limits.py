@@ -1,4 +1,4 @@
-"""Documented limits on what the service accepts (see README, "Limits")."""
+"""Documented limits on what the service accepts (see docs/api.md, "Limits and input rules")."""
 
 from __future__ import annotations
 

@@ -268,7 +268,7 @@ class StandaloneTransport(RedisTransport):
                 # Every request would get MOVED for the slots this node does not serve: refuse at start.
                 raise StoreUnavailable(
                     "this Redis is a node of a Redis Cluster: use a redis+cluster://host:port[,host:port...]/ "
-                    "store URL (see README, Redis Cluster)"
+                    'store URL (see docs/storage.md, "Redis Cluster")'
                 )
         except BaseException:
             await client.aclose()

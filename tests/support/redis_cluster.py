@@ -31,7 +31,7 @@ from redis.cluster import key_slot
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer, _free_port
 
 #: Cluster settings on top of the shipped configuration. The node timeout is short so that a failover
-#: takes about two seconds in the tests; production keeps a longer one (see the README, "Redis Cluster").
+#: takes about two seconds in the tests; production keeps a longer one (see docs/storage.md, "Redis Cluster").
 CLUSTER_CONFIG: dict[str, str] = {
     "cluster-enabled": "yes",
     "cluster-config-file": "nodes.conf",
