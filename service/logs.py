@@ -15,12 +15,16 @@ SEPARATOR = (
     r"[\s\-\u2010-\u2015\u2212\u30fc\uff0d-\uff0f./()\uff08\uff09\[\]\uff3b\uff3d~\u2053\u223c\uff5e*_+"
     r"\u00ad\u200b\u2060\ufeff]"
 )
+#: The longest run of separators between two digits that is still one number: libphonenumber skips runs of
+#: any length, and an identifier is at most 64 characters (MAX_IDENTIFIER_CHARS), so no accepted number has a
+#: longer one (bounded, so the pattern stays linear).
+MAX_RUN = 64
 #: An ISO 8601 calendar date (2026-11-30) is left as it is: eight digits with dashes are a date.
 _ISO_DATE = r"(?:1[89]|2\d)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d|[-./_~]\d)"
 #: Runs of 7+ digits, optionally with a leading plus and separators, that are not part of a longer word
 #: (hex ids and pseudonyms hold digit runs too, and are not numbers).
 _PHONE_LIKE = re.compile(
-    rf"(?<![^\W_])(?:(?P<date>{_ISO_DATE})|[+\uff0b]?\d(?:{SEPARATOR}{{0,3}}\d){{6,}})(?![^\W_])"
+    rf"(?<![^\W_])(?:(?P<date>{_ISO_DATE})|[+\uff0b]?\d(?:{SEPARATOR}{{0,{MAX_RUN}}}\d){{6,}})(?![^\W_])"
 )
 #: What a client may have written in an escaped form that a log line or error message quotes as it came:
 #: percent-encoding (a URL) and ``\xNN`` escapes (the repr of the bytes aiohttp could not parse).

@@ -19,7 +19,7 @@ from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.middleware import Handler
-from caller_memory.service.logs import SEPARATOR, unescaped
+from caller_memory.service.logs import MAX_RUN, SEPARATOR, unescaped
 from multidict import CIMultiDict
 
 from tests.support.redis_cluster import RedisCluster
@@ -47,7 +47,7 @@ def canonical_digits(text: str) -> str:
     return _BETWEEN_DIGITS.sub("", digits)
 
 
-_BETWEEN_DIGITS = re.compile(r"(?<=\d)" + SEPARATOR + r"{1,3}(?=\d)")
+_BETWEEN_DIGITS = re.compile(r"(?<=\d)" + SEPARATOR + r"{1,%d}(?=\d)" % MAX_RUN)
 
 
 class _Everything(logging.Handler):

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+import pytest
 from caller_memory.service.logs import MaskingFormatter, mask_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,7 +132,8 @@ def _encodings(form: str) -> list[str]:
 
 
 @given(
-    separators=st.lists(st.sampled_from(["", *_SEPARATORS]), min_size=0, max_size=11),
+    # Between two digits: nothing, one separator, or a run of them (libphonenumber skips runs of any length).
+    separators=st.lists(st.lists(st.sampled_from(_SEPARATORS), max_size=6).map("".join), max_size=11),
     script=st.sampled_from([None, _FULL_WIDTH, _ARABIC_INDIC]),
 )
 @settings(max_examples=300, deadline=None)
@@ -151,6 +153,19 @@ def test_every_accepted_form_is_masked_in_every_escape(separators: list[str], sc
         masked = mask_text(line)
         assert "[number]" in masked, (form, written, masked)
         assert not TEST_NUMBERS.search(canonical_digits(masked)), (form, written, masked)
+
+
+@pytest.mark.parametrize(
+    "form", ["+1    415    555    0100", "+1....415....555....0100", "+1 - - 415 - - 555 - - 0100"]
+)
+def test_runs_of_separators_the_service_accepts_are_masked(form: str) -> None:
+    from caller_memory.service.domain.identifiers import normalize
+
+    assert normalize(form, "US") == "+14155550100"  # the service takes it as the number
+    for written in _encodings(form):
+        masked = mask_text(f"b'GET /v1/projects/shop/callers/{written}/memory\\x01 HTTP/1.1'")
+        assert not TEST_NUMBERS.search(canonical_digits(masked)), masked
+        assert "415" not in masked.replace("%", ""), masked
 
 
 def test_dates_in_messages_are_not_numbers() -> None:

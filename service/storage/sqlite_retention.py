@@ -123,11 +123,14 @@ class SQLiteRetention:
 
     async def list_audit(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
         def run(conn: sqlite3.Connection) -> list[AuditEntry]:
-            # Either form of id (the other backend's ``ms-seq`` too): "older than 5-3" is "at most 5" here.
+            # Either form of id (the other backend's ``ms-seq`` too): "older than 5-3" is "at most 5" here
+            # (said as <=, not < 6: 2^63 - 1 is a valid part, and 2^63 is no SQLite integer).
             ms, _, seq = (before or "").partition("-")
-            bound = (int(ms) + (1 if seq and int(seq) else 0)) if before is not None else 2**63 - 1
+            inclusive = before is None or bool(seq and int(seq))
+            bound = int(ms) if before is not None else 2**63 - 1
             rows = conn.execute(
-                "SELECT id, entry FROM audit WHERE project = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                f"SELECT id, entry FROM audit WHERE project = ? AND id {'<=' if inclusive else '<'} ? "
+                "ORDER BY id DESC LIMIT ?",
                 (project, bound, limit),
             ).fetchall()
             return [decode_audit(audit_id(int(row[0])), bytes(row[1])) for row in rows]

@@ -61,6 +61,9 @@ def test_what_is_not_json_is_malformed(body: bytes) -> None:
         (b"1e400", "body", "exactly"),
         (b"1e-400", "body", "exactly"),
         (b"0.10000000000000000001", "body", "exactly"),
+        # Longer than int() converts (4,300 digits): still named as a number, not blamed on nesting.
+        (b'{"a": ' + b"1" * 5000 + b"}", "body", "2^53 - 1"),
+        (b"-" + b"9" * 20, "body", "2^53 - 1"),
     ],
 )
 def test_json_that_would_change_is_refused_naming_why(body: bytes, field: str, says: str) -> None:

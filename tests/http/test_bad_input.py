@@ -301,7 +301,9 @@ async def test_audit_cursors_a_store_cannot_take_are_422_not_a_store_error(
     assert store_errors(api) == 0
 
 
-@pytest.mark.parametrize("before", ["0", "0-0", "00000000000000000000", "9223372036854775807", "5-3"])
+@pytest.mark.parametrize(
+    "before", ["0", "0-0", "00000000000000000000", "9223372036854775807", "9223372036854775807-1", "5-3"]
+)
 async def test_audit_cursors_of_either_form_page_on_every_backend(
     api: Api, shop: dict[str, str], before: str
 ) -> None:
