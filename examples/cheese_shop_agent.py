@@ -46,7 +46,7 @@ def greet(conv: Conversation) -> str:
     visits = memory.get("visit_count", 0)
     conv.state["visit_count"] = visits + 1
     if "caller_name" not in memory:
-        return "Hello, you've reached the cheese shop! May I have your name?"
+        return "Hello, you've reached the cheese shop! May I have your name? (say: my name is ...)"
     greeting = f"Welcome back, {memory['caller_name']}!"
     if "booking_day" in memory:
         cheese = memory.get("cheese_type", "your usual")

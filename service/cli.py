@@ -253,16 +253,26 @@ def _serve_as_worker(settings: Settings, control_fd: int, listen_fds: list[int])
     return 0
 
 
-def _serve_workers(settings: Settings) -> int:
-    """``serve --workers N`` with N > 1: this process supervises N service processes on one port."""
-    from .workers import WorkersFailed, bind_listeners, serve_workers
+def _bind(settings: Settings) -> list[socket.socket] | None:
+    """The listening sockets, bound before the store is opened or anything is logged; None (and the reason
+    on stderr, one line) if the address cannot be bound."""
+    from .workers import bind_listeners
 
-    _log_start(settings)
     try:
-        sockets = bind_listeners(settings.host, settings.port)
+        return bind_listeners(settings.host, settings.port)
     except OSError as exc:
         sys.stderr.write(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}\n")
+        return None
+
+
+def _serve_workers(settings: Settings) -> int:
+    """``serve --workers N`` with N > 1: this process supervises N service processes on one port."""
+    from .workers import WorkersFailed, serve_workers
+
+    sockets = _bind(settings)
+    if sockets is None:
         return 1
+    _log_start(settings)
     command = [sys.executable, "-m", __package__ or "caller_memory.service", "serve"]
     command += ["--host", settings.host, "--port", str(settings.port)]
     try:
@@ -301,8 +311,11 @@ def _run_serve(args: argparse.Namespace, settings: Settings) -> int:
         return _serve_workers(settings)
     from .http.server import CannotListen
 
+    sockets = _bind(settings)  # before anything else: a port in use is one line, and no store is opened
+    if sockets is None:
+        return 1
     try:
-        _serve(settings)
+        _serve(settings, sockets=sockets)
     except CallerMemoryError as exc:
         sys.stderr.write(f"error: {exc.detail}\n")
         return 1

@@ -18,7 +18,9 @@ from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.http.access_log import RouteAccessLogger
+from caller_memory.service.http.keys import METRICS
 from caller_memory.service.http.middleware import Handler
+from caller_memory.service.http.server import ConnectionGuard, ServiceRunner
 from caller_memory.service.logs import MAX_RUN, SEPARATOR, unescaped
 from multidict import CIMultiDict
 
@@ -47,7 +49,7 @@ def canonical_digits(text: str) -> str:
     return _BETWEEN_DIGITS.sub("", digits)
 
 
-_BETWEEN_DIGITS = re.compile(r"(?<=\d)" + SEPARATOR + r"{1,%d}(?=\d)" % MAX_RUN)
+_BETWEEN_DIGITS = re.compile(r"(?<=\d)" + SEPARATOR + f"{{1,{MAX_RUN}}}" + r"(?=\d)")
 
 
 class _Everything(logging.Handler):
@@ -202,7 +204,12 @@ async def running_api(store_url: str, clock: FakeClock, **overrides: Any) -> Asy
         return response
 
     app.middlewares.insert(0, record)
-    runner = web.AppRunner(app, access_log_class=RouteAccessLogger)
+    # The production runner (the connection guard and its handling of requests aiohttp cannot parse), so the
+    # in-process tests go through the same server code as `caller-memory serve`.
+    guard = ConnectionGuard(
+        header_timeout=settings.header_timeout, max_connections=settings.max_connections, metrics=app[METRICS]
+    )
+    runner = ServiceRunner(app, guard, access_log_class=RouteAccessLogger)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)

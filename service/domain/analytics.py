@@ -196,7 +196,7 @@ class AnalyticsService:
         count = (last - first) // BUCKET_MS[interval] + 1
         if count > MAX_BUCKETS:
             raise InvalidInput(
-                f"the range spans {count} {interval}s; at most {MAX_BUCKETS} (use a wider interval)",
+                f"the range spans {count:,} {interval}s; at most {MAX_BUCKETS:,} (use a wider interval)",
                 field="interval",
             )
         buckets = await self._store.counters(

@@ -48,9 +48,10 @@ def _integer(text: str) -> int:
     # Counted before converting: int() refuses more than 4,300 digits (and each digit costs time).
     value = int(text) if len(text.lstrip("-")) <= 16 else MAX_EXACT_INT + 1
     if abs(value) > MAX_EXACT_INT:
+        # Not repeated: a long number may well be a phone number (and would be masked anyway).
         raise _Refused(
-            f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is beyond +-(2^53 - 1), what JSON "
-            "numbers carry exactly (I-JSON); send it as a string"
+            f"an integer of {len(text.lstrip('-'))} digits is beyond +-(2^53 - 1), what JSON numbers carry "
+            "exactly (I-JSON); send it as a string"
         )
     return value
 
@@ -63,8 +64,8 @@ def _number(text: str) -> float:
         exact = False
     if not exact:
         raise _Refused(
-            f"the number {text[:24]}{'...' if len(text) > 24 else ''} cannot be kept exactly as written "
-            "(out of range or more precise than a double); send it as a string"
+            f"a number written with {len(text)} characters cannot be kept exactly as written (out of range or "
+            "more precise than a double); send it as a string"
         )
     return value
 
@@ -86,7 +87,8 @@ def _too_deep(document: Any) -> str | None:
         if isinstance(value, dict):
             children = [(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()]
         elif isinstance(value, list):
-            children = [(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            # Array positions are not named ("a[]", not "a[0][0][0]..."): a chain of them reads as a number.
+            children = [(v, path if path.endswith("[]") else f"{path}[]") for v in value]
         else:
             continue
         if depth > MAX_DEPTH:
@@ -103,6 +105,8 @@ def parse_document(body: bytes, what: str = "the request body") -> Any:
     except orjson.JSONDecodeError as exc:
         # A number out of a double's range or nesting past orjson's bound is JSON all the same: the second
         # pass names what it is. Anything else is not JSON.
+        if "UTF-8" in exc.msg:
+            raise MalformedRequest(f"{what} is not valid UTF-8 (JSON is UTF-8 text)") from None
         if not ("infinity" in exc.msg or "depth" in exc.msg):
             raise MalformedRequest(
                 f"{what} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"

@@ -97,12 +97,14 @@ class PreconditionFailed(CallerMemoryError):
     title = "Precondition failed"
     type_slug = "precondition-failed"
 
-    def __init__(self, current_etag: str, *, wildcard: bool = False) -> None:
-        super().__init__(
-            "If-Match: * needs the caller to have memory, and it has none"
-            if wildcard
-            else "the caller's memory changed since the ETag given in If-Match was issued"
-        )
+    def __init__(self, current_etag: str, *, wildcard: bool = False, weak_only: bool = False) -> None:
+        if wildcard:
+            detail = "If-Match: * needs the caller to have memory, and it has none"
+        elif weak_only:
+            detail = "If-Match compares strongly, so a weak entity tag (W/...) never matches; send the ETag as given"
+        else:
+            detail = "the caller's memory changed since the ETag given in If-Match was issued"
+        super().__init__(detail)
         self.current_etag = current_etag
 
 

@@ -173,7 +173,12 @@ class MemoryService:
         )
         view = self._view(project, caller, result.fields, now)
         if not result.applied:
-            raise PreconditionFailed(view.etag, wildcard=condition is not None and condition.any_existing)
+            assert condition is not None  # only a condition refuses a write
+            raise PreconditionFailed(
+                view.etag,
+                wildcard=condition.any_existing,
+                weak_only=bool(condition.etags) and all(tag.startswith("W/") for tag in condition.etags),
+            )
         return view
 
     async def erase(self, project: Project, raw_identifier: str) -> ErasureReceipt:

@@ -29,8 +29,9 @@ class RouteAccessLogger(AbstractAccessLogger):
             match_info = None
         if match_info is not None and match_info.route.resource is not None:
             route = match_info.route.resource.canonical
+        # "200 in 1502.3ms", not "200 1502.3ms": status and time side by side would be masked as a number.
         self.logger.info(
-            "%s %s %d %.1fms project=%s",
+            "%s %s %d in %.1fms project=%s",
             request.method,
             route,
             response.status,

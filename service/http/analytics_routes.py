@@ -131,7 +131,8 @@ async def list_conversations(request: web.Request) -> web.Response:
         now=now,
     )
     rows = [entry_body(e) for e in entries]
-    headers = {"Cache-Control": "no-store"}
+    # The same URL answers JSON or CSV by Accept: caches must key on it.
+    headers = {"Cache-Control": "no-store", "Vary": "Accept"}
     if cursor is not None:
         headers["X-Next-Cursor"] = cursor
         headers["Link"] = f'<{request.rel_url.update_query(cursor=cursor)}>; rel="next"'

@@ -42,6 +42,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from ..config import LISTEN_BACKLOG
 from .metrics import Metrics
+from .responses import problem_response
 
 log = logging.getLogger("caller_memory.http")
 
@@ -221,6 +222,34 @@ class _GuardedHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._guard.closed(self)
         super().connection_lost(exc)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse (bad request line, header, length...) is the client's error:
+        answered with a problem document that quotes nothing of the request (aiohttp's own answer quotes the
+        request line back, number and all), marked ``nosniff`` like every answer, and logged as one line
+        (repeats collapsed), not as a traceback at ERROR. Server errors keep aiohttp's handling."""
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        reason = (getattr(exc, "message", None) or str(exc or "") or "malformed request").splitlines()[0]
+        reason = reason.strip().rstrip(":")[:80] or "malformed request"
+        log.warning("refused a request that is not valid HTTP (%d): %s", status, reason)
+        if request.writer.output_size > 0:  # part of an answer went out already: the connection is broken
+            raise ConnectionError("the answer was already started; the connection is closed")
+        response = problem_response(
+            status,
+            "Bad request" if status == 400 else "Request refused",
+            f"the request is not valid HTTP: {reason}",
+            slug="malformed-http",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
+        response.force_close()
+        return response
 
     def shed(self, farewell: bytes) -> None:
         if farewell and self.transport is not None:

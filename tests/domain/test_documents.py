@@ -46,9 +46,12 @@ def test_documents_kept_exactly_are_accepted(body: bytes, expected: Any) -> None
     ],
 )
 def test_what_is_not_json_is_malformed(body: bytes) -> None:
-    with pytest.raises(MalformedRequest, match="not valid JSON") as refused:
+    with pytest.raises(MalformedRequest) as refused:
         parse_document(body)
-    assert refused.value.status == 400 and "line 1 column" in refused.value.detail
+    detail = refused.value.detail
+    assert refused.value.status == 400
+    # Bytes that are not UTF-8 are said to be so; anything else names where the JSON broke.
+    assert "not valid UTF-8" in detail or ("not valid JSON" in detail and "line 1 column" in detail), detail
 
 
 @pytest.mark.parametrize(
@@ -76,7 +79,7 @@ def test_json_that_would_change_is_refused_naming_why(body: bytes, field: str, s
 def test_a_long_number_is_not_repeated_in_full() -> None:
     with pytest.raises(InvalidInput) as refused:
         parse_document(b"1" * 500)
-    assert "1" * 25 not in refused.value.detail and "..." in refused.value.detail
+    assert "11111" not in refused.value.detail and "500 digits" in refused.value.detail
 
 
 def test_nesting_is_bounded_and_the_path_named() -> None:
@@ -85,7 +88,7 @@ def test_nesting_is_bounded_and_the_path_named() -> None:
     deeper = b'{"state": {"a": [' + b"[" * (MAX_DEPTH - 2) + b"]" * (MAX_DEPTH - 2) + b"]}}"
     with pytest.raises(InvalidInput, match=f"nested more than {MAX_DEPTH} levels") as refused:
         parse_document(deeper)
-    assert refused.value.field.startswith("state.a[0]")
+    assert refused.value.field == "state.a[]"  # positions are not named: a chain of them reads as a number
     for depth in (1_000, 1_025, 100_000):  # past the standard scanner's and orjson's own bounds
         with pytest.raises(InvalidInput, match="the document is nested") as refused:
             parse_document(b"[" * depth + b"]" * depth)

@@ -442,3 +442,24 @@ async def test_a_token_id_no_token_can_have_is_not_echoed(api: Api, shop: dict[s
     revoke = await api.call("DELETE", f"/v1/projects/{PROJECT}/tokens/{'a' * 3000}", token=shop["admin"])
     assert_problem(revoke, 404)
     assert "a" * 20 not in revoke.body["detail"]
+
+
+async def test_a_weak_if_match_says_it_never_matches(api: Api, shop: dict[str, str]) -> None:
+    weak = "W/" + shop["etag"]
+    reply = await api.call(
+        "PATCH",
+        memory_path(PROJECT),
+        token=shop["admin"],
+        json={"caller_name": "Eve"},
+        headers={"If-Match": weak},
+    )
+    assert_problem(reply, 412, mentions="weak entity tag")
+    await unchanged(api, shop)
+
+
+async def test_the_negotiated_listing_varies_on_accept(api: Api, shop: dict[str, str]) -> None:
+    for accept in ("application/json", "text/csv"):
+        reply = await api.call(
+            "GET", f"{ANALYTICS}conversations", token=shop["analytics"], headers={"Accept": accept}
+        )
+        assert reply.headers["Vary"] == "Accept"

@@ -392,6 +392,28 @@ def test_a_port_in_use_is_one_clear_line(workers: int, tmp_path: Path, redis_ser
     assert errors == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"], result.stderr
 
 
+def test_a_port_in_use_opens_no_store_and_writes_nothing_else(tmp_path: Path) -> None:
+    """On the default SQLite store, in an empty folder: the port is bound before the store is opened, so the
+    one line is all there is (no "store: ..." line before it) and no database file is left behind."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        environment = service_environment(None, **NO_SWEEPS)
+        environment.pop("CALLER_MEMORY_STORE", None)
+        result = subprocess.run(
+            [*SERVE, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=environment,
+            cwd=tmp_path,
+            timeout=30,
+        )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert list(tmp_path.iterdir()) == []
+
+
 # Logs and settings ---------------------------------------------------------------------------------------------
 
 
