@@ -22,6 +22,13 @@ log = logging.getLogger("caller_memory.retention")
 SWEEP_LEASE = "sweep"
 #: Audit record ids as the backends make them (a counter, or a Redis stream id).
 AUDIT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?", re.ASCII)
+AUDIT_ID_HELP = "not an audit record id (use next_cursor from the previous page)"
+
+
+def is_audit_id(text: str) -> bool:
+    """An id of either backend's form (``17``, zero-padded to 20 digits, or a Redis stream id
+    ``1733046000000-0``), each part at most 2^63 - 1: what every backend can take as a cursor."""
+    return bool(AUDIT_ID.fullmatch(text)) and all(int(part) <= 2**63 - 1 for part in text.split("-"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +155,10 @@ class AuditLog:
         return await self._store.append_audit(project, entry)
 
     async def list(self, project: str, limit: int, before: str | None) -> list[AuditEntry]:
-        """Records newest first, those older than ``before`` (an id of either backend's form: ``17`` or
-        ``1733046000000-0``, each part at most 2^63 - 1)."""
+        """Records newest first, those older than ``before`` (see :func:`is_audit_id`)."""
         if before is not None:
-            parts = before.split("-")
-            if not AUDIT_ID.fullmatch(before) or any(int(part) > 2**63 - 1 for part in parts):
-                raise InvalidInput(
-                    "before: not an audit record id (use next_cursor from the previous page)", field="before"
-                )
-            if not any(int(part) for part in parts):
+            if not is_audit_id(before):
+                raise InvalidInput(f"before: {AUDIT_ID_HELP}", field="before")
+            if not any(int(part) for part in before.split("-")):
                 return []  # nothing comes before the first possible id
         return await self._store.list_audit(project, limit, before)

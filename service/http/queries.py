@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from ..domain.analytics import MAX_PAGE
 from ..domain.errors import InvalidInput
 from ..domain.projects import validation_problem
+from ..domain.retention import AUDIT_ID_HELP, is_audit_id
 
 M = TypeVar("M", bound="QueryModel")
 
@@ -35,10 +36,6 @@ _TIME_SHAPE = (
     r"(T([01][0-9]|2[0-3])(:[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?$"
 )
 _DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
-#: An audit record id: a SQLite row id, or a Redis stream id (milliseconds and sequence); each part fits in
-#: a signed 64-bit integer (SQLite's) and so in an unsigned one (Redis's); SQLite ids are zero-padded to 20 digits.
-_AUDIT_ID = re.compile(r"[0-9]{1,20}(?:-[0-9]{1,20})?", re.ASCII)
-_INT64 = 2**63 - 1
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,400}", re.ASCII)
 
 
@@ -67,10 +64,8 @@ def _time(value: Any) -> Any:
 
 
 def _audit_id(value: Any) -> Any:
-    if not isinstance(value, str) or not _AUDIT_ID.fullmatch(value):
-        raise ValueError("not an audit record id (use next_cursor from the previous page)")
-    if any(int(part) > _INT64 for part in value.split("-")):
-        raise ValueError("not an audit record id (use next_cursor from the previous page)")
+    if not isinstance(value, str) or not is_audit_id(value):
+        raise ValueError(AUDIT_ID_HELP)
     return value
 
 
