@@ -42,7 +42,7 @@ from . import keys
 from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry
 from .redis_cluster import ClusterTransport, is_cluster_url
 from .redis_retention import RedisRetention, split_listed
-from .redis_transport import Call, Command, RedisTransport, StandaloneTransport, hash_reply
+from .redis_transport import Call, Command, ConnectionLimits, RedisTransport, StandaloneTransport, hash_reply
 
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
@@ -104,13 +104,10 @@ class RedisStore(RedisRetention, Store):
         bulk_timeout: float = 60.0,
     ) -> None:
         transport = ClusterTransport if is_cluster_url(url) else StandaloneTransport
-        self._transport: RedisTransport = transport(  # a bad URL fails here, early
-            url,
-            timeout=socket_timeout,
-            connect_timeout=socket_connect_timeout,
-            max_connections=max_connections,
-            health_check_interval=health_check_interval,
+        limits = ConnectionLimits(
+            socket_timeout, socket_connect_timeout, max_connections, health_check_interval
         )
+        self._transport: RedisTransport = transport(url, limits)  # a bad URL fails here, early
         #: On Redis Cluster, commands of different slots must be separate calls (and are not ordered
         #: unless sent one after the other).
         self._cluster = self._transport.cluster

@@ -58,6 +58,7 @@ from .redis_transport import (
     SCRIPTS,
     Call,
     Command,
+    ConnectionLimits,
     NotReplicated,
     RedisTransport,
     ScriptCall,
@@ -395,21 +396,9 @@ class ClusterTransport(RedisTransport):
 
     cluster = True
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        max_connections: int,
-        health_check_interval: int,
-    ) -> None:
-        super().__init__()
+    def __init__(self, url: str, limits: ConnectionLimits) -> None:
+        super().__init__(limits)
         self.address = parse_cluster_url(url)  # a bad URL fails here, early
-        self._timeout = timeout
-        self._connect_timeout = connect_timeout
-        self._max_connections = max_connections
-        self._health_check_interval = health_check_interval
         self._link: ClusterLink | None = None
 
     @property
@@ -423,16 +412,16 @@ class ClusterTransport(RedisTransport):
             return
         link = ClusterLink(
             self.address,
-            connect_timeout=self._connect_timeout,
+            connect_timeout=self.limits.connect_timeout,
             # Half the call's budget: a replica that does not confirm by then fails the call cleanly (503)
             # instead of letting the timeout cut it.
-            wait_timeout_ms=max(1, int(self._timeout * 500)),
-            max_connections=self._max_connections,
-            health_check_interval=self._health_check_interval,
+            wait_timeout_ms=max(1, int(self.limits.timeout * 500)),
+            max_connections=self.limits.max_connections,
+            health_check_interval=self.limits.health_check_interval,
         )
         # Discovery may try the listed nodes one after the other (one that is down costs a connect timeout)
         # before it loads the slot map and the command table.
-        budget = self._timeout + self._connect_timeout * len(self.address.nodes)
+        budget = self.limits.timeout + self.limits.connect_timeout * len(self.address.nodes)
         try:
             async with Call("open", budget):
                 await link.open()

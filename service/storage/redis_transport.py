@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -128,6 +129,19 @@ class Call:
             raise StoreUnavailable(f"Redis did not answer {self.operation}: {exc}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How a transport connects and how long it waits, whatever the topology."""
+
+    #: Seconds a store call may take (the service's store timeout).
+    timeout: float
+    connect_timeout: float
+    #: Connections kept per server (per node, on a cluster).
+    max_connections: int
+    #: Seconds a connection may sit idle before it is PINGed again before use.
+    health_check_interval: int
+
+
 class RedisTransport(ABC):
     """What the Redis store sends its commands through: one server, or a Redis Cluster.
 
@@ -141,7 +155,8 @@ class RedisTransport(ABC):
     #: other): the few operations whose algorithm differs on a cluster branch on it.
     cluster: bool
 
-    def __init__(self) -> None:
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
         self.scripts: dict[str, AsyncScript] = {}
 
     @abstractmethod
@@ -199,24 +214,12 @@ class StandaloneTransport(RedisTransport):
 
     cluster = False
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        max_connections: int,
-        health_check_interval: int,
-    ) -> None:
-        super().__init__()
+    def __init__(self, url: str, limits: ConnectionLimits) -> None:
+        super().__init__(limits)
         scheme = urlsplit(url).scheme
         if scheme not in SCHEMES:
             raise ValueError(f"not a Redis store URL (expected one of {', '.join(SCHEMES)}): {scheme}://")
         self._url = url
-        self._timeout = timeout
-        self._connect_timeout = connect_timeout
-        self._max_connections = max_connections
-        self._health_check_interval = health_check_interval
         self._client: Redis | None = None
         self._pool: ConnectionPool | None = None  # makes the hot path's connections; None when closed
         self._idle: list[Any] = []  # the hot path's connections not in use (redis-py Connection objects)
@@ -229,7 +232,7 @@ class StandaloneTransport(RedisTransport):
             # Each store call is bounded as a whole instead (Call, ``socket_timeout`` seconds: a hung server
             # costs a request half a second, not seconds of stall), and connecting is bounded here.
             socket_timeout=None,
-            socket_connect_timeout=self._connect_timeout,
+            socket_connect_timeout=self.limits.connect_timeout,
             # One immediate retry, on connection errors only. It hides a pooled connection that went stale
             # (server restart, idle cut by a proxy). Timeouts are not retried: the server may be hung, a retry
             # would double the stall, and the command may already have run (a conditional write retried
@@ -237,13 +240,13 @@ class StandaloneTransport(RedisTransport):
             # with exponential backoff, i.e. seconds of stall on an outage.
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             # PING a connection that sat idle this long before using it again.
-            health_check_interval=self._health_check_interval,
+            health_check_interval=self.limits.health_check_interval,
             # TCP only: redis-py's unix-socket connections take no keepalive option (and need none).
             **({} if urlsplit(self._url).scheme == "unix" else {"socket_keepalive": True}),
             decode_responses=False,
             # More than the service's bound on requests in flight, so a request never waits for a connection;
             # beyond it the pool refuses at once (the store is reported unavailable).
-            max_connections=self._max_connections,
+            max_connections=self.limits.max_connections,
         )
         return Redis.from_pool(pool)
 
@@ -259,7 +262,7 @@ class StandaloneTransport(RedisTransport):
             return
         client = self._connect()
         try:
-            async with Call("open", self._timeout):
+            async with Call("open", self.limits.timeout):
                 await client.ping()
                 info = await client.info("server")
                 cluster = await client.info("cluster")
@@ -300,11 +303,11 @@ class StandaloneTransport(RedisTransport):
             raise StoreUnavailable("the Redis store is not open")
         if self._idle:
             connection = self._idle.pop()
-        elif self._hot_connections < self._max_connections:
+        elif self._hot_connections < self.limits.max_connections:
             connection = cast(Any, pool).make_connection()  # untyped in redis-py
             self._hot_connections += 1
         else:
-            raise StoreUnavailable(f"all {self._max_connections} Redis connections are in use")
+            raise StoreUnavailable(f"all {self.limits.max_connections} Redis connections are in use")
         in_step = False
         try:
             try:
