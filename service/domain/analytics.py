@@ -31,6 +31,7 @@ from .store import (
     Counters,
     EndAnalytics,
     FirstInteraction,
+    ListingPage,
     Outcome,
     Recording,
     Store,
@@ -172,17 +173,16 @@ class AnalyticsService:
         # before its cutoff is listed (an entry's hour is at most an hour before it was recorded, so the
         # range starts at the cutoff's hour; the store checks the exact time).
         cutoff = now - project.retention_ms
-        entries = await self._store.list_conversations(
-            project.project_id,
+        page = ListingPage(
             start=f"{max(start, floor_hour_ms(cutoff)):013d}:",
             stop=f"{stop:013d}:",
             repeat=repeat,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,  # one more, to know whether there is a next page
             descending=descending,
-            now_ms=now,
             recorded_after=cutoff,
         )
+        entries = await self._store.list_conversations(project.project_id, page, now)
         if len(entries) > limit:
             return entries[:limit], encode_cursor(entries[limit - 1].sort_key)
         return entries, None

@@ -94,6 +94,24 @@ class EndWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class ListingPage:
+    """One page of a project's analytics listing: the conversations whose sort key is in ``[start, stop)``,
+    in sort-key order (or reverse)."""
+
+    start: str
+    stop: str
+    #: Only repeat (True) or first (False) conversations; None: both.
+    repeat: bool | None = None
+    #: The sort key of the last entry of the previous page (exclusive, in the direction of travel).
+    after: str | None = None
+    limit: int = 100
+    descending: bool = False
+    #: Leave out entries recorded at or before this time (the current retention's cutoff); an entry without
+    #: its recording time counts as recorded at its hour.
+    recorded_after: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FirstInteraction:
     conversation_id: str
     hour: int
@@ -349,25 +367,10 @@ class Store(ABC):
 
     @abstractmethod
     async def list_conversations(
-        self,
-        project: str,
-        *,
-        start: str,
-        stop: str,
-        repeat: bool | None,
-        after: str | None,
-        limit: int,
-        descending: bool,
-        now_ms: int,
-        recorded_after: int | None = None,
+        self, project: str, page: ListingPage, now_ms: int
     ) -> list[ConversationEntry]:
-        """Recorded conversations whose sort key is in ``[start, stop)``, in sort-key order (or reverse).
-
-        ``repeat`` filters repeat (True) or first (False) conversations; ``after`` is the sort key of the
-        last entry of the previous page (exclusive, in the direction of travel). Expired entries are not
-        returned, nor, with ``recorded_after``, entries recorded at or before it (an entry without its
-        recording time counts as recorded at its hour).
-        """
+        """The recorded conversations of ``page`` (see :class:`ListingPage`), at most ``page.limit``; expired
+        entries are never returned."""
 
     @abstractmethod
     async def counters(

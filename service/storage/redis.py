@@ -32,6 +32,7 @@ from ..domain.store import (
     EndStatus,
     EndWrite,
     ErasureResult,
+    ListingPage,
     PatchResult,
     Recording,
     RecordStatus,
@@ -352,18 +353,10 @@ class RedisStore(RedisRetention, Store):
         return status
 
     async def list_conversations(
-        self,
-        project: str,
-        *,
-        start: str,
-        stop: str,
-        repeat: bool | None,
-        after: str | None,
-        limit: int,
-        descending: bool,
-        now_ms: int,
-        recorded_after: int | None = None,
+        self, project: str, page: ListingPage, now_ms: int
     ) -> list[ConversationEntry]:
+        start, stop, repeat, after = page.start, page.stop, page.repeat, page.after
+        limit, descending, recorded_after = page.limit, page.descending, page.recorded_after
         index = keys.analytics_index_key(project, repeat)
         low, high = "[" + start, "(" + stop
         if after is not None and descending and after < stop:

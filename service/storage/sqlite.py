@@ -30,6 +30,7 @@ from ..domain.store import (
     EndWrite,
     ErasureResult,
     FirstInteraction,
+    ListingPage,
     PatchResult,
     Recording,
     RecordStatus,
@@ -457,18 +458,11 @@ class SQLiteStore(SQLiteRetention, Store):
         )
 
     async def list_conversations(
-        self,
-        project: str,
-        *,
-        start: str,
-        stop: str,
-        repeat: bool | None,
-        after: str | None,
-        limit: int,
-        descending: bool,
-        now_ms: int,
-        recorded_after: int | None = None,
+        self, project: str, page: ListingPage, now_ms: int
     ) -> list[ConversationEntry]:
+        start, stop, repeat, after = page.start, page.stop, page.repeat, page.after
+        limit, descending, recorded_after = page.limit, page.descending, page.recorded_after
+
         def run(conn: sqlite3.Connection) -> list[ConversationEntry]:
             where = ["project = ?", "sort_key >= ?", "sort_key < ?", "expires_at > ?"]
             params: list[object] = [project, start, stop, now_ms]

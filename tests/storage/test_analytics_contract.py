@@ -18,6 +18,7 @@ from caller_memory.service.domain.store import (
     EndStatus,
     EndWrite,
     FirstInteraction,
+    ListingPage,
     Outcome,
     Recording,
     RecordStatus,
@@ -170,7 +171,9 @@ async def test_listing_order_paging_filters_and_expiry(store: Store) -> None:
             "descending": False,
             "now_ms": t,
         } | options
-        return [e.conversation_id for e in await store.list_conversations(PROJECT, **args)]  # type: ignore[arg-type]
+        now = args.pop("now_ms")
+        page = ListingPage(**args)  # type: ignore[arg-type]
+        return [e.conversation_id for e in await store.list_conversations(PROJECT, page, now)]
 
     assert await ids() == ["a", "b", "c", "d"]
     assert await ids(descending=True) == ["d", "c", "b", "a"]
@@ -181,9 +184,7 @@ async def test_listing_order_paging_filters_and_expiry(store: Store) -> None:
     assert await ids(limit=2, descending=True, after=recorded[2].sort_key) == ["b", "a"]
     assert await ids(start=f"{hour - HOUR_MS:013d}:", stop=f"{hour:013d}:") == ["b", "c"]
     assert await ids(now_ms=t + 1000) == ["a", "b", "d"]  # c has expired
-    listed = await store.list_conversations(
-        PROJECT, start="0", stop="9", repeat=True, after=None, limit=1, descending=False, now_ms=t
-    )
+    listed = await store.list_conversations(PROJECT, ListingPage("0", "9", repeat=True, limit=1), t)
     assert listed == [recorded[1]]  # entries come back exactly as recorded
 
 
@@ -221,9 +222,8 @@ async def test_listing_and_counters_obey_a_retention_shorter_than_their_expiry(s
 
     async def ids(recorded_after: int | None) -> list[str]:
         listed = await store.list_conversations(
-            PROJECT, start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=t,
-            recorded_after=recorded_after,
-        )  # fmt: skip
+            PROJECT, ListingPage("0", "9", limit=10, recorded_after=recorded_after), t
+        )
         return [e.conversation_id for e in listed]
 
     assert await ids(None) == ["old", "new"]
@@ -261,9 +261,7 @@ async def test_a_sweep_removes_listed_conversations_past_the_current_retention(s
         removed += counts["analytics_entries"]
     assert removed == 3  # c0, c1, c2: recorded at or before the cutoff
     for project, remaining in ((PROJECT, ["c3", "c4"]), ("other", ["elsewhere"])):
-        listed = await store.list_conversations(
-            project, start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=t
-        )
+        listed = await store.list_conversations(project, ListingPage("0", "9", limit=10), t)
         assert [e.conversation_id for e in listed] == remaining
     counts, _ = await store.sweep(t, 2, {PROJECT: hour + 2 * HOUR_MS + 1})
     assert counts["analytics_entries"] == 0  # safe to repeat
@@ -274,11 +272,7 @@ def listed(entries: list[ConversationEntry]) -> list[str]:
 
 
 async def all_listed(store: Store, now: int) -> list[str]:
-    return listed(
-        await store.list_conversations(
-            PROJECT, start="0", stop="9", repeat=None, after=None, limit=100, descending=False, now_ms=now
-        )
-    )
+    return listed(await store.list_conversations(PROJECT, ListingPage("0", "9"), now))
 
 
 async def test_a_recording_after_an_erasure_is_not_listed(store: Store) -> None:

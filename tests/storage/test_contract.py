@@ -27,6 +27,7 @@ from caller_memory.service.domain.store import (
     EndResult,
     EndStatus,
     EndWrite,
+    ListingPage,
     Outcome,
     Store,
     TokenRecord,
@@ -555,9 +556,8 @@ async def test_redis_analytics_of_the_earlier_release_are_read_by_their_hour(
 
     async def listed(recorded_after: int) -> list[str]:
         got = await redis_store.list_conversations(
-            PROJECT, start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=t,
-            recorded_after=recorded_after,
-        )  # fmt: skip
+            PROJECT, ListingPage("0", "9", limit=10, recorded_after=recorded_after), t
+        )
         return [e.conversation_id for e in got]
 
     assert await listed(hour - 1) == ["old"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from caller_memory.service.domain.errors import StoreCorrupt
 from caller_memory.service.domain.fields import StoredField
-from caller_memory.service.domain.store import CallerRef
+from caller_memory.service.domain.store import CallerRef, ListingPage
 from caller_memory.service.storage.sqlite import SQLiteStore
 
 
@@ -77,9 +77,8 @@ async def test_a_file_of_the_earlier_release_gains_the_recording_times(tmp_path:
     await again.open()
     try:
         listed = await again.list_conversations(
-            "p", start="0", stop="9", repeat=None, after=None, limit=10, descending=False, now_ms=hour,
-            recorded_after=hour - 1,
-        )  # fmt: skip
+            "p", ListingPage("0", "9", limit=10, recorded_after=hour - 1), hour
+        )
         assert listed == [old]  # counted as recorded at its hour
         counts, _ = await again.sweep(hour, 100, {"p": hour})
         assert counts["analytics_entries"] == 1
