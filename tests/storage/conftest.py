@@ -24,7 +24,10 @@ REDIS_BACKENDS = ["redis", CLUSTER]
 
 @pytest.fixture(params=["sqlite", *REDIS_BACKENDS])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    backend = open_store(empty_store_url(request, request.param, tmp_path))
+    # A generous store timeout: the contract is what a store does, not how fast (50 concurrent patches to one
+    # caller, each fsynced and confirmed by a replica on the cluster, outlasted 0.5 s on a loaded machine).
+    # The timeout itself has its own tests, with their own stores.
+    backend = open_store(empty_store_url(request, request.param, tmp_path), timeout=5.0)
     await backend.open()
     try:
         yield backend
