@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 import phonenumbers
@@ -100,9 +100,33 @@ class RepeatCallerConfig(BaseModel):
         return region
 
 
+#: Defaults of ``memory.conversation`` (SPEC section 14's table).
+DEFAULT_TRANSCRIPT_RETENTION = timedelta(days=1)
+DEFAULT_MAX_TRANSCRIPT_BYTES = 1 << 30
+
+
+class ConversationConfig(BaseModel):
+    """``memory.conversation``: conversation memory (transcripts) of this project's calls."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    # Durations left out get their defaults (P1D, PT2M, PT30M, PT10M), shrunk to fit a shorter retention
+    # (see _with_defaults): the stored configuration always shows the values in force.
+    transcript_retention: Duration | None = None
+    idle_after: Duration | None = None
+    end_after_inactivity: Duration | None = None
+    resume_window: Duration | None = None
+    redact_phone_numbers: bool = True
+    transcript_scope: Literal["shared", "agent"] = "shared"
+    cross_channel: bool = False
+    max_transcript_bytes: int = Field(default=DEFAULT_MAX_TRANSCRIPT_BYTES, ge=1024, le=1 << 50)
+
+
 class MemoryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     repeat_caller: RepeatCallerConfig = Field(default_factory=RepeatCallerConfig)
+    conversation: ConversationConfig = Field(default_factory=ConversationConfig)
 
 
 class ProjectConfig(BaseModel):
@@ -150,7 +174,47 @@ def parse_config(document: Any) -> ProjectConfig:
     except ValidationError as exc:
         raise validation_problem(exc) from None
     _cross_check(config.memory.repeat_caller)
-    return config
+    conversation = _with_defaults(config.memory.conversation, config.memory.repeat_caller.retention)
+    return config.model_copy(
+        update={"memory": config.memory.model_copy(update={"conversation": conversation})}
+    )
+
+
+def _with_defaults(cc: ConversationConfig, retention: timedelta) -> ConversationConfig:
+    """The block with every duration filled in, checked against SPEC section 14's constraints (each error
+    names the offending field). A default never breaks a constraint: it shrinks to fit."""
+    base = "memory.conversation."
+    transcript_retention = cc.transcript_retention or min(DEFAULT_TRANSCRIPT_RETENTION, retention)
+    end_after = cc.end_after_inactivity or min(timedelta(minutes=30), retention)
+    idle_after = cc.idle_after or min(timedelta(minutes=2), end_after / 2)
+    if cc.idle_after is None and idle_after.total_seconds() != int(idle_after.total_seconds()):
+        idle_after = timedelta(seconds=int(idle_after.total_seconds()))
+    resume_window = cc.resume_window or min(timedelta(minutes=10), transcript_retention)
+    rules = (
+        (
+            "transcript_retention",
+            transcript_retention <= retention,
+            "cannot be longer than repeat_caller.retention",
+        ),
+        ("end_after_inactivity", end_after <= retention, "cannot be longer than repeat_caller.retention"),
+        ("idle_after", idle_after < end_after, "must be shorter than end_after_inactivity"),
+        (
+            "resume_window",
+            resume_window <= transcript_retention,
+            "cannot be longer than transcript_retention",
+        ),
+    )
+    for name, holds, message in rules:
+        if not holds:
+            raise InvalidConfiguration(f"{base}{name}: {message}", field=base + name)
+    return cc.model_copy(
+        update={
+            "transcript_retention": transcript_retention,
+            "end_after_inactivity": end_after,
+            "idle_after": idle_after,
+            "resume_window": resume_window,
+        }
+    )
 
 
 def _cross_check(rc: RepeatCallerConfig) -> None:
@@ -180,6 +244,26 @@ def _cross_check(rc: RepeatCallerConfig) -> None:
             raise InvalidConfiguration(f"{where}: {exc.detail}", field=where) from None
 
 
+def _ms(value: timedelta) -> int:
+    return int(value.total_seconds()) * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSettings:
+    """``memory.conversation`` compiled: durations in milliseconds, defaults applied."""
+
+    enabled: bool
+    transcript_retention_ms: int
+    idle_after_ms: int
+    end_after_inactivity_ms: int
+    resume_window_ms: int
+    redact_phone_numbers: bool
+    #: ``transcript_scope: "agent"``: an agent token sees the user's messages and its own agent's only.
+    agent_scope: bool
+    cross_channel: bool
+    max_transcript_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class Project:
     """A project's configuration compiled for the hot path. ``stored`` is what the store keeps."""
@@ -191,6 +275,7 @@ class Project:
     blacklist: frozenset[str]  # pseudonyms
     default_region: str | None
     analytics_enabled: bool
+    conversation: ConversationSettings
 
     @property
     def state_keys(self) -> list[str]:
@@ -232,7 +317,20 @@ def compile_project(project_id: str, config: ProjectConfig, pseudonymizer: Pseud
             )
         }
     )
+    cc = _with_defaults(config.memory.conversation, rc.retention)
+    conversation = ConversationSettings(
+        enabled=cc.enabled,
+        transcript_retention_ms=_ms(cc.transcript_retention or rc.retention),
+        idle_after_ms=_ms(cc.idle_after or rc.retention),
+        end_after_inactivity_ms=_ms(cc.end_after_inactivity or rc.retention),
+        resume_window_ms=_ms(cc.resume_window or rc.retention),
+        redact_phone_numbers=cc.redact_phone_numbers,
+        agent_scope=cc.transcript_scope == "agent",
+        cross_channel=cc.cross_channel,
+        max_transcript_bytes=cc.max_transcript_bytes,
+    )
     return Project(
+        conversation=conversation,
         project_id=project_id,
         config=clean,
         ttl_ms=ttl_ms,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import StoredField, WriteCondition
+from .transcript_store import TranscriptStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class TokenRecord:
     secret_hash: bytes
     created_at: int
     label: str = ""
+    #: For an agent token of a project with ``transcript_scope: "agent"``: the agent it acts as ("" none).
+    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,9 @@ class EndWrite:
     deletes: Sequence[str] = ()
     #: Given when the project has analytics on: the end then looks up the caller's first interaction.
     analytics: AnalyticsInput | None = None
+    #: The write time of ``sets`` and ``deletes``: a field of the caller written after it is left as it is
+    #: (an older state checkpoint never overwrites a later write). None: ``now_ms``.
+    written_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +168,10 @@ class ConversationEntry:
     handoff_to: str | None
     #: The caller's first interaction inside the retention window, when this is a repeat call.
     first: FirstInteraction | None
+    #: How it ended: ``explicit`` (the end call), ``inactivity`` or ``superseded`` (by the service).
+    ended_by: str = "explicit"
+    #: The end's ``end_reason`` (``completed``, ``dropped``, ``transferred``), or None.
+    end_reason: str | None = None
 
     @property
     def sort_key(self) -> str:
@@ -210,6 +220,8 @@ class ErasureResult:
     conversations: int
     #: Analytics listing entries of the caller's conversations.
     listed: int
+    #: Transcripts (with their checkpoints and summaries) of the caller's conversations.
+    transcripts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +248,9 @@ class PatchResult:
     fields: dict[str, StoredField]
 
 
-class Store(ABC):
-    """Persistent storage for projects, tokens and caller memory."""
+class Store(TranscriptStore, ABC):
+    """Persistent storage for projects, tokens, caller memory and conversation memory
+    (:class:`~.transcript_store.TranscriptStore`)."""
 
     @abstractmethod
     async def open(self) -> None:
@@ -335,7 +348,8 @@ class Store(ABC):
         with the analytics found when it was first applied; otherwise nothing is written (CONFLICT). Without
         one, ``end.sets`` and ``end.deletes`` are applied as by :meth:`patch_fields` (no condition) and the
         record is stored (expiring at ``end.expires_at``), both atomically with respect to the caller's
-        memory (APPLIED).
+        memory (APPLIED). A set or delete of a field whose stored ``written_at`` is after the end's write
+        time (``end.written_at``, else ``now_ms``) is skipped: the later write wins.
 
         With ``end.analytics``, the same atomic step looks up the caller's first-interaction record: a live
         one (expiring after ``now_ms``, created after ``analytics.first_after``; a record without its

@@ -1,0 +1,283 @@
+"""The conversation-memory part of the Store interface (SPEC section 10): transcripts, their lifecycle, state
+checkpoints and summaries. :class:`~.store.Store` inherits it; every backend implements it with identical
+semantics (tests/storage/test_transcripts.py).
+
+The store keeps what the domain has already validated, redacted and encoded: a message is opaque JSON bytes
+with the two attributes the store must order and deduplicate by (``turn_id``, ``message_id``). Times are
+epoch milliseconds passed in by the caller, as everywhere in the store.
+
+Lifecycle as the store sees it: ``open`` (the domain shows it as ``active`` or ``idle``), then ``ending``
+once an end has claimed it (:meth:`TranscriptStore.claim_end`), then ``ended`` when its end processing is
+done (:meth:`TranscriptStore.finish_end`). A conversation is created by its first append or by a start.
+
+What outlives what: the transcript (messages, checkpoint, summary) lives until ``expires_at`` (the last
+activity plus ``transcript_retention``), then the conversation's *header* alone lives on until
+``forget_at``, so that a read can say "expired" (410) instead of "never existed" (404). An erasure of the
+caller or an admin deletion leaves a marker header (``status`` ``erased`` or ``deleted``) with nothing about
+the caller, until ``forget_at``.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # store.py defines CallerRef and the Store that inherits this interface
+    from .store import CallerRef
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationKey:
+    """One conversation of one project (conversation ids are unique per project)."""
+
+    project: str
+    conversation_id: str
+
+
+class TranscriptStatus(enum.Enum):
+    OPEN = "open"  # active or idle: appends are taken
+    ENDING = "ending"  # an end claimed it; its end processing is under way (or crashed: see claim_end)
+    ENDED = "ended"  # end processing done
+    ERASED = "erased"  # its caller was erased: a marker that keeps nothing else
+    DELETED = "deleted"  # an admin deleted the transcript: a marker that keeps nothing else
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """One message to append: its encoded body (validated and redacted JSON) and what the store checks."""
+
+    turn_id: int
+    body: bytes
+    message_id: str | None = None
+    #: Its token count (the client's or an estimate), added to the header's total.
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    #: Position in the transcript: 0, 1, 2, ... in append order.
+    seq: int
+    turn_id: int
+    body: bytes
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A conversation as the store keeps it, without its messages. Markers (ERASED, DELETED) and headers
+    of expired transcripts carry only ``status``, ``expires_at`` and ``forget_at`` meaningfully (the rest
+    is zero or empty)."""
+
+    key: ConversationKey
+    status: TranscriptStatus
+    #: The caller's pseudonym ("" in a marker).
+    subject: str
+    channel: str
+    #: The agent named at the start ("" if none).
+    agent: str
+    started_at: int
+    last_activity: int
+    #: The highest turn id appended, -1 before the first message.
+    turn_id: int
+    messages: int
+    #: Sum of the encoded sizes of the messages, and of their token counts.
+    bytes: int
+    tokens: int
+    #: The latest state checkpoint (a JSON object, encoded), and when it was made.
+    checkpoint: bytes | None
+    checkpoint_at: int
+    #: The summary as the domain encoded it, or None.
+    summary: bytes | None
+    #: How it ended (``explicit``, ``inactivity``, ``superseded``), once claimed; "" before.
+    ended_by: str
+    #: The ``end_reason`` of the end, "" when none was given.
+    end_reason: str
+    #: When the end was claimed (0 before).
+    ended_at: int
+    #: Until when the transcript (messages, checkpoint, summary) lives.
+    expires_at: int
+    #: Until when this header is remembered at all.
+    forget_at: int
+    #: Until when the claim of an ENDING conversation holds (a crashed end may be taken over after it).
+    lease_until: int = 0
+    #: Extra data the domain keeps with the end (encoded JSON: outcome, ...), "" before.
+    end_data: bytes = b""
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expires_at <= now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class AppendWrite:
+    """A batch of messages (possibly empty) and/or a state checkpoint for one conversation."""
+
+    key: ConversationKey
+    #: The caller, their channel and agent: used only when this append creates the conversation (``create``).
+    caller: CallerRef
+    channel: str
+    agent: str
+    #: Whether this append may create the conversation (the client named caller and channel).
+    create: bool
+    messages: Sequence[NewMessage]
+    #: A new state checkpoint (a JSON object, encoded) to keep instead of the current one, or None.
+    checkpoint: bytes | None
+    #: When the append was made (the client's first attempt): a caller erased at or after it is not
+    #: brought back, and a checkpoint older than the kept one does not replace it.
+    made_at: int
+    #: The transcript's expiry and the header's, recomputed from this activity.
+    expires_at: int
+    forget_at: int
+    #: When the conversation becomes due for an inactivity end, from this activity.
+    due_at: int
+    #: Limits of one conversation, checked atomically with the append: nothing is written when one would be
+    #: passed. (The project's bound is the domain's, on :meth:`TranscriptStore.transcript_bytes`.)
+    max_messages: int
+    max_bytes: int
+
+
+class AppendStatus(enum.Enum):
+    APPENDED = "appended"  # written (or, for a message id already there with the same body, a no-op)
+    NOT_FOUND = "not_found"  # no such conversation and ``create`` was false
+    ENDED = "ended"  # the conversation is ENDING or ENDED: nothing written
+    EXPIRED = "expired"  # its transcript expired: nothing written
+    ERASED = "erased"  # its caller was erased after the append was made, or the transcript was deleted
+    ID_CONFLICT = "id_conflict"  # a message id already there with another body: nothing written
+    TURN_ORDER = "turn_order"  # a turn id lower than the conversation's current one: nothing written
+    TOO_MANY_MESSAGES = "too_many_messages"  # max_messages would be passed: nothing written
+    TOO_MANY_BYTES = "too_many_bytes"  # max_bytes would be passed: nothing written
+    OTHER_CALLER = "other_caller"  # the conversation exists for another caller: nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    status: AppendStatus
+    #: The header after the append (before, when nothing was written); None when there is none.
+    header: Header | None
+    #: How many of the messages were new (the others were already there with the same id and body).
+    added: int = 0
+    #: For ID_CONFLICT: the message id; for TURN_ORDER: the offending turn id (as text).
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptQuery:
+    """Which messages a read returns, in order: those with a turn id above ``after_turn`` (all when None),
+    or, with ``last``, only the last ``last`` of them; at most ``limit``."""
+
+    after_turn: int | None = None
+    last: int | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndClaim:
+    """An end taking a conversation from OPEN to ENDING (:meth:`TranscriptStore.claim_end`)."""
+
+    key: ConversationKey
+    #: ``explicit``, ``inactivity`` or ``superseded``.
+    ended_by: str
+    end_reason: str
+    #: For ``inactivity``: claim only if the last activity is at or before this (the project's current
+    #: ``end_after_inactivity`` ago). None: whatever the last activity.
+    idle_since: int | None
+    #: How long the claim holds before another end may take over a crashed one.
+    lease_until: int
+    end_data: bytes = b""
+
+
+class ClaimStatus(enum.Enum):
+    CLAIMED = "claimed"  # this end claimed it (OPEN -> ENDING), or took over an ENDING one whose lease lapsed
+    NOT_DUE = "not_due"  # inactivity only: there was activity after ``idle_since`` (header: the current one)
+    ALREADY = "already"  # it was ENDING (lease held) or ENDED already; header says how
+    MISSING = "missing"  # no such conversation, or only a marker, or an expired transcript
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    status: ClaimStatus
+    header: Header | None
+
+
+class TranscriptStore(ABC):
+    """Conversation memory (SPEC section 10). Each method is atomic with respect to every other on the same
+    conversation; a conversation's data (header, messages, message ids, checkpoint, summary) is kept
+    together (one Redis Cluster slot)."""
+
+    @abstractmethod
+    async def append_messages(self, write: AppendWrite, now_ms: int) -> AppendResult:
+        """Append ``write.messages`` in order, whole or not at all, and keep ``write.checkpoint``.
+
+        Creates the conversation when it does not exist and ``write.create`` is true (OPEN, started and last
+        active at ``now_ms``, listed among the caller's conversations so that an erasure finds it), unless
+        the caller was erased at or after ``write.made_at`` (ERASED). Refuses, writing nothing and in this
+        order: a marker header (ERASED), a conversation of another caller when ``write.create`` is true
+        (OTHER_CALLER), an expired transcript (EXPIRED), a conversation that is not OPEN (ENDED), a message
+        id already there with another body (ID_CONFLICT), a turn id lower than the previous message's
+        (TURN_ORDER), and a limit that would be passed (TOO_MANY_MESSAGES, TOO_MANY_BYTES).
+
+        A message whose id is already there with the same body is skipped (not counted in ``added``); on an
+        existing conversation, a batch that adds nothing and keeps no checkpoint changes nothing, not even
+        the last activity (an empty batch with ``create`` creates the conversation: that is a start).
+        Otherwise the last activity becomes ``now_ms``, the expiries and the inactivity due time are those
+        of ``write``, and the checkpoint replaces the kept one unless that one was made after
+        ``write.made_at``."""
+
+    @abstractmethod
+    async def read_conversation(
+        self, key: ConversationKey, now_ms: int, query: TranscriptQuery | None = None
+    ) -> tuple[Header | None, list[StoredMessage]]:
+        """The header (None if the conversation was never stored or is forgotten) and, with ``query`` and a
+        transcript that has not expired, its messages (:class:`TranscriptQuery`). One round trip."""
+
+    @abstractmethod
+    async def put_summary(self, key: ConversationKey, summary: bytes, now_ms: int) -> Header | None:
+        """Replace the summary of a conversation whose transcript has not expired (any status but a marker);
+        returns the header after it, or None when there is no such transcript (or only a marker). A summary
+        is not activity: the last activity and expiries stay."""
+
+    @abstractmethod
+    async def claim_end(self, claim: EndClaim, now_ms: int) -> ClaimResult:
+        """Take the conversation from OPEN to ENDING for one end (see :class:`ClaimStatus`), recording
+        ``ended_by``, ``end_reason``, ``end_data``, ``lease_until`` and ``ended_at = now_ms``. An ENDING
+        conversation whose lease ended at or before ``now_ms`` (its end crashed) is claimed again by any end,
+        which replaces ``ended_by``, ``end_reason``, ``end_data`` and the lease (``ended_at`` stays the first
+        claim's). The header returned is the one after the claim (for ALREADY and NOT_DUE, the current one).
+        While ENDING, the conversation is due again at ``lease_until`` (see :meth:`due_conversations`); ENDED,
+        it leaves the due index."""
+
+    @abstractmethod
+    async def finish_end(self, key: ConversationKey, now_ms: int) -> Header | None:
+        """Mark an ENDING conversation ENDED (its end processing is done) and take it out of the due index;
+        idempotent (an ENDED one stays as it is). Returns the header after it; None if there is none or
+        only a marker."""
+
+    @abstractmethod
+    async def due_conversations(self, now_ms: int, limit: int) -> list[ConversationKey]:
+        """Up to ``limit`` conversations whose inactivity due time is at or before ``now_ms`` (or whose end
+        claim lapsed), most overdue first. Costs in proportion to what it returns. A conversation stays due
+        until it is claimed (:meth:`claim_end`) or rescheduled (:meth:`reschedule`)."""
+
+    @abstractmethod
+    async def reschedule(self, key: ConversationKey, due_at: int) -> None:
+        """Set the inactivity due time of a conversation that is OPEN or ENDING (nothing otherwise)."""
+
+    @abstractmethod
+    async def caller_conversations(self, caller: CallerRef, now_ms: int) -> list[Header]:
+        """The headers of the caller's conversations not yet forgotten (markers excluded), newest start
+        first."""
+
+    @abstractmethod
+    async def delete_conversation(self, key: ConversationKey, now_ms: int) -> Header | None:
+        """Delete the transcript (messages, checkpoint, summary) and leave a DELETED marker until the header's
+        ``forget_at``; returns the header as it was (None, changing nothing, when there was none or only a
+        marker). The conversation leaves its caller's list and the due index."""
+
+    @abstractmethod
+    async def transcript_bytes(self, project: str, now_ms: int, since: int) -> int:
+        """The bytes of messages the project appended at or after ``since`` (the domain passes now minus
+        ``transcript_retention``: an upper bound of its live transcripts), less those of transcripts deleted
+        or erased since. Every append that adds messages counts their encoded bytes (hour buckets are fine:
+        a bucket that starts before ``since`` but ends after it may be counted whole)."""

@@ -1,0 +1,232 @@
+"""Transcript messages (SPEC section 10): the message schema, its rules, phone-number redaction, the stored
+encoding, token estimates, and the layouts history is read in.
+
+A message is validated once, here, redacted, and encoded in a compact form (a JSON array) that is what the
+store keeps: the store never parses it. Reading decodes it back to the platform layout (an OpenAI chat
+message with ``turn_id``, ``timestamp``, ``tokens`` and ``metadata``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import orjson
+import phonenumbers
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .limits import CONVERSATION_ID_PATTERN
+
+#: Messages per conversation; bytes of one message's stored form; bytes of one transcript. An hour-long call
+#: has a few hundred to about a thousand messages of some 200 bytes each.
+MAX_MESSAGES = 10_000
+MAX_MESSAGE_BYTES = 16 * 1024
+MAX_TRANSCRIPT_BYTES = 8 * 1024 * 1024
+#: Most messages in one append.
+MAX_BATCH = 100
+#: Longest agent name, channel name and message id.
+MAX_NAME_CHARS = 64
+#: Largest turn id and timestamp (ms) accepted: JSON's exact integers.
+MAX_INT = 2**53 - 1
+#: What replaces a phone number found in a message.
+PHONE_MASK = "[phone]"
+
+SOURCES: dict[str, frozenset[str]] = {
+    "user": frozenset({"asr", "message", "command"}),
+    "assistant": frozenset({"command", "llm", "greeting", "llm_failure", "silence"}),
+    "tool": frozenset({"tool"}),
+}
+#: The source of a message that names none.
+DEFAULT_SOURCE = {"user": "message", "assistant": "llm", "tool": "tool"}
+_ROLE_CODE = {"user": 0, "assistant": 1, "tool": 2}
+_ROLES = ("user", "assistant", "tool")
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+MESSAGE_ID_PATTERN = CONVERSATION_ID_PATTERN
+
+
+class MessageMetadata(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str | None = Field(default=None, description="how the message was made (see SOURCES)")
+    interrupted: bool = False
+    interrupt_timestamp: int | None = Field(default=None, ge=0, le=MAX_INT)
+    original: str | None = None
+    agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+
+class MessageIn(BaseModel):
+    """One message as a client sends it (the platform layout)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message_id: str | None = Field(default=None, pattern=MESSAGE_ID_PATTERN)
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    turn_id: int = Field(ge=0, le=MAX_INT)
+    timestamp: int | None = Field(default=None, ge=0, le=MAX_INT, description="milliseconds since the epoch")
+    tokens: int | None = Field(default=None, ge=0, le=1_000_000)
+    metadata: MessageMetadata = Field(default_factory=MessageMetadata)
+
+    @model_validator(mode="after")
+    def _rules(self) -> MessageIn:
+        meta = self.metadata
+        source = meta.source or DEFAULT_SOURCE[self.role]
+        if source not in SOURCES[self.role]:
+            allowed = ", ".join(sorted(SOURCES[self.role]))
+            raise ValueError(
+                f"metadata.source '{source[:32]}' does not fit role '{self.role}' (allowed: {allowed})"
+            )
+        if self.role != "assistant" and meta.interrupted:
+            raise ValueError("metadata.interrupted: only an assistant message can be interrupted")
+        if not meta.interrupted and (meta.interrupt_timestamp is not None or meta.original is not None):
+            raise ValueError(
+                "metadata.interrupt_timestamp and metadata.original exist only on interrupted messages "
+                "(metadata.interrupted: true)"
+            )
+        return self
+
+
+def check_batch_order(messages: Sequence[MessageIn]) -> str | None:
+    """Why a batch's turn ids go backwards (a message's turn below the one before it), or None."""
+    for index in range(1, len(messages)):
+        if messages[index].turn_id < messages[index - 1].turn_id:
+            return (
+                f"messages[{index}].turn_id {messages[index].turn_id} is lower than the previous message's "
+                f"({messages[index - 1].turn_id}); turn ids never decrease"
+            )
+    return None
+
+
+# Redaction -------------------------------------------------------------------------------------------------
+
+_MIN_DIGITS = (
+    5  # no phone number is shorter: text with fewer digits is left alone without running the matcher
+)
+
+
+def redact(text: str, regions: Sequence[str | None], own: Iterable[str], *, all_numbers: bool) -> str:
+    """``text`` with phone numbers replaced by ``[phone]``: every number libphonenumber's matcher finds (read
+    with each of ``regions``) when ``all_numbers``, else only those that are one of ``own`` (E.164)."""
+    if sum(ch.isdigit() for ch in text) < _MIN_DIGITS:
+        return text
+    own = set(own)
+    for region in dict.fromkeys(regions):
+        spans: list[tuple[int, int]] = []
+        matcher = phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.POSSIBLE)
+        for match in matcher:
+            e164 = phonenumbers.format_number(match.number, phonenumbers.PhoneNumberFormat.E164)
+            if all_numbers or e164 in own:
+                spans.append((match.start, match.end))
+        for start, end in reversed(spans):
+            text = text[:start] + PHONE_MASK + text[end:]
+    return text
+
+
+def region_of(e164: str) -> str | None:
+    try:
+        return phonenumbers.region_code_for_number(phonenumbers.parse(e164, None))
+    except phonenumbers.NumberParseException:  # pragma: no cover - e164 comes from normalize()
+        return None
+
+
+# The stored form -----------------------------------------------------------------------------------------
+# [role code, content, turn_id, timestamp, tokens or null, source, message_id or null, extras?] where extras
+# is {"i": interrupt_timestamp, "o": original, "a": agent} with only what is present (absent when empty).
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters per token (OpenAI's rule of thumb for English): an estimate, said to be one."""
+    return math.ceil(len(text) / 4)
+
+
+def encode_message(message: MessageIn, content: str, original: str | None, timestamp: int) -> bytes:
+    meta = message.metadata
+    extras: dict[str, Any] = {}
+    if meta.interrupted:
+        extras["x"] = 1
+        if meta.interrupt_timestamp is not None:
+            extras["i"] = meta.interrupt_timestamp
+        if original is not None:
+            extras["o"] = original
+    if meta.agent is not None:
+        extras["a"] = meta.agent
+    row: list[Any] = [
+        _ROLE_CODE[message.role],
+        content,
+        message.turn_id,
+        timestamp,
+        message.tokens,
+        meta.source or DEFAULT_SOURCE[message.role],
+        message.message_id,
+    ]
+    if extras:
+        row.append(extras)
+    return orjson.dumps(row)
+
+
+class Message:
+    """A stored message decoded (what history, context and resume read)."""
+
+    __slots__ = (
+        "agent",
+        "content",
+        "extras",
+        "message_id",
+        "role",
+        "source",
+        "timestamp",
+        "tokens",
+        "turn_id",
+    )
+
+    def __init__(self, body: bytes) -> None:
+        row = orjson.loads(body)
+        self.role: str = _ROLES[row[0]]
+        self.content: str = row[1]
+        self.turn_id: int = row[2]
+        self.timestamp: int = row[3]
+        self.tokens: int | None = row[4]
+        self.source: str = row[5]
+        self.message_id: str | None = row[6]
+        self.extras: dict[str, Any] = row[7] if len(row) > 7 else {}
+        self.agent: str | None = self.extras.get("a")
+
+    @property
+    def token_count(self) -> int:
+        return self.tokens if self.tokens is not None else estimate_tokens(self.content)
+
+    def platform(self, offset_from: int | None = None) -> dict[str, Any]:
+        """The platform layout. With ``offset_from`` (a conversation that ended), times are milliseconds
+        from that start instead of epoch times (SPEC section 14)."""
+
+        def when(ms: int) -> int:
+            return ms if offset_from is None else ms - offset_from
+
+        metadata: dict[str, Any] = {"source": self.source}
+        extras = self.extras
+        if extras.get("x"):
+            metadata["interrupted"] = True
+            if "i" in extras:
+                metadata["interrupt_timestamp"] = when(extras["i"])
+            if "o" in extras:
+                metadata["original"] = extras["o"]
+        if self.agent is not None:
+            metadata["agent"] = self.agent
+        out: dict[str, Any] = {}
+        if self.message_id is not None:
+            out["message_id"] = self.message_id
+        out.update(role=self.role, content=self.content, turn_id=self.turn_id, timestamp=when(self.timestamp))
+        if self.tokens is not None:
+            out["tokens"] = self.tokens
+        out["metadata"] = metadata
+        return out
+
+    def openai(self) -> dict[str, str]:
+        """``{role, content}``: what was actually spoken (an interrupted message's ``content``)."""
+        return {"role": self.role, "content": self.content}
+
+    def visible_to(self, agent: str | None) -> bool:
+        """Under ``transcript_scope: "agent"``: the user's messages and the agent's own (None: all)."""
+        return agent is None or self.role == "user" or self.agent == agent
