@@ -15,14 +15,28 @@ NO_ANALYTICS = b"{}"
 
 
 def encode_entry(entry: ConversationEntry) -> bytes:
-    """The stored form of a listed conversation (the same bytes on every backend)."""
+    """The stored form of a listed conversation (the same bytes on every backend): a JSON object of its
+    fields, ``first`` nested, ``ended_by`` and ``end_reason`` included."""
     return orjson.dumps(entry)  # orjson writes a dataclass as asdict() would, field by field, 5x faster
 
 
 def decode_entry(data: bytes) -> ConversationEntry:
+    """Read :func:`encode_entry`'s bytes. Entries stored before conversations could end other than by the
+    end call have neither ``ended_by`` nor ``end_reason``: they read as ended by it (``explicit``), with no
+    reason, which is what they were."""
     raw = orjson.loads(data)
-    first = raw.pop("first")
-    return ConversationEntry(**raw, first=FirstInteraction(**first) if first is not None else None)
+    first = raw["first"]
+    return ConversationEntry(
+        conversation_id=raw["conversation_id"],
+        hour=raw["hour"],
+        channel=raw["channel"],
+        qa=raw["qa"],
+        handoff_reason=raw["handoff_reason"],
+        handoff_to=raw["handoff_to"],
+        first=FirstInteraction(**first) if first is not None else None,
+        ended_by=raw.get("ended_by", "explicit"),
+        end_reason=raw.get("end_reason"),
+    )
 
 
 def audit_id(number: int) -> str:
