@@ -15,12 +15,14 @@ from .domain.clock import Clock, SystemClock
 from .domain.conversations import ConversationService
 from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
+from .domain.lifecycle import Lifecycle
 from .domain.limits import MAX_BODY_BYTES
 from .domain.memory import MemoryService
 from .domain.registry import ProjectRegistry
 from .domain.retention import AuditLog, Sweeper
 from .domain.store import Store
 from .domain.tokens import TokenService
+from .domain.transcript_service import TranscriptService
 from .http.admin_routes import record_sweep_metrics
 from .http.admin_routes import routes as admin_routes
 from .http.analytics_routes import routes as analytics_routes
@@ -42,6 +44,8 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     memory = MemoryService(store, pseudonymizer, clock)
     audit = AuditLog(store, clock)
     analytics = AnalyticsService(store)
+    conversations = ConversationService(store, memory, analytics, clock)
+    transcripts = TranscriptService(store, memory, conversations, analytics, clock)
     return Services(
         settings=settings,
         clock=clock,
@@ -50,7 +54,9 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         tokens=TokenService(store, clock, settings.operator_token, settings.token_cache_seconds, audit),
         memory=memory,
         analytics=analytics,
-        conversations=ConversationService(store, memory, analytics, clock),
+        conversations=conversations,
+        transcripts=transcripts,
+        lifecycle=Lifecycle(store, transcripts, conversations, analytics, clock),
         audit=audit,
         sweeper=Sweeper(store, clock, batch=settings.sweep_batch),
     )
@@ -96,6 +102,17 @@ def create_app(
                 coalesce=True,
                 id="sweep",
             )
+        if settings.inactivity_interval > 0:
+            # Conversations nobody ended: due ones are found by the store's due index, under a lease.
+            scheduler.add_job(
+                scheduled_inactivity_ends,
+                IntervalTrigger(seconds=settings.inactivity_interval),
+                args=[app],
+                max_instances=1,
+                coalesce=True,
+                id="inactivity",
+            )
+        if scheduler.get_jobs():
             scheduler.start()
         yield
         if scheduler.running:
@@ -122,3 +139,17 @@ async def scheduled_sweep(app: web.Application) -> None:
         metrics.sweeps.labels("skipped").inc()
     else:
         record_sweep_metrics(app, report.removed, report.duration_ms)
+
+
+async def scheduled_inactivity_ends(app: web.Application) -> None:
+    services = app[SERVICES]
+    try:
+        ended = await services.lifecycle.run_due(services.projects, services.sweeper.holder)
+    except CallerMemoryError as exc:
+        app[METRICS].inactivity_ends.labels("failed").inc()
+        log.warning("inactivity ends failed: %s", exc.detail)
+        return
+    if ended is None:
+        app[METRICS].inactivity_ends.labels("skipped").inc()
+    elif ended:
+        app[METRICS].inactivity_ends.labels("ended").inc(ended)

@@ -24,6 +24,7 @@ LISTEN_BACKLOG = 4096
 _SECONDS = (
     ("CALLER_MEMORY_STORE_TIMEOUT", "store_timeout"),
     ("CALLER_MEMORY_SWEEP_INTERVAL", "sweep_interval"),
+    ("CALLER_MEMORY_INACTIVITY_INTERVAL", "inactivity_interval"),
     ("CALLER_MEMORY_CONFIG_CACHE_SECONDS", "config_cache_seconds"),
     ("CALLER_MEMORY_TOKEN_CACHE_SECONDS", "token_cache_seconds"),
     ("CALLER_MEMORY_HEADER_TIMEOUT", "header_timeout"),
@@ -98,6 +99,9 @@ class Settings:
     #: items of each kind per round.
     sweep_interval: float = 300.0
     sweep_batch: int = 1000
+    #: Seconds between runs of the inactivity ends that are due (0: none scheduled; an operator's
+    #: ``POST /v1/admin/sweeps`` still runs them).
+    inactivity_interval: float = 10.0
     #: Requests under /v1 handled at once by one process; beyond it a request gets 503 at once rather than
     #: waiting (``CALLER_MEMORY_MAX_IN_FLIGHT``).
     max_in_flight: int = 256

@@ -129,6 +129,8 @@ class AnalyticsService:
         *,
         made_at: int,
         now: int,
+        ended_by: str = "explicit",
+        end_reason: str | None = None,
     ) -> ConversationEntry:
         """List and count a conversation from what the end of it found (:attr:`EndResult.analytics`).
         Idempotent: a replay records nothing again, and completes a recording that an earlier attempt could
@@ -142,6 +144,8 @@ class AnalyticsService:
             handoff_reason=outcome.handoff_reason,
             handoff_to=outcome.handoff_to,
             first=found.first,
+            ended_by=ended_by,
+            end_reason=end_reason,
         )
         recording = Recording(
             caller=caller,

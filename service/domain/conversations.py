@@ -16,8 +16,9 @@ from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
 from .reports import RepeatCallerMetrics
-from .store import CallerRef, EndStatus, EndWrite, Store
+from .store import CallerRef, EndResult, EndStatus, EndWrite, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
+from .transcript_store import ClaimStatus, ConversationKey, EndClaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,57 @@ class ConversationEnd:
     replayed: bool
     #: The caller was erased after this conversation's write was made: nothing was stored.
     erased: bool = False
+    #: An explicit end of a conversation the service had already ended (by inactivity or supersession):
+    #: its state was applied as a merge patch (a later write wins), analytics left as recorded.
+    late: bool = False
+
+
+#: How an end may say the call ended (SPEC section 14).
+END_REASONS = ("completed", "dropped", "transferred")
+#: How long an end's claim on a transcript holds before another end may take over a crashed one.
+END_LEASE_MS = 60_000
+#: The suffix of the record id under which a late end is kept (conversation ids cannot hold '#').
+LATE_SUFFIX = "#late"
+
+
+def check_conversation_id(conversation_id: str) -> None:
+    if not CONVERSATION_ID_RE.match(conversation_id):
+        raise InvalidInput(
+            "conversation id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+            field="conversation_id",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanges:
+    """A ``state`` mapping split by the project's ``state_keys``."""
+
+    sets: dict[str, bytes]
+    deletes: list[str]
+    ignored: list[str]
+
+    @property
+    def persisted(self) -> list[str]:
+        return sorted([*self.sets, *self.deletes])
+
+
+def split_state(project: Project, state: dict[str, Any], *, where: str = "state") -> StateChanges:
+    sets: dict[str, bytes] = {}
+    deletes: list[str] = []
+    ignored: list[str] = []
+    for name, value in state.items():
+        check_field_name(name, where=f"{where}.{name}")
+        if name not in project.ttl_ms:
+            ignored.append(name)
+        elif value is None:
+            deletes.append(name)
+        else:
+            sets[name] = encode_value(f"{where}.{name}", value)
+    return StateChanges(sets, deletes, sorted(ignored))
+
+
+def fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(orjson.dumps(list(parts), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class ConversationService:
@@ -54,77 +106,187 @@ class ConversationService:
         *,
         received_at: int | None = None,
         ended_at: int | None = None,
+        end_reason: str | None = None,
     ) -> ConversationEnd:
         """``received_at`` is when the request arrived (default: now); ``ended_at`` when the client says the
         conversation ended (its first attempt to send this). The write counts as made at the earlier of the
-        two, so that an erasure in between wins over a late delivery."""
-        if not CONVERSATION_ID_RE.match(conversation_id):
-            raise InvalidInput(
-                "conversation id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
-                field="conversation_id",
-            )
+        two, so that an erasure in between wins over a late delivery.
+
+        With conversation memory on, the end also ends the transcript. If the service ended it already (by
+        inactivity or supersession), this is a *late* end: its state is applied as a merge patch written at
+        ``made_at`` (a field written later stays), analytics stay as recorded, and ``late`` is true."""
+        check_conversation_id(conversation_id)
+        if end_reason is not None and end_reason not in END_REASONS:
+            raise InvalidInput(f"end_reason must be one of {', '.join(END_REASONS)}", field="end_reason")
         try:
             who = self._memory.caller(project, caller)
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
-        sets: dict[str, bytes] = {}
-        deletes: list[str] = []
-        ignored: list[str] = []
-        for name, value in state.items():
-            check_field_name(name, where=f"state.{name}")
-            if name not in project.ttl_ms:
-                ignored.append(name)
-            elif value is None:
-                deletes.append(name)
-            else:
-                sets[name] = encode_value(f"state.{name}", value)
-        persisted = sorted([*sets, *deletes])
+        changes = split_state(project, state)
         if who.blacklisted:
             # Nothing is read, written or counted for a blacklisted caller; a retry is as harmless.
             return ConversationEnd(conversation_id, [], sorted(state), True, {}, False)
         now = self._clock.now_ms()
-        fingerprint = hashlib.sha256(
-            orjson.dumps(
-                [who.subject, state, [outcome.qa, outcome.handoff_reason, outcome.handoff_to], channel],
-                option=orjson.OPT_SORT_KEYS,
-            )
-        ).hexdigest()
-        stored = {
-            name: StoredField(value=value, expires_at=now + project.ttl_ms[name], written_at=now)
-            for name, value in sets.items()
-        }
-        analytics = AnalyticsService.input_for(project, now, outcome) if project.analytics_enabled else None
         made_at = min(now if received_at is None else received_at, now if ended_at is None else ended_at)
         ref = CallerRef(project.project_id, who.subject)
-        end = EndWrite(
-            caller=ref,
-            conversation_id=conversation_id,
-            fingerprint=fingerprint,
-            expires_at=now + min(RECALL_WINDOW_MS, project.retention_ms),
-            made_at=made_at,
-            sets=stored,
-            deletes=deletes,
-            analytics=analytics,
+        key = ConversationKey(project.project_id, conversation_id)
+        claimed = False
+        if project.conversation.enabled:
+            claim = await self._store.claim_end(
+                EndClaim(
+                    key,
+                    "explicit",
+                    end_reason or "",
+                    None,
+                    now + END_LEASE_MS,
+                    orjson.dumps([outcome.qa, outcome.handoff_reason, outcome.handoff_to]),
+                ),
+                now,
+            )
+            header = claim.header
+            if header is not None and header.subject != who.subject:
+                header = None  # another caller's transcript: this end is judged by its record alone
+            elif (
+                claim.status is ClaimStatus.ALREADY
+                and header is not None
+                and header.ended_by not in ("", "explicit")
+            ):
+                return await self._late_end(
+                    project, ref, conversation_id, state, changes, outcome, channel, made_at
+                )
+            claimed = header is not None and claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY)
+        digest = fingerprint(
+            who.subject,
+            state,
+            [outcome.qa, outcome.handoff_reason, outcome.handoff_to],
+            channel,
+            *([end_reason] if end_reason is not None else []),
         )
-        result = await self._store.end_conversation(end, now)
-        if result.status is EndStatus.ERASED:
-            return ConversationEnd(conversation_id, [], sorted(state), False, {}, False, erased=True)
+        result = await self.persist(
+            project,
+            ref,
+            conversation_id,
+            digest,
+            changes,
+            made_at=made_at,
+            written_at=None,
+            analytics_outcome=outcome,
+            now=now,
+        )
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
                 "a retry must send the same caller, state, outcome and channel"
             )
+        if result.status is EndStatus.ERASED:
+            return ConversationEnd(conversation_id, [], sorted(state), False, {}, False, erased=True)
         repeat_caller: RepeatCallerMetrics = {}
         if result.analytics is not None:  # analytics were on when the conversation was first applied
             entry = await self._analytics.record(
-                project, ref, conversation_id, channel, outcome, result.analytics, made_at=made_at, now=now
+                project,
+                ref,
+                conversation_id,
+                channel,
+                outcome,
+                result.analytics,
+                made_at=made_at,
+                now=now,
+                ended_by="explicit",
+                end_reason=end_reason,
             )
             repeat_caller = metrics(entry.first)
+        if claimed:
+            await self._store.finish_end(key, self._clock.now_ms())
         return ConversationEnd(
             conversation_id=conversation_id,
-            persisted=persisted,
-            ignored=sorted(ignored),
+            persisted=changes.persisted,
+            ignored=changes.ignored,
             blacklisted=False,
             repeat_caller=repeat_caller,
             replayed=result.status is EndStatus.REPLAYED,
         )
+
+    async def _late_end(
+        self,
+        project: Project,
+        ref: CallerRef,
+        conversation_id: str,
+        state: dict[str, Any],
+        changes: StateChanges,
+        outcome: Outcome,
+        channel: str | None,
+        made_at: int,
+    ) -> ConversationEnd:
+        now = self._clock.now_ms()
+        digest = fingerprint(
+            ref.subject, state, [outcome.qa, outcome.handoff_reason, outcome.handoff_to], channel
+        )
+        result = await self.persist(
+            project,
+            ref,
+            conversation_id + LATE_SUFFIX,
+            digest,
+            changes,
+            made_at=made_at,
+            written_at=made_at,
+            analytics_outcome=None,
+            now=now,
+        )
+        if result.status is EndStatus.CONFLICT:
+            raise Conflict(
+                f"conversation '{conversation_id}' was already ended late with a different request; "
+                "a retry must send the same caller, state, outcome and channel"
+            )
+        if result.status is EndStatus.ERASED:
+            return ConversationEnd(
+                conversation_id, [], sorted(state), False, {}, False, erased=True, late=True
+            )
+        return ConversationEnd(
+            conversation_id=conversation_id,
+            persisted=changes.persisted,
+            ignored=changes.ignored,
+            blacklisted=False,
+            repeat_caller={},
+            replayed=result.status is EndStatus.REPLAYED,
+            late=True,
+        )
+
+    async def persist(
+        self,
+        project: Project,
+        ref: CallerRef,
+        record_id: str,
+        digest: str,
+        changes: StateChanges,
+        *,
+        made_at: int,
+        written_at: int | None,
+        analytics_outcome: Outcome | None,
+        now: int,
+    ) -> EndResult:
+        """The first step of every end (explicit, late, inactivity, supersession): the caller's memory and
+        the conversation's record, exactly once per ``record_id``. ``written_at`` (None: now) is the write
+        time of the fields: a field written after it stays as it is."""
+        at = now if written_at is None else written_at
+        stored = {
+            name: StoredField(value=value, expires_at=at + project.ttl_ms[name], written_at=at)
+            for name, value in changes.sets.items()
+            if at + project.ttl_ms[name] > now  # a field that would be born dead is not written
+        }
+        analytics = (
+            AnalyticsService.input_for(project, now, analytics_outcome)
+            if project.analytics_enabled and analytics_outcome is not None
+            else None
+        )
+        end = EndWrite(
+            caller=ref,
+            conversation_id=record_id,
+            fingerprint=digest,
+            expires_at=now + min(RECALL_WINDOW_MS, project.retention_ms),
+            made_at=made_at,
+            sets=stored,
+            deletes=changes.deletes,
+            analytics=analytics,
+            written_at=written_at,
+        )
+        return await self._store.end_conversation(end, now)

@@ -150,3 +150,27 @@ class StoreCorrupt(CallerMemoryError, RuntimeError):
     status = 500
     title = "Store corrupt"
     type_slug = "store-corrupt"
+
+
+class Gone(CallerMemoryError, LookupError):
+    """The thing existed and is gone: a transcript that expired or was erased (HTTP 410)."""
+
+    status = 410
+    title = "Gone"
+    type_slug = "expired"
+
+
+class PayloadTooLarge(InvalidInput):
+    """A value passes a size limit, named in the detail (HTTP 413); nothing was changed."""
+
+    status = 413
+    title = "Payload too large"
+    type_slug = "too-large"
+
+
+class TranscriptsFull(CallerMemoryError):
+    """The project's transcripts are at ``max_transcript_bytes`` (HTTP 507); ends are still taken."""
+
+    status = 507
+    title = "Insufficient storage"
+    type_slug = "transcripts-full"

@@ -44,6 +44,8 @@ class ErasureReceipt:
     conversations_unlinked: int
     analytics_entries_removed: int
     blacklisted: bool = False
+    #: Transcripts (with their checkpoints and summaries) removed.
+    transcripts_removed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,4 +200,5 @@ class MemoryService:
             conversations_unlinked=removed.conversations,
             analytics_entries_removed=removed.listed,
             blacklisted=caller.blacklisted,
+            transcripts_removed=removed.transcripts,
         )

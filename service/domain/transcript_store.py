@@ -19,6 +19,7 @@ the caller, until ``forget_at``.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -87,10 +88,10 @@ class Header:
     bytes: int
     tokens: int
     #: The latest state checkpoint (a JSON object, encoded), and when it was made.
-    checkpoint: bytes | None
+    checkpoint: builtins.bytes | None
     checkpoint_at: int
     #: The summary as the domain encoded it, or None.
-    summary: bytes | None
+    summary: builtins.bytes | None
     #: How it ended (``explicit``, ``inactivity``, ``superseded``), once claimed; "" before.
     ended_by: str
     #: The ``end_reason`` of the end, "" when none was given.
@@ -104,7 +105,7 @@ class Header:
     #: Until when the claim of an ENDING conversation holds (a crashed end may be taken over after it).
     lease_until: int = 0
     #: Extra data the domain keeps with the end (encoded JSON: outcome, ...), "" before.
-    end_data: bytes = b""
+    end_data: builtins.bytes = b""
 
     def expired(self, now_ms: int) -> bool:
         return self.expires_at <= now_ms

@@ -9,7 +9,7 @@ message with ``turn_id``, ``timestamp``, ``tokens`` and ``metadata``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -17,6 +17,7 @@ import phonenumbers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .limits import CONVERSATION_ID_PATTERN
+from .transcript_views import ChatMessage, MessageMetadataOut, PlatformMessage
 
 #: Messages per conversation; bytes of one message's stored form; bytes of one transcript. An hour-long call
 #: has a few hundred to about a thousand messages of some 200 bytes each.
@@ -106,18 +107,16 @@ _MIN_DIGITS = (
 )
 
 
-def redact(text: str, regions: Sequence[str | None], own: Iterable[str], *, all_numbers: bool) -> str:
-    """``text`` with phone numbers replaced by ``[phone]``: every number libphonenumber's matcher finds (read
-    with each of ``regions``) when ``all_numbers``, else only those that are one of ``own`` (E.164)."""
+def redact(text: str, regions: Sequence[str | None], masked: Callable[[str], bool]) -> str:
+    """``text`` with the phone numbers libphonenumber's matcher finds (reading it with each of ``regions``)
+    replaced by ``[phone]`` where ``masked(e164)`` says so."""
     if sum(ch.isdigit() for ch in text) < _MIN_DIGITS:
         return text
-    own = set(own)
     for region in dict.fromkeys(regions):
         spans: list[tuple[int, int]] = []
         matcher = phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.POSSIBLE)
         for match in matcher:
-            e164 = phonenumbers.format_number(match.number, phonenumbers.PhoneNumberFormat.E164)
-            if all_numbers or e164 in own:
+            if masked(phonenumbers.format_number(match.number, phonenumbers.PhoneNumberFormat.E164)):
                 spans.append((match.start, match.end))
         for start, end in reversed(spans):
             text = text[:start] + PHONE_MASK + text[end:]
@@ -197,14 +196,14 @@ class Message:
     def token_count(self) -> int:
         return self.tokens if self.tokens is not None else estimate_tokens(self.content)
 
-    def platform(self, offset_from: int | None = None) -> dict[str, Any]:
+    def platform(self, offset_from: int | None = None) -> PlatformMessage:
         """The platform layout. With ``offset_from`` (a conversation that ended), times are milliseconds
         from that start instead of epoch times (SPEC section 14)."""
 
         def when(ms: int) -> int:
             return ms if offset_from is None else ms - offset_from
 
-        metadata: dict[str, Any] = {"source": self.source}
+        metadata: MessageMetadataOut = {"source": self.source}
         extras = self.extras
         if extras.get("x"):
             metadata["interrupted"] = True
@@ -214,18 +213,22 @@ class Message:
                 metadata["original"] = extras["o"]
         if self.agent is not None:
             metadata["agent"] = self.agent
-        out: dict[str, Any] = {}
+        out: PlatformMessage = {
+            "role": self.role,  # type: ignore[typeddict-item]
+            "content": self.content,
+            "turn_id": self.turn_id,
+            "timestamp": when(self.timestamp),
+            "metadata": metadata,
+        }
         if self.message_id is not None:
             out["message_id"] = self.message_id
-        out.update(role=self.role, content=self.content, turn_id=self.turn_id, timestamp=when(self.timestamp))
         if self.tokens is not None:
             out["tokens"] = self.tokens
-        out["metadata"] = metadata
         return out
 
-    def openai(self) -> dict[str, str]:
+    def openai(self) -> ChatMessage:
         """``{role, content}``: what was actually spoken (an interrupted message's ``content``)."""
-        return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": self.content}  # type: ignore[typeddict-item]
 
     def visible_to(self, agent: str | None) -> bool:
         """Under ``transcript_scope: "agent"``: the user's messages and the agent's own (None: all)."""

@@ -12,11 +12,13 @@ from ..domain.analytics import AnalyticsService
 from ..domain.clock import Clock
 from ..domain.conversations import ConversationService
 from ..domain.errors import StoreUnavailable
+from ..domain.lifecycle import Lifecycle
 from ..domain.memory import MemoryService
 from ..domain.registry import ProjectRegistry
 from ..domain.retention import AuditLog, Sweeper
 from ..domain.store import Store
 from ..domain.tokens import TokenService
+from ..domain.transcript_service import TranscriptService
 from .metrics import Metrics
 
 
@@ -32,6 +34,8 @@ class Services:
     audit: AuditLog
     sweeper: Sweeper
     conversations: ConversationService
+    transcripts: TranscriptService
+    lifecycle: Lifecycle
 
     async def ping(self) -> None:
         try:

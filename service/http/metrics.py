@@ -68,6 +68,13 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.inactivity_ends = Counter(
+            "caller_memory_inactivity_ends",
+            "Conversations the service ended after end_after_inactivity (ended), and runs of the inactivity "
+            "ends that another replica's lease skipped (skipped) or that failed (failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.swept = Counter(
             "caller_memory_swept_items",
             "Items removed by expiry sweeps, by kind.",

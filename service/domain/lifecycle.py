@@ -1,0 +1,265 @@
+"""The ends the service makes itself and the start of a conversation (SPEC sections 10 and 14): an inactivity
+end of a conversation nobody ended, the supersession of a still-open conversation when its caller calls back
+on the same channel, and the ``resume`` offer of a dropped call.
+
+These run exactly the end processing of an explicit end (:meth:`.conversations.ConversationService.persist`
+and analytics), with the last state checkpoint as the state and its time as the write time, exactly once: the
+store's end claim decides who runs it, and a crash half-way is taken over once the claim's lease lapses.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from .analytics import AnalyticsService
+from .clock import Clock, floor_hour_ms, iso_utc
+from .conversations import (
+    END_LEASE_MS,
+    ConversationService,
+    Outcome,
+    check_conversation_id,
+    fingerprint,
+    split_state,
+)
+from .projects import Project
+from .registry import ProjectRegistry
+from .store import CallerRef, EndStatus, Store
+from .transcript_service import (
+    EVERYONE,
+    RESUME_MESSAGES,
+    RESUME_TURNS,
+    Reader,
+    StartBody,
+    TranscriptService,
+    ended_by_of,
+    parse_body,
+    refuse,
+    summary_of,
+    summary_section,
+)
+from .transcript_store import (
+    AppendStatus,
+    ClaimStatus,
+    ConversationKey,
+    EndClaim,
+    Header,
+    TranscriptQuery,
+    TranscriptStatus,
+)
+from .transcript_views import PlatformMessage, Resume, Started
+from .transcripts import Message
+
+#: The lease the inactivity runner takes, so that replicas do not run the same due ends at once.
+INACTIVITY_LEASE = "inactivity"
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        store: Store,
+        transcripts: TranscriptService,
+        conversations: ConversationService,
+        analytics: AnalyticsService,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._transcripts = transcripts
+        self._conversations = conversations
+        self._analytics = analytics
+        self._clock = clock
+
+    # Start, supersession, resume ---------------------------------------------------------------------------
+
+    async def start(
+        self, project: Project, conversation_id: str, document: Any, *, reader: Reader = EVERYONE
+    ) -> Started:
+        check_conversation_id(conversation_id)
+        body: StartBody = parse_body(StartBody, document, "start")
+        caller = self._transcripts.caller(project, body.caller)
+        if not project.conversation.enabled or caller.blacklisted:
+            reason: Any = "disabled" if not project.conversation.enabled else "blacklisted"
+            return {"conversation": None, "stored": False, "reason": reason, "resume": None, "superseded": []}
+        now = self._clock.now_ms()
+        ref = CallerRef(project.project_id, caller.subject)
+        cc = project.conversation
+        superseded: list[str] = []
+        candidates: list[Header] = []
+        for header in await self._store.caller_conversations(ref, now):
+            if header.key.conversation_id == conversation_id or header.expired(now):
+                continue
+            if not cc.cross_channel and header.channel != body.channel:
+                continue
+            if header.status is TranscriptStatus.OPEN:
+                ended = await self.end_by_service(project, header, "superseded")
+                if ended is not None:
+                    superseded.append(header.key.conversation_id)
+                    header = ended
+            candidates.append(header)
+        key = ConversationKey(project.project_id, conversation_id)
+        write = self._transcripts.write(
+            project, key, caller, caller.subject, body.channel, body.agent or "", [], None, now, now
+        )
+        result = await self._store.append_messages(write, now)
+        if result.status is AppendStatus.ERASED:
+            return {
+                "conversation": None,
+                "stored": False,
+                "reason": "erased",
+                "resume": None,
+                "superseded": [],
+            }
+        if result.status not in (AppendStatus.APPENDED, AppendStatus.ENDED):
+            refuse(result.status, conversation_id, result.detail)
+        assert result.header is not None
+        resume = await self._resume(project, candidates, now, reader)
+        return {
+            "conversation": self._transcripts.status_view(result.header, project, now),
+            "stored": True,
+            "resume": resume,
+            "superseded": superseded,
+        }
+
+    async def _resume(
+        self, project: Project, candidates: list[Header], now: int, reader: Reader
+    ) -> Resume | None:
+        window = project.conversation.resume_window_ms
+        resumable = [
+            h
+            for h in candidates
+            if h.last_activity >= now - window
+            and (h.ended_by in ("inactivity", "superseded") or h.end_reason == "dropped")
+        ]
+        if not resumable:
+            return None
+        chosen = max(resumable, key=lambda h: h.last_activity)
+        header, stored = await self._store.read_conversation(
+            chosen.key, now, TranscriptQuery(last=RESUME_MESSAGES)
+        )
+        if (
+            header is None
+            or header.expired(now)
+            or header.status
+            in (
+                TranscriptStatus.ERASED,
+                TranscriptStatus.DELETED,
+            )
+        ):
+            return None
+        messages = [Message(m.body) for m in stored]
+        turns = sorted({m.turn_id for m in messages})[-RESUME_TURNS:]
+        last: list[PlatformMessage] = [
+            m.platform(header.started_at)
+            for m in messages
+            if m.turn_id in turns and m.visible_to(reader.agent)
+        ]
+        return {
+            "conversation_id": header.key.conversation_id,
+            "channel": header.channel,
+            "ended_by": ended_by_of(header),
+            "end_reason": header.end_reason or None,
+            "last_activity_at": iso_utc(floor_hour_ms(header.last_activity)),
+            "summary": summary_section(summary_of(header)),
+            "last_turns": last,
+            "state": orjson.loads(header.checkpoint) if header.checkpoint else None,
+        }
+
+    # Ends the service makes -------------------------------------------------------------------------------
+
+    async def end_by_service(self, project: Project, header: Header, ended_by: str) -> Header | None:
+        """End an open conversation nobody ended (``inactivity``) or that a callback replaced
+        (``superseded``): the same end processing as an explicit end, with the last checkpoint as the state,
+        written at the checkpoint's time. Exactly once: the store's claim decides who runs it, and a crash
+        half-way is taken over once the claim's lease lapses. Returns the header once ended, or None when
+        another end has it (or it is not due)."""
+        now = self._clock.now_ms()
+        cc = project.conversation
+        claim = await self._store.claim_end(
+            EndClaim(
+                header.key,
+                ended_by,
+                "",
+                now - cc.end_after_inactivity_ms if ended_by == "inactivity" else None,
+                now + END_LEASE_MS,
+            ),
+            now,
+        )
+        if claim.status is ClaimStatus.NOT_DUE and claim.header is not None:
+            await self._store.reschedule(header.key, claim.header.last_activity + cc.end_after_inactivity_ms)
+            return None
+        if claim.status is not ClaimStatus.CLAIMED or claim.header is None:
+            return None
+        claimed = claim.header
+        state: dict[str, Any] = orjson.loads(claimed.checkpoint) if claimed.checkpoint else {}
+        ref = CallerRef(project.project_id, claimed.subject)
+        changes = split_state(project, state)
+        written_at = claimed.checkpoint_at or claimed.last_activity
+        digest = fingerprint(claimed.subject, state, "service end")
+        made_at = claimed.last_activity
+        outcome = Outcome()
+        result = await self._conversations.persist(
+            project,
+            ref,
+            claimed.key.conversation_id,
+            digest,
+            changes,
+            made_at=made_at,
+            written_at=written_at,
+            analytics_outcome=outcome,
+            now=now,
+        )
+        if result.status in (EndStatus.APPLIED, EndStatus.REPLAYED) and result.analytics is not None:
+            await self._analytics.record(
+                project,
+                ref,
+                claimed.key.conversation_id,
+                claimed.channel or None,
+                outcome,
+                result.analytics,
+                made_at=made_at,
+                now=now,
+                ended_by=claimed.ended_by,
+                end_reason=None,
+            )
+        # CONFLICT: an explicit end of this id was applied already (its transcript claim was lost): done.
+        return await self._store.finish_end(claimed.key, self._clock.now_ms())
+
+    async def run_due(self, projects: ProjectRegistry, holder: str, *, lease_ms: int = 60_000) -> int | None:
+        """Run the inactivity ends that are due under the store's lease (replicas take turns); None when
+        another replica holds it."""
+        if not await self._store.acquire_lease(INACTIVITY_LEASE, holder, self._clock.now_ms(), lease_ms):
+            return None
+        try:
+            return await self.run_inactivity_ends(projects)
+        finally:
+            await self._store.release_lease(INACTIVITY_LEASE, holder)
+
+    async def run_inactivity_ends(
+        self, projects: ProjectRegistry, *, limit: int = 500, budget_s: float = 5.0
+    ) -> int:
+        """End the conversations that are due (``projects``: the registry, to read each one's settings).
+        Returns how many this run ended."""
+        started = time.perf_counter()
+        ended = 0
+        now = self._clock.now_ms()
+        for key in await self._store.due_conversations(now, limit):
+            if time.perf_counter() - started > budget_s:
+                break
+            project = await projects.find(key.project)
+            header, _ = await self._store.read_conversation(key, now)
+            if project is None or header is None:
+                continue
+            if header.status is TranscriptStatus.ENDING:
+                # A crashed end: take it over as the end it was.
+                if header.lease_until > now:
+                    continue
+                if await self.end_by_service(project, header, header.ended_by or "inactivity"):
+                    ended += 1
+                continue
+            if header.status is not TranscriptStatus.OPEN:
+                continue
+            if await self.end_by_service(project, header, "inactivity") is not None:
+                ended += 1
+        return ended

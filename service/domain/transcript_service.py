@@ -1,0 +1,618 @@
+"""Conversation memory use cases (SPEC sections 10 and 14): start, append, history, summary, context,
+resume, admin listing and deletion, and the ends the service makes itself (inactivity, supersession).
+
+Every message is validated, redacted and encoded here before the store sees it; the store keeps opaque
+bytes. The ends the service makes run exactly the end processing of an explicit end
+(:meth:`.conversations.ConversationService.persist` and analytics), with the last state checkpoint as the
+state and its time as the write time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .analytics import AnalyticsService
+from .clock import Clock, ceil_hour_ms, floor_hour_ms, iso_utc
+from .conversations import (
+    ConversationService,
+    check_conversation_id,
+    fingerprint,
+    split_state,
+)
+from .errors import (
+    Conflict,
+    Gone,
+    InvalidIdentifier,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    TranscriptsFull,
+)
+from .limits import MAX_STATE_ENTRIES, MAX_VALUE_BYTES, RECALL_WINDOW_MS
+from .memory import Caller, MemoryService
+from .projects import Project, validation_problem
+from .store import CallerRef, Store
+from .transcript_store import (
+    AppendStatus,
+    AppendWrite,
+    ConversationKey,
+    Header,
+    NewMessage,
+    TranscriptQuery,
+    TranscriptStatus,
+)
+from .transcript_views import (
+    Appended,
+    CallerConversations,
+    ContextSections,
+    ConversationStatus,
+    EndedBy,
+    History,
+    OpenAIHistory,
+    ProfileSection,
+    RecentTurnsSection,
+    Status,
+    SummarySection,
+)
+from .transcript_views import Context as ContextView
+from .transcripts import (
+    MAX_BATCH,
+    MAX_MESSAGE_BYTES,
+    MAX_MESSAGES,
+    MAX_TRANSCRIPT_BYTES,
+    NAME_PATTERN,
+    Message,
+    MessageIn,
+    check_batch_order,
+    encode_message,
+    estimate_tokens,
+    redact,
+    region_of,
+)
+
+log = logging.getLogger("caller_memory.transcripts")
+
+#: Longest summary text, in characters.
+MAX_SUMMARY_CHARS = 32_000
+#: Most messages a history page returns, and the default.
+MAX_PAGE = 1000
+DEFAULT_PAGE = 200
+#: How many of the latest messages context assembly and resume look at.
+CONTEXT_WINDOW = 2000
+RESUME_TURNS = 3
+RESUME_MESSAGES = 20
+#: Share of the budget the caller's memory may take in a context; and the summarise threshold.
+PROFILE_SHARE = 0.25
+SUMMARY_THRESHOLD = 0.75
+#: How long a project's transcript byte count is reused before it is asked again.
+BYTES_CACHE_MS = 1000
+INACTIVITY_LEASE = "inactivity"
+
+
+class AppendBody(BaseModel):
+    """``POST .../conversations/{id}/messages``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    caller: str | None = Field(default=None, max_length=64)
+    channel: str | None = Field(default=None, pattern=NAME_PATTERN)
+    agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+    messages: list[MessageIn] = Field(default_factory=list, max_length=MAX_BATCH)
+    state: dict[str, Any] | None = Field(default=None, max_length=MAX_STATE_ENTRIES)
+    #: When the client first tried to send this (its outbox keeps it): an erasure after it wins.
+    sent_at: int | None = Field(default=None, ge=0, le=2**53 - 1, description="epoch milliseconds")
+
+
+class StartBody(BaseModel):
+    """``POST .../conversations/{id}/start``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    caller: str = Field(max_length=64)
+    channel: str = Field(pattern=NAME_PATTERN)
+    agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+
+class SummaryBody(BaseModel):
+    """``PUT .../conversations/{id}/summary``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(max_length=MAX_SUMMARY_CHARS)
+    through_turn: int = Field(ge=0, le=2**53 - 1)
+    tokens: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+def parse_body(model: type[BaseModel], document: Any, what: str) -> Any:
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc, what=what, error=InvalidInput) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """Who reads a transcript: under ``transcript_scope: "agent"``, an agent token sees the user's messages
+    and its own agent's only (``agent``); None sees everything."""
+
+    agent: str | None = None
+
+
+EVERYONE = Reader()
+
+
+def status_of(header: Header, project: Project, now: int) -> Status:
+    if header.status is TranscriptStatus.OPEN:
+        idle = now - header.last_activity >= project.conversation.idle_after_ms
+        return "idle" if idle else "active"
+    return "ending" if header.status is TranscriptStatus.ENDING else "ended"
+
+
+def summary_of(header: Header) -> dict[str, Any] | None:
+    return orjson.loads(header.summary) if header.summary else None
+
+
+def summary_section(summary: dict[str, Any] | None) -> SummarySection | None:
+    if summary is None:
+        return None
+    given = summary.get("tokens")
+    return {
+        "provenance": "agent_summary",
+        "tokens": given if given is not None else estimate_tokens(summary["text"]),
+        "token_source": "client" if given is not None else "estimate",
+        "through_turn": summary["through_turn"],
+        "text": summary["text"],
+    }
+
+
+def ended_by_of(header: Header) -> EndedBy | None:
+    return cast("EndedBy", header.ended_by) if header.ended_by else None
+
+
+def _token_source(messages: Sequence[Message]) -> Any:
+    given = {m.tokens is not None for m in messages}
+    return "mixed" if len(given) > 1 else "client" if given == {True} else "estimate"
+
+
+class TranscriptService:
+    def __init__(
+        self,
+        store: Store,
+        memory: MemoryService,
+        conversations: ConversationService,
+        analytics: AnalyticsService,
+        clock: Clock,
+        *,
+        max_messages: int = MAX_MESSAGES,
+        max_bytes: int = MAX_TRANSCRIPT_BYTES,
+    ) -> None:
+        self._store = store
+        self._memory = memory
+        self._conversations = conversations
+        self._analytics = analytics
+        self._clock = clock
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._bytes_cache: dict[str, tuple[int, int]] = {}
+
+    # Views ------------------------------------------------------------------------------------------------
+
+    def status_view(self, header: Header, project: Project, now: int) -> ConversationStatus:
+        section = summary_section(summary_of(header))
+        open_ = header.status is TranscriptStatus.OPEN
+        return {
+            "conversation_id": header.key.conversation_id,
+            "status": status_of(header, project, now),
+            "channel": header.channel,
+            "agent": header.agent or None,
+            "started_at": iso_utc(floor_hour_ms(header.started_at)),
+            "last_activity_at": iso_utc(
+                header.last_activity if open_ else floor_hour_ms(header.last_activity)
+            ),
+            "turn_id": header.turn_id,
+            "messages": header.messages,
+            "tokens": header.tokens,
+            "bytes": header.bytes,
+            "summary": None
+            if section is None
+            else {"through_turn": section["through_turn"], "tokens": section["tokens"]},
+            "ended_by": ended_by_of(header),
+            "end_reason": header.end_reason or None,
+            "end_processed": header.status is TranscriptStatus.ENDED,
+            "expires_at": iso_utc(ceil_hour_ms(header.expires_at)),
+        }
+
+    # Reading ----------------------------------------------------------------------------------------------
+
+    async def _live(
+        self, project: Project, conversation_id: str, query: TranscriptQuery | None = None
+    ) -> tuple[Header, list[Message], int]:
+        """The conversation's header and messages (decoded), or 404 / 410."""
+        check_conversation_id(conversation_id)
+        if not project.conversation.enabled:
+            raise NotFound(
+                f"conversation memory is off for project '{project.project_id}' "
+                "(memory.conversation.enabled in its configuration)"
+            )
+        now = self._clock.now_ms()
+        header, stored = await self._store.read_conversation(
+            ConversationKey(project.project_id, conversation_id), now, query
+        )
+        if header is None or header.status is TranscriptStatus.DELETED:
+            raise NotFound(f"conversation '{conversation_id}' has no transcript")
+        if header.status is TranscriptStatus.ERASED or header.expired(now):
+            raise Gone(f"the transcript of conversation '{conversation_id}' expired or was erased")
+        return header, [Message(m.body) for m in stored], now
+
+    async def status(self, project: Project, conversation_id: str) -> ConversationStatus:
+        header, _, now = await self._live(project, conversation_id)
+        return self.status_view(header, project, now)
+
+    async def history(
+        self,
+        project: Project,
+        conversation_id: str,
+        *,
+        reader: Reader = EVERYONE,
+        after_turn: int | None = None,
+        limit: int = DEFAULT_PAGE,
+        openai: bool = False,
+    ) -> tuple[History | OpenAIHistory, Header]:
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput(f"limit must be 1 to {MAX_PAGE}", field="limit")
+        header, messages, now = await self._live(
+            project, conversation_id, TranscriptQuery(after_turn=after_turn, limit=limit + 1)
+        )
+        next_after: int | None = None
+        if len(messages) > limit:
+            # Pages end on a whole turn: the last turn of a full page continues on the next one.
+            messages = messages[:limit]
+            last = messages[-1].turn_id
+            whole = [m for m in messages if m.turn_id < last]
+            if whole:
+                messages = whole
+                next_after = whole[-1].turn_id
+            else:
+                next_after = last
+        visible = [m for m in messages if m.visible_to(reader.agent)]
+        if openai:
+            chat: OpenAIHistory = {"messages": [m.openai() for m in visible if m.role != "tool"]}
+            return chat, header
+        ended = header.status is not TranscriptStatus.OPEN
+        start = header.started_at if ended else None
+        body: History = {
+            "conversation_id": conversation_id,
+            "status": status_of(header, project, now),
+            "turn_id": header.turn_id,
+            "started_at": iso_utc(floor_hour_ms(header.started_at)),
+            "times": "offset_ms" if ended else "epoch_ms",
+            "contents": [m.platform(start) for m in visible],
+            "next_after_turn": next_after,
+        }
+        return body, header
+
+    @staticmethod
+    def etag(header: Header, reader: Reader, *parts: object) -> str:
+        """Changes whenever what a read returns may change (new messages, summary, status)."""
+        digest = fingerprint(
+            header.messages, header.status.value, header.turn_id, header.summary, reader.agent, *parts
+        )
+        return f'W/"{digest[:20]}"'
+
+    async def context(
+        self, project: Project, conversation_id: str, max_tokens: int, *, reader: Reader = EVERYONE
+    ) -> ContextView:
+        header, messages, now = await self._live(
+            project, conversation_id, TranscriptQuery(last=CONTEXT_WINDOW)
+        )
+        summary = summary_of(header)
+        through = summary["through_turn"] if summary else -1
+        profile = await self._profile(project, header, int(max_tokens * PROFILE_SHARE), now)
+        summarised = summary_section(summary)
+        left = max_tokens - profile["tokens"] - (summarised["tokens"] if summarised else 0)
+        turns: dict[int, list[Message]] = {}
+        for m in messages:
+            if m.turn_id > through and m.role != "tool" and m.visible_to(reader.agent):
+                turns.setdefault(m.turn_id, []).append(m)
+        unsummarized = sum(m.token_count for group in turns.values() for m in group)
+        chosen: list[list[Message]] = []
+        for turn in sorted(turns, reverse=True):  # newest first: older turns are dropped first
+            cost = sum(m.token_count for m in turns[turn])
+            if cost > left:
+                break
+            left -= cost
+            chosen.append(turns[turn])
+        chosen.reverse()
+        kept = [m for group in chosen for m in group]
+        recent: RecentTurnsSection = {
+            "provenance": "transcript",
+            "tokens": sum(m.token_count for m in kept),
+            "token_source": _token_source(kept),
+            "from_turn": kept[0].turn_id if kept else None,
+            "to_turn": kept[-1].turn_id if kept else None,
+            "dropped_turns": len(turns) - len(chosen),
+            "messages": [m.openai() for m in kept],
+        }
+        sections: ContextSections = {"profile": profile, "summary": summarised, "recent_turns": recent}
+        total = profile["tokens"] + (summarised["tokens"] if summarised else 0) + recent["tokens"]
+        return {
+            "conversation_id": conversation_id,
+            "status": status_of(header, project, now),
+            "max_tokens": max_tokens,
+            "tokens": total,
+            "unsummarized_tokens": unsummarized,
+            "needs_summary": unsummarized > SUMMARY_THRESHOLD * max_tokens,
+            "sections": sections,
+        }
+
+    async def _profile(self, project: Project, header: Header, cap: int, now: int) -> ProfileSection:
+        """The caller's memory (live fields under the current TTLs), within ``cap`` tokens: fields in name
+        order until the next would pass it."""
+        fields: dict[str, Any] = {}
+        omitted: list[str] = []
+        tokens = 0
+        if header.subject and header.subject not in project.blacklist:
+            stored = await self._store.read_fields(CallerRef(project.project_id, header.subject), now)
+            for name in sorted(stored):
+                f = stored[name]
+                if now >= min(f.expires_at, f.written_at + project.ttl_ms.get(name, 0)):
+                    continue
+                cost = estimate_tokens(name) + estimate_tokens(f.value.decode()) + 1
+                if tokens + cost > cap:
+                    omitted.append(name)
+                    continue
+                tokens += cost
+                fields[name] = orjson.loads(f.value)
+        return {
+            "provenance": "caller_memory",
+            "tokens": tokens,
+            "token_source": "estimate",
+            "fields": fields,
+            "omitted": omitted,
+        }
+
+    # Writing ----------------------------------------------------------------------------------------------
+
+    def caller(self, project: Project, raw: str) -> Caller:
+        try:
+            return self._memory.caller(project, raw)
+        except InvalidIdentifier as exc:
+            raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
+
+    def _masker(self, project: Project, caller: Caller | None, subject: str) -> Any:
+        """What ``redact`` masks: every number with ``redact_phone_numbers``, else the caller's own only
+        (known by their number, or, when only the conversation is known, by their pseudonym)."""
+        if project.conversation.redact_phone_numbers:
+            return lambda e164: True
+        if caller is not None:
+            return lambda e164: e164 == caller.e164
+        if not subject:
+            return lambda e164: False
+        return lambda e164: self._memory.caller(project, e164).subject == subject
+
+    def _redact(self, project: Project, caller: Caller | None, subject: str) -> Any:
+        regions = [project.default_region, region_of(caller.e164) if caller is not None else None]
+        masked = self._masker(project, caller, subject)
+        return lambda text: redact(text, regions, masked)
+
+    def _encode(self, messages: Sequence[MessageIn], redactor: Any, now: int) -> list[NewMessage]:
+        """Redact and encode; each message within MAX_MESSAGE_BYTES (413 naming it)."""
+        out: list[NewMessage] = []
+        for index, message in enumerate(messages):
+            content = redactor(message.content)
+            original = message.metadata.original
+            if original is not None:
+                original = redactor(original)
+            body = encode_message(message, content, original, message.timestamp or now)
+            if len(body) > MAX_MESSAGE_BYTES:
+                raise PayloadTooLarge(
+                    f"messages[{index}] is {len(body)} bytes stored; the limit per message is "
+                    f"{MAX_MESSAGE_BYTES} bytes",
+                    field=f"messages[{index}]",
+                )
+            tokens = message.tokens if message.tokens is not None else estimate_tokens(content)
+            out.append(NewMessage(message.turn_id, body, message.message_id, tokens))
+        return out
+
+    async def _check_project_bytes(self, project: Project, now: int) -> None:
+        cached = self._bytes_cache.get(project.project_id)
+        if cached is None or now - cached[1] >= BYTES_CACHE_MS:
+            total = await self._store.transcript_bytes(
+                project.project_id, now, now - project.conversation.transcript_retention_ms
+            )
+            cached = (total, now)
+            self._bytes_cache[project.project_id] = cached
+        limit = project.conversation.max_transcript_bytes
+        if cached[0] >= limit:
+            raise TranscriptsFull(
+                f"the project's transcripts hold {cached[0]} bytes, at its limit "
+                f"(memory.conversation.max_transcript_bytes = {limit}); ends are still taken"
+            )
+
+    def write(
+        self,
+        project: Project,
+        key: ConversationKey,
+        caller: Caller | None,
+        subject: str,
+        channel: str,
+        agent: str,
+        messages: list[NewMessage],
+        checkpoint: bytes | None,
+        made_at: int,
+        now: int,
+    ) -> AppendWrite:
+        cc = project.conversation
+        expires_at = now + cc.transcript_retention_ms
+        return AppendWrite(
+            key=key,
+            caller=CallerRef(project.project_id, subject),
+            channel=channel,
+            agent=agent,
+            create=caller is not None,
+            messages=messages,
+            checkpoint=checkpoint,
+            made_at=made_at,
+            expires_at=expires_at,
+            forget_at=expires_at + min(RECALL_WINDOW_MS, project.retention_ms),
+            due_at=now + cc.end_after_inactivity_ms,
+            max_messages=self.max_messages,
+            max_bytes=self.max_bytes,
+        )
+
+    async def append(
+        self, project: Project, conversation_id: str, document: Any, *, received_at: int | None = None
+    ) -> Appended:
+        check_conversation_id(conversation_id)
+        body: AppendBody = parse_body(AppendBody, document, "messages")
+        problem = check_batch_order(body.messages)
+        if problem is not None:
+            raise InvalidInput(problem, field="messages")
+        if (body.caller is None) != (body.channel is None):
+            raise InvalidInput(
+                "send caller and channel together (both start a conversation), or neither", field="caller"
+            )
+        caller = self.caller(project, body.caller) if body.caller is not None else None
+        checkpoint = self._checkpoint(project, body.state)
+        not_stored: Appended = {
+            "conversation_id": conversation_id,
+            "stored": False,
+            "status": None,
+            "turn_id": -1,
+            "added": 0,
+            "messages": 0,
+            "bytes": 0,
+            "tokens": 0,
+        }
+        if not project.conversation.enabled:
+            return {**not_stored, "reason": "disabled"}
+        if caller is not None and caller.blacklisted:
+            return {**not_stored, "reason": "blacklisted"}
+        now = self._clock.now_ms()
+        made_at = min(received_at or now, body.sent_at or now)
+        key = ConversationKey(project.project_id, conversation_id)
+        subject = ""
+        if caller is None and not project.conversation.redact_phone_numbers and body.messages:
+            # The caller's own number is removed whatever the option says: find out who they are.
+            header, _ = await self._store.read_conversation(key, now)
+            subject = header.subject if header is not None else ""
+        encoded = self._encode(body.messages, self._redact(project, caller, subject), now)
+        if encoded:
+            await self._check_project_bytes(project, now)
+        write = self.write(
+            project,
+            key,
+            caller,
+            caller.subject if caller is not None else "",
+            body.channel or "",
+            body.agent or "",
+            encoded,
+            checkpoint,
+            made_at,
+            now,
+        )
+        result = await self._store.append_messages(write, now)
+        status = result.status
+        if status is AppendStatus.ERASED:
+            return {**not_stored, "reason": "erased"}
+        refuse(status, conversation_id, result.detail)
+        header = result.header
+        assert header is not None  # every accepted append has one
+        if result.added:
+            cached = self._bytes_cache.get(project.project_id)
+            if cached is not None:
+                added = sum(len(m.body) for m in encoded)
+                self._bytes_cache[project.project_id] = (cached[0] + added, cached[1])
+        return {
+            "conversation_id": conversation_id,
+            "stored": True,
+            "status": status_of(header, project, now),
+            "turn_id": header.turn_id,
+            "added": result.added,
+            "messages": header.messages,
+            "bytes": header.bytes,
+            "tokens": header.tokens,
+        }
+
+    @staticmethod
+    def _checkpoint(project: Project, state: dict[str, Any] | None) -> bytes | None:
+        if state is None:
+            return None
+        split_state(project, state)  # field names and value sizes checked like an end's
+        encoded = orjson.dumps(state)
+        if len(encoded) > MAX_STATE_ENTRIES * MAX_VALUE_BYTES:  # pragma: no cover - bounded by the two above
+            raise PayloadTooLarge("state is too large", field="state")
+        return encoded
+
+    async def put_summary(self, project: Project, conversation_id: str, document: Any) -> ConversationStatus:
+        body: SummaryBody = parse_body(SummaryBody, document, "summary")
+        header, _, now = await self._live(project, conversation_id)
+        if body.through_turn > header.turn_id:
+            raise InvalidInput(
+                f"through_turn {body.through_turn} is beyond the conversation's latest turn ({header.turn_id})",
+                field="through_turn",
+            )
+        text = self._redact(project, None, header.subject)(body.text)
+        summary = orjson.dumps({"text": text, "through_turn": body.through_turn, "tokens": body.tokens})
+        updated = await self._store.put_summary(header.key, summary, now)
+        if updated is None:
+            raise Gone(f"the transcript of conversation '{conversation_id}' expired or was erased")
+        return self.status_view(updated, project, now)
+
+    # Admin ------------------------------------------------------------------------------------------------
+
+    async def for_caller(self, project: Project, raw_identifier: str) -> CallerConversations:
+        caller = self.caller(project, raw_identifier)
+        now = self._clock.now_ms()
+        headers = await self._store.caller_conversations(CallerRef(project.project_id, caller.subject), now)
+        return {"conversations": [self.status_view(h, project, now) for h in headers if not h.expired(now)]}
+
+    async def delete(self, project: Project, conversation_id: str) -> Header:
+        check_conversation_id(conversation_id)
+        now = self._clock.now_ms()
+        header = await self._store.delete_conversation(
+            ConversationKey(project.project_id, conversation_id), now
+        )
+        if header is None:
+            raise NotFound(f"conversation '{conversation_id}' has no transcript")
+        return header
+
+
+def refuse(status: AppendStatus, conversation_id: str, detail: str) -> None:
+    """Raise the error an append refused with ``status`` gets (nothing for APPENDED)."""
+    if status is AppendStatus.APPENDED:
+        return
+    if status is AppendStatus.NOT_FOUND:
+        raise NotFound(
+            f"conversation '{conversation_id}' has not started: send caller and channel with its first "
+            "messages, or start it"
+        )
+    if status is AppendStatus.EXPIRED:
+        raise Gone(f"the transcript of conversation '{conversation_id}' expired")
+    if status is AppendStatus.ENDED:
+        raise Conflict(f"conversation '{conversation_id}' has ended: nothing can be appended to it")
+    if status is AppendStatus.OTHER_CALLER:
+        raise Conflict(f"conversation '{conversation_id}' belongs to another caller")
+    if status is AppendStatus.ID_CONFLICT:
+        raise Conflict(
+            f"message id '{detail}' is already in conversation '{conversation_id}' with another body; "
+            "a retry must send the same message"
+        )
+    if status is AppendStatus.TURN_ORDER:
+        raise InvalidInput(
+            f"turn_id {detail} is lower than the conversation's latest turn; turn ids never decrease",
+            field="messages",
+        )
+    if status is AppendStatus.TOO_MANY_MESSAGES:
+        raise InvalidInput(
+            f"the transcript would pass its limit of {MAX_MESSAGES} messages", field="messages"
+        )
+    raise PayloadTooLarge(
+        f"the transcript would pass its limit of {MAX_TRANSCRIPT_BYTES} bytes", field="messages"
+    )
