@@ -65,9 +65,9 @@ async def started(
     checkpoint: bytes | None = None,
 ) -> Header:
     """A conversation with the platform example's messages, appended at ``at``."""
-    result = await append(
-        store, key or new_key(), caller or new_caller(), platform_call(at), at, checkpoint=checkpoint
-    )
+    caller = caller or new_caller()
+    key = key or new_key(caller.project)
+    result = await append(store, key, caller, platform_call(at), at, checkpoint=checkpoint)
     assert result.status is APPENDED and result.header is not None
     return result.header
 
@@ -472,13 +472,11 @@ async def test_an_append_made_before_an_erasure_creates_nothing(store: Store) ->
         await assert_refused(store, write, arrives, AppendStatus.ERASED)
     assert await store.caller_conversations(caller, arrives) == []
     assert (await store.erase_caller(caller, arrives, arrives + DAY_MS)).transcripts == 0
-    # Made after the erasure: a new conversation of the caller.
+    # Made after the erasure (the second one, at ``arrives``): a new conversation of the caller.
     new = new_key()
-    result = await store.append_messages(
-        appending(new, caller, platform_call(arrives), arrives, made_at=erased_at + 1), arrives
-    )
+    result = await append(store, new, caller, platform_call(arrives), arrives + 1)
     assert (result.status, result.added) == (APPENDED, 6)
-    assert [h.key for h in await store.caller_conversations(caller, arrives)] == [new]
+    assert [h.key for h in await store.caller_conversations(caller, arrives + 1)] == [new]
 
 
 # A project's transcript bytes --------------------------------------------------------------------------------
