@@ -39,28 +39,33 @@ from ..domain.store import (
 )
 from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .sqlite_retention import SQLiteRetention
+from .sqlite_transcripts import SQLiteTranscripts, erase_transcripts
 
 T = TypeVar("T")
 
 #: The ``subject`` of a conversation record whose caller was erased (a pseudonym is never empty).
 ERASED_SUBJECT = ""
 
-SCHEMA_VERSION = 1
+#: 2: conversation memory (the transcript tables) and tokens.agent. A file is marked with the version that
+#: last opened it, so that an earlier release, which would neither sweep nor erase transcripts, refuses it.
+SCHEMA_VERSION = 2
 
 #: The tables and indexes (``sqlite_schema.sql``, package data), created by every open if missing.
 _SCHEMA = resources.files(__package__).joinpath("sqlite_schema.sql").read_text(encoding="utf-8")
 
-#: Columns added after the first release: (table, column, how existing rows are filled). A first interaction
-#: or a listed conversation of an older file counts as created (recorded) at its hour; a counter bucket
-#: without its latest recording time is judged by its expiry alone.
+#: Columns added after the first release: (table, column, its type, how existing rows are filled). A first
+#: interaction or a listed conversation of an older file counts as created (recorded) at its hour; a counter
+#: bucket without its latest recording time is judged by its expiry alone; an older token acts as no agent.
 _ADDED_COLUMNS = (
-    ("first_interactions", "created_at", "UPDATE first_interactions SET created_at = hour"),
+    ("first_interactions", "created_at", "INTEGER", "UPDATE first_interactions SET created_at = hour"),
     (
         "analytics_conversations",
         "recorded_at",
+        "INTEGER",
         "UPDATE analytics_conversations SET recorded_at = CAST(substr(sort_key, 1, 13) AS INTEGER)",
     ),
-    ("analytics_counters", "recorded_at", None),
+    ("analytics_counters", "recorded_at", "INTEGER", None),
+    ("tokens", "agent", "TEXT NOT NULL DEFAULT ''", None),
 )
 #: Indexes on added columns (made once the columns exist).
 _ADDED_INDEXES = """
@@ -69,18 +74,26 @@ CREATE INDEX IF NOT EXISTS analytics_conversations_by_recorded ON analytics_conv
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Add what a file made by an earlier release lacks (idempotent; inside the caller's transaction)."""
-    for table, column, fill in _ADDED_COLUMNS:
+    """Add what a file made by an earlier release lacks (idempotent; inside the caller's transaction), and
+    mark the file with this release's schema version; a file of a later release is refused, untouched."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is not None and int(row[0]) > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(f"schema version {row[0]} is newer than this release supports")
+    for table, column, kind, fill in _ADDED_COLUMNS:
         if not any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})")):
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER")
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             if fill is not None:
                 conn.execute(fill)
     for statement in _ADDED_INDEXES.strip().splitlines():
         conn.execute(statement)
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+    )
 
 
-class SQLiteStore(SQLiteRetention, Store):
-    """:class:`Store` on one SQLite file (retention: :class:`.sqlite_retention.SQLiteRetention`)."""
+class SQLiteStore(SQLiteRetention, SQLiteTranscripts, Store):
+    """:class:`Store` on one SQLite file (retention: :class:`.sqlite_retention.SQLiteRetention`; conversation
+    memory: :class:`.sqlite_transcripts.SQLiteTranscripts`)."""
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)
@@ -160,13 +173,6 @@ class SQLiteStore(SQLiteRetention, Store):
                 self._writer.execute("ROLLBACK")
                 raise
             self._writer.execute("COMMIT")
-            row = self._writer.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None:
-                self._writer.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise sqlite3.DatabaseError(f"schema version {row[0]} is newer than this release supports")
 
         def open_reader() -> None:
             self._reader = self._connect()
@@ -218,9 +224,17 @@ class SQLiteStore(SQLiteRetention, Store):
     async def put_token(self, token: TokenRecord) -> None:
         def run(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO tokens (token_id, project, role, secret_hash, created_at, label) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (token.token_id, token.project, token.role, token.secret_hash, token.created_at, token.label),
+                "INSERT INTO tokens (token_id, project, role, secret_hash, created_at, label, agent) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    token.token_id,
+                    token.project,
+                    token.role,
+                    token.secret_hash,
+                    token.created_at,
+                    token.label,
+                    token.agent,
+                ),
             )
 
         await self._write(run)
@@ -234,12 +248,14 @@ class SQLiteStore(SQLiteRetention, Store):
             secret_hash=bytes(row[3]),
             created_at=row[4],
             label=row[5],
+            agent=row[6],
         )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
         def run(conn: sqlite3.Connection) -> TokenRecord | None:
             row = conn.execute(
-                "SELECT token_id, project, role, secret_hash, created_at, label FROM tokens WHERE token_id = ?",
+                "SELECT token_id, project, role, secret_hash, created_at, label, agent FROM tokens "
+                "WHERE token_id = ?",
                 (token_id,),
             ).fetchone()
             return self._token(row) if row else None
@@ -249,7 +265,7 @@ class SQLiteStore(SQLiteRetention, Store):
     async def list_tokens(self, project: str) -> list[TokenRecord]:
         def run(conn: sqlite3.Connection) -> list[TokenRecord]:
             rows = conn.execute(
-                "SELECT token_id, project, role, secret_hash, created_at, label FROM tokens "
+                "SELECT token_id, project, role, secret_hash, created_at, label, agent FROM tokens "
                 "WHERE project = ? ORDER BY created_at, token_id",
                 (project,),
             ).fetchall()
@@ -344,7 +360,16 @@ class SQLiteStore(SQLiteRetention, Store):
                 if row[0] == subject and row[1] == end.fingerprint:
                     return EndResult(EndStatus.REPLAYED, decode_end_analytics(bytes(row[2])))
                 return EndResult(EndStatus.CONFLICT)
-            self._apply(conn, project, subject, end.sets, end.deletes, now_ms)
+            # A field written after the end's write time (a later patch, a later end) is left as it is.
+            written_at = now_ms if end.written_at is None else end.written_at
+            later = {
+                name
+                for name, stored in self._fields(conn, project, subject, now_ms).items()
+                if stored.written_at > written_at
+            }
+            sets = {name: f for name, f in end.sets.items() if name not in later}
+            deletes = [name for name in end.deletes if name not in later]
+            self._apply(conn, project, subject, sets, deletes, now_ms)
             found = (
                 None
                 if end.analytics is None
@@ -531,12 +556,17 @@ class SQLiteStore(SQLiteRetention, Store):
                 ).fetchall()
             ]
             listed = self._unlist(conn, project, ids)
+            transcripts = erase_transcripts(conn, caller, now_ms)
             conn.execute(
                 "INSERT OR REPLACE INTO tombstones (project, subject, erased_at, expires_at) VALUES (?, ?, ?, ?)",
                 (project, subject, now_ms, tombstone_until),
             )
             return ErasureResult(
-                fields=fields, first_interaction=first > 0, conversations=len(ids), listed=listed
+                fields=fields,
+                first_interaction=first > 0,
+                conversations=len(ids),
+                listed=listed,
+                transcripts=transcripts,
             )
 
         return await self._write(run)

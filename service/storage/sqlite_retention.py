@@ -1,4 +1,5 @@
-"""SQLite backend, retention: the expiry sweep, its lease and its reports, and the audit log of erasures.
+"""SQLite backend, retention: the expiry sweep (for transcripts, with
+:func:`.sqlite_transcripts.sweep_transcripts`), its lease and its reports, and the audit log of erasures.
 
 :class:`SQLiteRetention` is a mixin of :class:`.sqlite.SQLiteStore`: it runs its statements through the
 store's writer and reader (``_write``: one ``IMMEDIATE`` transaction on the writer thread; ``_read``: the
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from ..domain.store import AuditEntry
 from .codec import audit_id, decode_audit, encode_audit
+from .sqlite_transcripts import sweep_transcripts
 
 T = TypeVar("T")
 
@@ -33,6 +35,7 @@ class SQLiteRetention:
         "analytics_entries": ("analytics_conversations", "project, sort_key"),
         "analytics_counters": ("analytics_counters", "project, kind, bucket, name"),
         "tombstones": ("tombstones", "project, subject"),
+        "transcript_volume": ("transcript_volume", "project, hour"),
     }
 
     async def list_projects(self) -> list[str]:
@@ -67,6 +70,9 @@ class SQLiteRetention:
                 ).rowcount
                 counts[kind] = removed
                 more = more or removed == batch
+            transcripts, more_transcripts = sweep_transcripts(conn, now_ms, batch)
+            counts.update(transcripts)
+            more = more or more_transcripts
             for project, cutoff in sorted((listed_after or {}).items()):
                 # Past the project's current retention (shortened since they were recorded).
                 removed = conn.execute(

@@ -1,6 +1,8 @@
 -- The SQLite backend's schema, run by SQLiteStore.open on every open (each statement is idempotent).
--- Columns added after the first release (first_interactions.created_at, the recorded_at columns) are in these
--- tables already; sqlite.py's _ADDED_COLUMNS adds them to files of earlier releases, with the indexes on them.
+-- Columns added after the first release (first_interactions.created_at, the recorded_at columns,
+-- tokens.agent) are in these tables already; sqlite.py's _ADDED_COLUMNS adds them to files of earlier
+-- releases, with the indexes on them. Tables added later (the transcript tables at the end) are simply created
+-- when missing.
 -- Times are integer milliseconds since the Unix epoch; subject is a caller pseudonym, never a phone number.
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS projects (
@@ -14,7 +16,8 @@ CREATE TABLE IF NOT EXISTS tokens (
     role TEXT NOT NULL,
     secret_hash BLOB NOT NULL,
     created_at INTEGER NOT NULL,
-    label TEXT NOT NULL DEFAULT ''
+    label TEXT NOT NULL DEFAULT '',
+    agent TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS tokens_by_project ON tokens (project, created_at);
 CREATE TABLE IF NOT EXISTS fields (
@@ -94,3 +97,59 @@ CREATE TABLE IF NOT EXISTS audit (
     entry BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_by_project ON audit (project, id);
+-- Conversation memory (schema version 2). One header row per conversation, its messages keyed by the header's
+-- id (a few bytes per message instead of the project and conversation id). status is open, ending, ended, or
+-- a marker (erased, deleted) whose subject is ''. due_at is set while an inactivity end or a lapsed end claim
+-- is to run; purge_at is expires_at while the transcript (messages, checkpoint, summary) is still stored.
+CREATE TABLE IF NOT EXISTS transcripts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    started_at INTEGER NOT NULL,
+    last_activity INTEGER NOT NULL,
+    turn_id INTEGER NOT NULL,
+    messages INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    checkpoint BLOB,
+    checkpoint_at INTEGER NOT NULL,
+    summary BLOB,
+    ended_by TEXT NOT NULL,
+    end_reason TEXT NOT NULL,
+    ended_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    forget_at INTEGER NOT NULL,
+    lease_until INTEGER NOT NULL,
+    end_data BLOB NOT NULL,
+    due_at INTEGER,
+    purge_at INTEGER,
+    UNIQUE (project, conversation_id)
+);
+CREATE INDEX IF NOT EXISTS transcripts_by_caller ON transcripts (project, subject, started_at);
+CREATE INDEX IF NOT EXISTS transcripts_by_due ON transcripts (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS transcripts_by_purge ON transcripts (purge_at) WHERE purge_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS transcripts_by_forget ON transcripts (forget_at);
+-- turn ids never decrease along seq, so (turn_id, seq) is append order and "after turn N" is a range.
+CREATE TABLE IF NOT EXISTS transcript_messages (
+    conv INTEGER NOT NULL,
+    turn_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    message_id TEXT,
+    body BLOB NOT NULL,
+    PRIMARY KEY (conv, turn_id, seq)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS transcript_messages_by_id ON transcript_messages (conv, message_id)
+    WHERE message_id IS NOT NULL;
+-- Bytes of messages appended per project and hour (transcript_bytes), less those of deleted or erased ones.
+CREATE TABLE IF NOT EXISTS transcript_volume (
+    project TEXT NOT NULL,
+    hour INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, hour)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS transcript_volume_by_expiry ON transcript_volume (expires_at);
