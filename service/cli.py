@@ -99,7 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     show = project.add_parser("show", help="print a project's configuration")
     show.add_argument("project")
 
-    sub.add_parser("sweep", help="run one expiry sweep against the store now and print what it removed")
+    sub.add_parser(
+        "sweep",
+        help="run one expiry sweep against the store now, and the inactivity ends that are due, and print "
+        "what they did",
+    )
 
     token = sub.add_parser("token", help="manage project tokens").add_subparsers(
         dest="action", required=True, metavar="ACTION"
@@ -157,7 +161,9 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
             raise SystemExit(
                 "error: another sweep holds the lease (a service replica is sweeping); try again later"
             )
-        return asdict(report)
+        # The conversations nobody ended that are due (what POST /v1/admin/sweeps runs too).
+        ended = await services.lifecycle.run_inactivity_ends(services.projects)
+        return asdict(report) | {"inactivity_ends": ended}
     if args.command == "project" and args.action == "apply":
         try:
             document = parse_document(args.file.read_bytes(), what=str(args.file))

@@ -248,8 +248,12 @@ class Lifecycle:
             if time.perf_counter() - started > budget_s:
                 break
             project = await projects.find(key.project)
+            if project is None:  # projects are never deleted: its configuration is unreadable for now
+                continue
             header, _ = await self._store.read_conversation(key, now)
-            if project is None or header is None:
+            if header is None or header.status in (TranscriptStatus.ERASED, TranscriptStatus.DELETED):
+                # Gone since it was scheduled: a claim answers MISSING and takes it out of the due index.
+                await self._store.claim_end(EndClaim(key, "inactivity", "", now, now), now)
                 continue
             if header.status is TranscriptStatus.ENDING:
                 # A crashed end: take it over as the end it was.

@@ -193,7 +193,8 @@ class ClaimStatus(enum.Enum):
     CLAIMED = "claimed"  # this end claimed it (OPEN -> ENDING), or took over an ENDING one whose lease lapsed
     NOT_DUE = "not_due"  # inactivity only: there was activity after ``idle_since`` (header: the current one)
     ALREADY = "already"  # it was ENDING (lease held) or ENDED already; header says how
-    MISSING = "missing"  # no such conversation, or only a marker, or an expired transcript
+    MISSING = "missing"  # no such conversation, or only a marker, or an expired transcript (and the claim
+    # takes it out of the due index, so that it is not due again)
 
 
 @dataclass(frozen=True, slots=True)
