@@ -26,6 +26,22 @@ Layout (all keys start with ``cm:``)::
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was
                                                     ended for; cbucket is a hash of the conversation id;
                                                     "!|<expires_at>" once that caller was erased
+    cm:{<vbucket>}:vh:<project>:<conv_id> hash      a conversation's header (TranscriptStore; fields in
+                                                    redis_transcripts.py), until its forget_at; vbucket is a
+                                                    hash of project and conversation id: all of a
+                                                    conversation's keys (vh, vm, vi, vd) share that one tag
+    cm:{<vbucket>}:vm:<project>:<conv_id> stream    its messages: entry id "<turn_id>-<seq + 1>", one field
+                                                    (the message id, "" for none) whose value is the body;
+                                                    until the transcript's expires_at
+    cm:{<vbucket>}:vi:<project>:<conv_id> hash      message id -> its stream entry id, until expires_at
+    cm:{<vbucket>}:vd:<project>:<conv_id> hash      {checkpoint, summary}, until expires_at
+    cm:{<bucket>}:vc:<project>:<subject>  zset      the caller's conversation ids (erasure finds them), in
+                                                    the caller's slot; score = a time no earlier than the
+                                                    conversation's forget_at (its "horizon")
+    cm:vdue                               zset      the inactivity due index of the whole store: member
+                                                    "<project>:<conv_id>", score = when it is due (never
+                                                    later than the header says; see redis_transcripts.py)
+    cm:{a:<project>}:vb                   hash      bytes of messages the project appended, by hour start
     cm:{<tag>}:s, {<key>}:s               string    Redis Cluster only: an empty marker written (expiring
                                                     within a second) to make a WAIT cover the slot's earlier
                                                     writes; in the slot of the key it is derived from
@@ -147,6 +163,61 @@ def caller_conversations_key(project: str, subject: str) -> str:
 
 def conversation_record_prefix(project: str, subject: str) -> str:
     return f"{_PREFIX}{{{bucket_of(subject)}}}:c:{project}:"
+
+
+def conversation_bucket(project: str, conversation_id: str) -> int:
+    """The bucket whose hash tag every key of one conversation carries: a stable hash of project and id (the
+    same id in two projects is two conversations, each in its own slot)."""
+    digest = hashlib.sha1(f"{project}:{conversation_id}".encode(), usedforsecurity=False).hexdigest()
+    return int(digest[:8], 16) % N_BUCKETS
+
+
+def _transcript(kind: str, project: str, conversation_id: str) -> str:
+    return f"{_PREFIX}{{{conversation_bucket(project, conversation_id)}}}:{kind}:{project}:{conversation_id}"
+
+
+def transcript_header_key(project: str, conversation_id: str) -> str:
+    """A conversation's header hash (it outlives the transcript: until ``forget_at``)."""
+    return _transcript("vh", project, conversation_id)
+
+
+def transcript_messages_key(project: str, conversation_id: str) -> str:
+    """A conversation's messages (a stream), in the header's slot."""
+    return _transcript("vm", project, conversation_id)
+
+
+def transcript_ids_key(project: str, conversation_id: str) -> str:
+    """A conversation's message ids (id -> stream entry id), in the header's slot."""
+    return _transcript("vi", project, conversation_id)
+
+
+def transcript_data_key(project: str, conversation_id: str) -> str:
+    """A conversation's checkpoint and summary, in the header's slot."""
+    return _transcript("vd", project, conversation_id)
+
+
+def transcript_keys(project: str, conversation_id: str) -> list[str]:
+    """Header, messages, ids and data of one conversation: the KEYS of the transcript scripts, in order."""
+    return [_transcript(kind, project, conversation_id) for kind in ("vh", "vm", "vi", "vd")]
+
+
+def caller_transcripts_key(project: str, subject: str) -> str:
+    """The ids of the caller's conversations (transcripts), in the caller's slot, so that erasure finds them."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:vc:{project}:{subject}"
+
+
+#: The inactivity due index of every conversation of the store.
+TRANSCRIPTS_DUE = f"{_PREFIX}vdue"
+
+
+def due_member(project: str, conversation_id: str) -> str:
+    """A conversation's member in :data:`TRANSCRIPTS_DUE` (project ids hold no ``:``)."""
+    return f"{project}:{conversation_id}"
+
+
+def transcript_volume_key(project: str) -> str:
+    """The bytes of messages a project appended, by hour (in the project's analytics slot)."""
+    return f"{_analytics(project)}:vb"
 
 
 def memory_key_prefix(bucket: int) -> str:

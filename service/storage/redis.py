@@ -43,7 +43,16 @@ from . import keys
 from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry
 from .redis_cluster import ClusterTransport, is_cluster_url
 from .redis_retention import RedisRetention, split_listed
-from .redis_transport import Call, Command, ConnectionLimits, RedisTransport, StandaloneTransport, hash_reply
+from .redis_transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
+from .redis_transport import (
+    Call,
+    Command,
+    ConnectionLimits,
+    RedisTransport,
+    StandaloneTransport,
+    hash_reply,
+    load_script,
+)
 
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
@@ -75,6 +84,7 @@ def _token_from_hash(token_id: str, data: Mapping[bytes, bytes]) -> TokenRecord:
             secret_hash=data[b"secret_hash"],
             created_at=int(data[b"created_at"]),
             label=data.get(b"label", b"").decode(),
+            agent=data.get(b"agent", b"").decode(),  # tokens of earlier releases have none
         )
     except (KeyError, ValueError) as exc:
         raise StoreCorrupt(f"token {token_id} is stored in a form this version cannot read") from exc
@@ -88,10 +98,11 @@ _COUNTER_META = (b"_expires_at", b"_recorded_at")
 _RECORDED = {0: RecordStatus.DUPLICATE, 1: RecordStatus.RECORDED, 2: RecordStatus.ERASED}
 
 
-class RedisStore(RedisRetention, Store):
+class RedisStore(RedisRetention, RedisTranscripts, Store):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
     Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`.redis_cluster.parse_cluster_url`).
-    Retention (sweeps, leases, sweep reports, the audit log): :class:`.redis_retention.RedisRetention`.
+    Retention (sweeps, leases, sweep reports, the audit log): :class:`.redis_retention.RedisRetention`;
+    conversation memory: :class:`.redis_transcripts.RedisTranscripts`.
     """
 
     def __init__(
@@ -123,6 +134,11 @@ class RedisStore(RedisRetention, Store):
 
     async def open(self) -> None:
         await self._transport.open()
+        # The transport registers the scripts it knows (redis_transport.SCRIPTS); conversation memory's are
+        # registered the same way, with the client the transport registered its own with.
+        client = self._transport.scripts["patch"].registered_client
+        for name in TRANSCRIPT_SCRIPTS:
+            self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:
         await self._transport.aclose()
@@ -159,7 +175,7 @@ class RedisStore(RedisRetention, Store):
                     "HSET",
                     keys.token_key(token.token_id),
                     *("project", token.project, "role", token.role, "secret_hash", token.secret_hash),
-                    *("created_at", token.created_at, "label", token.label),
+                    *("created_at", token.created_at, "label", token.label, "agent", token.agent),
                 ),
             )
 
@@ -260,6 +276,7 @@ class RedisStore(RedisRetention, Store):
             conversation_id,
             end.made_at,
             "" if self._cluster else claimed,
+            "" if end.written_at is None else end.written_at,
         ]
         analytics = end.analytics
         if analytics is None:
@@ -430,6 +447,7 @@ class RedisStore(RedisRetention, Store):
                     keys.first_interaction_key(project, subject),
                     keys.caller_conversations_key(project, subject),
                     keys.tombstone_key(project, subject),
+                    keys.caller_transcripts_key(project, subject),
                 ],
                 [
                     keys.index_member(project, subject),
@@ -439,7 +457,18 @@ class RedisStore(RedisRetention, Store):
                     subject,
                 ],
             )
-            pairs = reply[2:]
+            listed_transcripts = 2 * int(reply[2])
+            transcripts = reply[3 : 3 + listed_transcripts]
+            pairs = reply[3 + listed_transcripts :]
+            # Each conversation of the caller is in a slot of its own: each becomes a marker there.
+            removed = await self.erase_transcripts(
+                caller,
+                [
+                    (t.decode(), int(float(h)))
+                    for t, h in zip(transcripts[::2], transcripts[1::2], strict=True)
+                ],
+                now_ms,
+            )
             ids = [i.decode() for i in pairs[::2]]
             listed = 0
             if ids:
@@ -461,7 +490,11 @@ class RedisStore(RedisRetention, Store):
                 )
                 listed = await self.unlist_conversations(project, ids)
         return ErasureResult(
-            fields=int(reply[0]), first_interaction=int(reply[1]) > 0, conversations=len(ids), listed=listed
+            fields=int(reply[0]),
+            first_interaction=int(reply[1]) > 0,
+            conversations=len(ids),
+            listed=listed,
+            transcripts=removed,
         )
 
     async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:

@@ -7,6 +7,9 @@ KEYS[2]  the bucket's expiry index         cm:{<bucket>}:x
 KEYS[3]  the caller's first interaction    cm:{<bucket>}:f:<project>:<subject>
 KEYS[4]  the caller's conversation ids     cm:{<bucket>}:cs:<project>:<subject>
 KEYS[5]  the caller's tombstone            cm:{<bucket>}:t:<project>:<subject>
+KEYS[6]  the caller's transcripts          cm:{<bucket>}:vc:<project>:<subject> (conv_id -> horizon): read and
+         deleted here; the service then replaces each conversation by a marker in its own slot
+         (transcript_remove.lua)
 ARGV[1]  the caller's member in the expiry index
 ARGV[2]  the prefix of the caller's conversation records, "cm:{<bucket>}:c:<project>:" (same slot: the
          records are named from the set's members, which is why they are not in KEYS)
@@ -18,14 +21,19 @@ a later end of that conversation id is refused as erased (patch.lua), whenever i
 record that names another caller (the id was reused once the caller's record had expired; records are
 named by bucket and id) is not the caller's and is left alone, as is that id's claim and listing.
 
-Returns {fields removed, first interaction removed (0/1), then for each conversation id: the id and the
-expires_at of its marker ("0" when its record had expired and no marker was left)}.
+Returns {fields removed, first interaction removed (0/1), T, then T pairs of a transcript's conversation id
+and its horizon, then for each conversation id of an ended conversation: the id and the expires_at of its
+marker ("0" when its record had expired and no marker was left)}.
 ]]
 local now = tonumber(ARGV[3])
 local fields = redis.call('HLEN', KEYS[1])
 local first = redis.call('DEL', KEYS[3])
 local ids = redis.call('SMEMBERS', KEYS[4])
-local out = {fields, first}
+local transcripts = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+local out = {fields, first, #transcripts / 2}
+for _, item in ipairs(transcripts) do
+  out[#out + 1] = item
+end
 for _, id in ipairs(ids) do
   local key = ARGV[2] .. id
   local record = redis.call('HMGET', key, 'subject', 'expires_at', 'erased')
@@ -42,7 +50,7 @@ for _, id in ipairs(ids) do
     out[#out + 1] = expires
   end
 end
-redis.call('DEL', KEYS[1], KEYS[4])
+redis.call('DEL', KEYS[1], KEYS[4], KEYS[6])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[5], 'erased_at', ARGV[3], 'expires_at', ARGV[4])
 redis.call('PEXPIREAT', KEYS[5], ARGV[4])

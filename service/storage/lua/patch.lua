@@ -17,8 +17,10 @@ ARGV, in order:
   member                  the caller's member in the expiry index, "<project>:<subject>"
   record                  "" for a plain patch; for the end of a conversation "R", followed by
                           subject, fingerprint, extra, expires_at (ms) of the conversation record, the
-                          conversation id, when the write was made (made_at, ms), and the claim
-                          "<subject>|<expires_at>" to put in KEYS[7] ("" when there is no KEYS[7])
+                          conversation id, when the write was made (made_at, ms), the claim
+                          "<subject>|<expires_at>" to put in KEYS[7] ("" when there is no KEYS[7]), and
+                          the write time of the sets and deletes (ms; "" for now_ms): a field whose
+                          stored written_at is after it is neither set nor deleted (the later write wins)
   analytics               "" or, with a record, "A" followed by hour, day, week (bucket starts, ms), qa,
                           handoff_reason, handoff_to (each "" for none or "=" and the value), the
                           expiry of a first-interaction record created now, and first_after (ms): a
@@ -67,8 +69,9 @@ if ARGV[pos] == 'R' then
     conversation_id = ARGV[pos + 5],
     made_at = tonumber(ARGV[pos + 6]),
     claim = ARGV[pos + 7],
+    written_at = tonumber(ARGV[pos + 8]) or now,
   }
-  pos = pos + 8
+  pos = pos + 9
 else
   pos = pos + 1
 end
@@ -228,15 +231,25 @@ for name, f in pairs(stored) do
     final[name] = f
   end
 end
+-- An end writes at its write time: a live field written after it is left as it is (an older state checkpoint
+-- never overwrites a later write).
+local function later(name)
+  local f = stored[name]
+  return record ~= nil and f ~= nil and f[3] > now and f[4] > record.written_at
+end
 for i = deletes_start, #ARGV do
-  final[ARGV[i]] = nil
+  if not later(ARGV[i]) then
+    final[ARGV[i]] = nil
+  end
 end
 for i = sets_start, deletes_start - 1, 2 do
   local f = parse(ARGV[i + 1])
   if not f then
     return redis.error_reply('CMBADARG malformed packed field')
   end
-  if f[3] > now then
+  if later(ARGV[i]) then
+    -- kept as stored
+  elseif f[3] > now then
     final[ARGV[i]] = f
   else
     final[ARGV[i]] = nil -- dead on arrival: nothing to keep

@@ -1,0 +1,206 @@
+--[[
+transcript_append.lua: append a batch of messages and/or keep a state checkpoint, atomically, in the
+conversation's slot (TranscriptStore.append_messages). Redis 7.0+.
+
+KEYS[1]  the header           cm:{<vbucket>}:vh:<project>:<conv_id>   (fields: see redis_transcripts.py)
+KEYS[2]  the messages         cm:{<vbucket>}:vm:<project>:<conv_id>   stream, ids "<turn_id>-<seq + 1>"
+KEYS[3]  the message ids      cm:{<vbucket>}:vi:<project>:<conv_id>   message id -> stream entry id
+KEYS[4]  checkpoint, summary  cm:{<vbucket>}:vd:<project>:<conv_id>
+KEYS[5]  (standalone server only) the project's bytes by hour, cm:{a:<project>}:vb, another slot: on a
+         cluster the service adds the bytes itself after this script (transcript_tally.lua)
+
+ARGV: now_ms, create ("1", "2" when the caller is of another project than the conversation, or ""), horizon ("" unless the service just listed the conversation among its
+caller's, transcript_register.lua: then the score it wrote), the caller's erasure before that listing
+("<erased_at>|<until>" or ""), subject, channel, agent, made_at, expires_at, forget_at, due_at,
+max_messages, max_bytes, checkpoint ("" none, or "=" and the encoded checkpoint), the bytes tally
+("<hour start>|<prune before>" with KEYS[5], else ""), N, then N times: turn_id, message id ("" none or "="
+and the id), tokens, body.
+
+Returns {status, detail, added, added bytes, due, header (HGETALL, flat; empty when there is none), {checkpoint,
+summary}}. status is an AppendStatus value, or "register": nothing was written, the service must first list
+the conversation among its caller's (detail: the subject), for a conversation this append creates or one
+whose forget_at would pass the listing's horizon; it then runs the script again with the horizon. due is the
+new due time when it moved earlier than the header's (the service moves the due index: ZADD LT), else "".
+]]
+local hk, mk, ik, dk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now = tonumber(ARGV[1])
+local create = ARGV[2] ~= ''
+local horizon = ARGV[3]
+local subject = ARGV[5]
+local made_at = tonumber(ARGV[8])
+local expires_at, forget_at, due_at = ARGV[9], ARGV[10], ARGV[11]
+local checkpoint = ARGV[14]
+local n = tonumber(ARGV[16])
+
+local function reply(status, detail, added, added_bytes, due, with_header)
+  local flat, data = {}, {}
+  if with_header then
+    flat = redis.call('HGETALL', hk)
+    data = redis.call('HMGET', dk, 'checkpoint', 'summary')
+  end
+  return {status, detail or '', added or 0, added_bytes or 0, due or '', flat, data}
+end
+
+local h = {}
+local raw = redis.call('HGETALL', hk)
+for i = 1, #raw, 2 do
+  h[raw[i]] = raw[i + 1]
+end
+-- Remembered by the service's clock (Redis's may lag behind it and not have dropped it yet).
+local exists = h.status ~= nil and tonumber(h.forget_at) > now
+if exists then
+  if h.status == 'erased' or h.status == 'deleted' then
+    return reply('erased', nil, 0, 0, nil, true)
+  end
+  if create and (h.subject ~= subject or ARGV[2] == '2') then
+    return reply('other_caller', nil, 0, 0, nil, true)
+  end
+  -- Started after its caller's erasure: it takes nothing made before that erasure (an outbox's retry).
+  if h.prior_erased_at and tonumber(h.prior_erased_until) > now and tonumber(h.prior_erased_at) >= made_at then
+    return reply('erased', nil, 0, 0, nil, true)
+  end
+  if tonumber(h.expires_at) <= now then
+    return reply('expired', nil, 0, 0, nil, true)
+  end
+  if h.status ~= 'open' then
+    return reply('ended', nil, 0, 0, nil, true)
+  end
+elseif not create then
+  return reply('not_found')
+end
+
+-- Message ids: the same id with the same body is already there (skipped), with another body a conflict.
+local count = exists and tonumber(h.messages) or 0
+local new = {}
+local in_batch = {}
+for i = 0, n - 1 do
+  local at = 17 + 4 * i
+  local id, body = ARGV[at + 1], ARGV[at + 3]
+  local fresh = true
+  if id ~= '' then
+    local mid = string.sub(id, 2)
+    local prior = in_batch[mid]
+    if prior == nil and exists then
+      local entry = redis.call('HGET', ik, mid)
+      if entry then
+        local found = redis.call('XRANGE', mk, entry, entry)
+        if found[1] then
+          prior = found[1][2][2]
+        end
+      end
+    end
+    if prior ~= nil then
+      if prior ~= body then
+        return reply('id_conflict', mid, 0, 0, nil, exists)
+      end
+      fresh = false
+    else
+      in_batch[mid] = body
+    end
+  end
+  if fresh then
+    new[#new + 1] = at
+  end
+end
+
+local turn = exists and tonumber(h.turn_id) or -1
+for _, at in ipairs(new) do
+  local t = tonumber(ARGV[at])
+  if t < turn then
+    return reply('turn_order', ARGV[at], 0, 0, nil, exists)
+  end
+  turn = t
+end
+
+local added_bytes, added_tokens = 0, 0
+for _, at in ipairs(new) do
+  added_bytes = added_bytes + #ARGV[at + 3]
+  added_tokens = added_tokens + tonumber(ARGV[at + 2])
+end
+if #new > 0 then
+  if count + #new > tonumber(ARGV[12]) then
+    return reply('too_many_messages', nil, 0, 0, nil, exists)
+  end
+  if (exists and tonumber(h.bytes) or 0) + added_bytes > tonumber(ARGV[13]) then
+    return reply('too_many_bytes', nil, 0, 0, nil, exists)
+  end
+end
+-- A checkpoint made before the kept one (an outbox delivering late) does not replace it.
+local keep = checkpoint ~= '' and (not exists or tonumber(h.checkpoint_at) <= made_at)
+if exists and #new == 0 and not keep then
+  return reply('appended', nil, 0, 0, nil, true) -- a retry: not even activity
+end
+
+-- Listed among the caller's conversations before anything of it is written, for as long as it is remembered:
+-- an erasure that runs in between finds it and leaves the marker this script then sees.
+if horizon == '' then
+  if not exists then
+    return reply('register', subject)
+  end
+  if tonumber(forget_at) > tonumber(h.horizon) then
+    return reply('register', h.subject, 0, 0, nil, true)
+  end
+end
+
+if not exists then
+  redis.call('DEL', hk, mk, ik, dk) -- what is left of a forgotten conversation of this id
+  redis.call('HSET', hk, 'status', 'open', 'subject', subject, 'channel', ARGV[6], 'agent', ARGV[7],
+    'started_at', now, 'messages', 0, 'bytes', 0, 'tokens', 0, 'checkpoint_at', 0, 'ended_by', '',
+    'end_reason', '', 'ended_at', 0, 'lease_until', 0, 'end_data', '', 'horizon', horizon)
+  local erased_at, erased_until = string.match(ARGV[4], '^(%d+)|(%d+)$')
+  if erased_at then
+    redis.call('HSET', hk, 'prior_erased_at', erased_at, 'prior_erased_until', erased_until)
+  end
+  h = {bytes = '0', tokens = '0'}
+elseif horizon ~= '' and tonumber(horizon) > tonumber(h.horizon) then
+  redis.call('HSET', hk, 'horizon', horizon)
+end
+
+local seq = count
+for _, at in ipairs(new) do
+  seq = seq + 1
+  local entry = ARGV[at] .. '-' .. seq
+  local id = ARGV[at + 1]
+  if id == '' then
+    redis.call('XADD', mk, entry, '', ARGV[at + 3])
+  else
+    local mid = string.sub(id, 2)
+    redis.call('XADD', mk, entry, mid, ARGV[at + 3])
+    redis.call('HSET', ik, mid, entry)
+  end
+end
+redis.call('HSET', hk, 'last_activity', now, 'turn_id', turn, 'messages', seq,
+  'bytes', tonumber(h.bytes) + added_bytes, 'tokens', tonumber(h.tokens) + added_tokens,
+  'expires_at', expires_at, 'forget_at', forget_at, 'due_at', due_at)
+if keep then
+  redis.call('HSET', dk, 'checkpoint', string.sub(checkpoint, 2))
+  redis.call('HSET', hk, 'checkpoint_at', made_at)
+end
+-- The transcript dies at its expiry and the header at its forget time even if nothing else runs.
+redis.call('PEXPIREAT', mk, expires_at)
+redis.call('PEXPIREAT', ik, expires_at)
+redis.call('PEXPIREAT', dk, expires_at)
+redis.call('PEXPIREAT', hk, forget_at)
+
+if ARGV[15] ~= '' and added_bytes > 0 then
+  -- As transcript_tally.lua does on a cluster (a standalone server takes any key).
+  local hour, prune = string.match(ARGV[15], '^(%d+)|(%-?%d+)$')
+  local fresh = redis.call('HEXISTS', KEYS[5], hour) == 0
+  redis.call('HINCRBY', KEYS[5], hour, added_bytes)
+  if fresh then
+    for _, start in ipairs(redis.call('HKEYS', KEYS[5])) do
+      if tonumber(start) < tonumber(prune) then
+        redis.call('HDEL', KEYS[5], start)
+      end
+    end
+  end
+  if redis.call('PEXPIRETIME', KEYS[5]) < tonumber(expires_at) then
+    redis.call('PEXPIREAT', KEYS[5], expires_at)
+  end
+end
+
+local due = ''
+if exists and tonumber(due_at) < tonumber(h.due_at) then
+  due = due_at
+end
+return reply('appended', nil, #new, added_bytes, due, true)

@@ -1,0 +1,534 @@
+"""Redis backend, conversation memory (SPEC section 10): transcripts, their lifecycle, checkpoints, summaries.
+
+:class:`RedisTranscripts` is a mixin of :class:`.redis.RedisStore`; it sends its commands through the store's
+transport, as every other operation does. Key names are in :mod:`.keys`, scripts in ``lua/transcript_*.lua``.
+
+Layout. Every key of one conversation carries one hash tag (a stable hash of project and conversation id), so
+each operation on it is one script (or one transaction) in one slot:
+
+- the header hash ``vh`` lives until ``forget_at``: ``status`` (a :class:`TranscriptStatus` value),
+  ``subject``, ``channel``, ``agent``, ``started_at``, ``last_activity``, ``turn_id``, ``messages``,
+  ``bytes``, ``tokens``, ``checkpoint_at``, ``ended_by``, ``end_reason``, ``ended_at``, ``lease_until``,
+  ``end_data``, ``expires_at``, ``forget_at``, ``due_at`` (the due time for inactivity, or the lease's end
+  while ending), ``horizon`` (the score of its entry among its caller's conversations) and, when its caller
+  had been erased before it started, ``prior_erased_at`` and ``prior_erased_until`` (that tombstone's);
+  a marker keeps ``status``, ``expires_at`` and ``forget_at`` only;
+- the messages ``vm``, a stream: entry id ``<turn_id>-<seq + 1>`` (so that ``XRANGE`` from ``<N + 1>-0``
+  reads what came after turn N, and ``XREVRANGE ... COUNT`` the last messages), one field named by the
+  message id ("" for none) whose value is the body; the message ids ``vi`` (id -> entry id, for idempotency);
+  the checkpoint and summary ``vd``. These three expire (``PEXPIREAT``) at the transcript's ``expires_at``.
+  Measured on Redis 7.0 (tests/storage/test_redis_transcripts.py): a 100-character message with a 36-character
+  message id, a body of 186 bytes, costs about 280 bytes of Redis memory (stream entry and id together).
+
+Reads filter by the service's clock (Redis may not have expired a key yet): a header whose ``forget_at`` passed
+is not there, and one whose ``expires_at`` passed shows as expired, with no messages.
+
+The caller's conversations (``vc``, in the caller's slot) are what an erasure finds. An append that creates a
+conversation lists it there first (``transcript_register.lua``, which refuses when the caller was erased at or
+after the append was made), then writes it: an erasure in between finds the id, leaves an ERASED marker in the
+conversation's slot (``transcript_remove.lua``, which writes one even when there is no header yet), and the
+creating append finds the marker. Each entry's score is its *horizon*, never earlier than the header's
+``forget_at``: the append script asks to extend it (the service lists it again, with the same erasure check)
+before a later ``forget_at`` would pass it, so the horizon doubles the remaining time and is extended about once
+per remembering period. Entries whose horizon passed are forgotten: ``ZREMRANGEBYSCORE`` at each listing.
+
+The inactivity due index is one sorted set for the whole store (``cm:vdue``; another slot on a cluster), member
+``<project>:<conversation_id>``, score the due time. It is written only where the due time may move earlier
+or must exist: before a creating append writes anything (so no crash can lose it), by an append whose due time
+is earlier than the header's (``ZADD LT``, after the script), by a claim (the lease's end), by
+:meth:`RedisTranscripts.reschedule`; it is never later than the header's due time except after a crash
+between a script and its index write, which only delays that end. Ordinary appends move the due time later
+and do not touch it. :meth:`RedisTranscripts.due_conversations` reads the entries due by their score, checks
+each against its header (``transcript_due.lua``, read only, all in one write per primary) and corrects what
+is stale with a compare-and-set (``transcript_due_index.lua``: a write in between wins): an entry whose
+header says later moves there, an entry whose conversation ended, was deleted or erased, or whose header is
+gone, is removed; so the same stale entry is never returned twice, and a round costs what it returns. An open
+conversation whose transcript expired cannot be claimed (the port's ``MISSING``): it stays due for
+:data:`EXPIRED_DUE_GRACE_MS` and then only at its ``forget_at``, when Redis has dropped its header.
+
+A project's transcript bytes (``vb``, in the project's analytics slot) are counted by hour. On one server the
+append script adds them itself; on a cluster the service adds them in a second call right after the append,
+so the count may lag an append by that call (and lose it if the service dies in between). Deletions and
+erasures take a transcript's bytes off the hour it started in: exact while that hour is counted, otherwise an
+over-count, which is the safe side for a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
+
+from redis.exceptions import NoScriptError
+
+from ..domain.clock import HOUR_MS
+from ..domain.errors import StoreCorrupt
+from ..domain.store import CallerRef
+from ..domain.transcript_store import (
+    AppendResult,
+    AppendStatus,
+    AppendWrite,
+    ClaimResult,
+    ClaimStatus,
+    ConversationKey,
+    EndClaim,
+    Header,
+    StoredMessage,
+    TranscriptQuery,
+    TranscriptStatus,
+)
+from ..domain.transcripts import MAX_INT
+from . import keys
+from .redis_transport import Call, Command, RedisTransport, hash_reply
+
+#: The scripts of conversation memory, in ``lua/`` (registered by :meth:`.redis.RedisStore.open`).
+TRANSCRIPT_SCRIPTS = (
+    "transcript_append",
+    "transcript_register",
+    "transcript_claim",
+    "transcript_update",
+    "transcript_remove",
+    "transcript_due",
+    "transcript_due_index",
+    "transcript_tally",
+)
+
+#: How long an open conversation whose transcript expired stays due (nothing can claim it any more).
+EXPIRED_DUE_GRACE_MS = 60_000
+#: Rounds of due_conversations that correct stale entries before answering with what they found.
+_DUE_ROUNDS = 4
+#: Conversations an erasure turns into markers at once.
+_ERASE_CHUNK = 32
+
+_MARKERS = (TranscriptStatus.ERASED, TranscriptStatus.DELETED)
+
+
+def _header(key: ConversationKey, flat: Any, data: Any, now_ms: int) -> Header | None:
+    """A header from its hash (HGETALL, flat or a dict) and ``[checkpoint, summary]``; None when there is none
+    or it is forgotten. A marker, or a header whose transcript expired, keeps only its status and expiries."""
+    raw = hash_reply(flat) if flat else {}
+    if not raw:
+        return None
+    try:
+        forget_at = int(raw[b"forget_at"])
+        if forget_at <= now_ms:
+            return None
+        status = TranscriptStatus(raw[b"status"].decode())
+        expires_at = int(raw[b"expires_at"])
+        if status in _MARKERS or expires_at <= now_ms:
+            return Header(
+                key, status, "", "", "", 0, 0, -1, 0, 0, 0, None, 0, None, "", "", 0, expires_at, forget_at
+            )
+        checkpoint, summary = [*(data or ()), None, None][:2]
+        return Header(
+            key=key,
+            status=status,
+            subject=raw[b"subject"].decode(),
+            channel=raw[b"channel"].decode(),
+            agent=raw[b"agent"].decode(),
+            started_at=int(raw[b"started_at"]),
+            last_activity=int(raw[b"last_activity"]),
+            turn_id=int(raw[b"turn_id"]),
+            messages=int(raw[b"messages"]),
+            bytes=int(raw[b"bytes"]),
+            tokens=int(raw[b"tokens"]),
+            checkpoint=checkpoint,
+            checkpoint_at=int(raw[b"checkpoint_at"]),
+            summary=summary,
+            ended_by=raw[b"ended_by"].decode(),
+            end_reason=raw[b"end_reason"].decode(),
+            ended_at=int(raw[b"ended_at"]),
+            expires_at=expires_at,
+            forget_at=forget_at,
+            lease_until=int(raw[b"lease_until"]),
+            end_data=raw[b"end_data"],
+        )
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise StoreCorrupt("a stored conversation header cannot be read") from exc
+
+
+def _message(entry: Any) -> StoredMessage:
+    """A message from a stream entry ``[b"<turn>-<seq + 1>", [message id, body]]``."""
+    try:
+        entry_id, fields = entry
+        turn, _, position = entry_id.partition(b"-")
+        ((name, body),) = hash_reply(fields).items()
+        return StoredMessage(int(position) - 1, int(turn), body, name.decode() or None)
+    except (TypeError, ValueError) as exc:
+        raise StoreCorrupt("a stored transcript message cannot be read") from exc
+
+
+def _range(messages_key: str, query: TranscriptQuery) -> Command | None:
+    """The stream read that answers ``query`` (None when it selects nothing)."""
+    after = query.after_turn
+    if query.last == 0 or query.limit == 0 or (after is not None and after >= MAX_INT):
+        return None
+    start = "-" if after is None or after < 0 else f"{after + 1}-0"
+    if query.last is not None:
+        return ("XREVRANGE", messages_key, "+", start, "COUNT", query.last)
+    if query.limit is not None:
+        return ("XRANGE", messages_key, start, "+", "COUNT", query.limit)
+    return ("XRANGE", messages_key, start, "+")
+
+
+def _scored(reply: Any) -> list[tuple[bytes, int]]:
+    """``(member, score)`` pairs of a ``ZRANGE ... WITHSCORES`` (pairs in RESP3, a flat list in RESP2)."""
+    if reply and isinstance(reply[0], list):
+        return [(member, int(score)) for member, score in reply]
+    return [(reply[i], int(float(reply[i + 1]))) for i in range(0, len(reply), 2)]
+
+
+def _conversation(member: bytes) -> ConversationKey:
+    project, _, conversation_id = member.decode().partition(":")
+    return ConversationKey(project, conversation_id)
+
+
+def _hour(at: int) -> int:
+    return at - at % HOUR_MS
+
+
+async def _all(*calls: Awaitable[Any]) -> list[Any]:
+    """Await ``calls`` concurrently, each to its end, then raise the first failure (a Redis error is then
+    translated by the enclosing :class:`Call`, which an exception group would slip past)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        raise failure
+    return results
+
+
+class RedisTranscripts:
+    """The conversation-memory methods of the Store interface on Redis (standalone or Redis Cluster)."""
+
+    # Set by RedisStore.__init__ (service/storage/redis.py).
+    _transport: RedisTransport
+    _timeout: float
+    _cluster: bool
+
+    async def _script(
+        self,
+        name: str,
+        script_keys: Sequence[str],
+        args: Sequence[str | bytes | int],
+        *,
+        replicate: bool | None = None,
+    ) -> Any:
+        """A script by its SHA (its text on NOSCRIPT); ``replicate=False`` for what need not wait for a
+        replica on a cluster (reads, the approximate byte count)."""
+        transport = self._transport
+        try:
+            command = transport.script_command(name, script_keys, args)
+            return (await transport.run(command, replicate=replicate))[0]
+        except NoScriptError:
+            text = cast("str", transport.scripts[name].script)
+            command = ("EVAL", text, len(script_keys), *script_keys, *args)
+            return (await transport.run(command, replicate=replicate))[0]
+
+    async def _tally(
+        self, project: str, hour: int, amount: int, prune_before: int = 0, until: int = 0
+    ) -> None:
+        await self._script(
+            "transcript_tally",
+            [keys.transcript_volume_key(project)],
+            [hour, amount, prune_before, until],
+            replicate=False,  # approximate by design (see the module docstring)
+        )
+
+    # Appends ------------------------------------------------------------------------------------------------
+
+    async def _append(self, write: AppendWrite, now_ms: int, horizon: str, prior: str | bytes) -> list[Any]:
+        key = write.key
+        script_keys = keys.transcript_keys(key.project, key.conversation_id)
+        tally = ""
+        if not self._cluster:
+            script_keys.append(keys.transcript_volume_key(key.project))
+            retention = max(0, write.expires_at - now_ms)
+            tally = f"{_hour(now_ms)}|{now_ms - retention - HOUR_MS}"
+        args: list[str | bytes | int] = [
+            now_ms,
+            ("1" if write.caller.project == key.project else "2") if write.create else "",
+            horizon,
+            prior,
+            write.caller.subject,
+            write.channel,
+            write.agent,
+            write.made_at,
+            write.expires_at,
+            write.forget_at,
+            write.due_at,
+            write.max_messages,
+            write.max_bytes,
+            b"" if write.checkpoint is None else b"=" + write.checkpoint,
+            tally,
+            len(write.messages),
+        ]
+        for message in write.messages:
+            message_id = "" if message.message_id is None else "=" + message.message_id
+            args += [message.turn_id, message_id, message.tokens, message.body]
+        return cast("list[Any]", await self._script("transcript_append", script_keys, args))
+
+    async def _register(
+        self, write: AppendWrite, subject: str, horizon: int, creating: bool, now_ms: int
+    ) -> bytes | None:
+        """List the conversation among ``subject``'s (and, for a creation, in the due index) before it is
+        written; None when the caller was erased at or after the append was made."""
+        project, conversation_id = write.key.project, write.key.conversation_id
+        calls: list[Awaitable[Any]] = [
+            self._script(
+                "transcript_register",
+                [keys.caller_transcripts_key(project, subject), keys.tombstone_key(project, subject)],
+                [now_ms, write.made_at, conversation_id, horizon],
+            )
+        ]
+        if creating:
+            member = keys.due_member(project, conversation_id)
+            calls.append(self._transport.run(("ZADD", keys.TRANSCRIPTS_DUE, write.due_at, member)))
+        listed, *_ = await _all(*calls)
+        return cast("bytes", listed[1]) if int(listed[0]) else None
+
+    async def append_messages(self, write: AppendWrite, now_ms: int) -> AppendResult:
+        key = write.key
+        async with Call("append_messages", self._timeout):
+            reply = await self._append(write, now_ms, "", "")
+            if reply[0] == b"register":
+                horizon = write.forget_at + max(0, write.forget_at - now_ms)
+                prior = await self._register(write, reply[1].decode(), horizon, not reply[5], now_ms)
+                if prior is None:
+                    return AppendResult(AppendStatus.ERASED, _header(key, reply[5], reply[6], now_ms))
+                reply = await self._append(write, now_ms, str(horizon), prior)
+            status = reply[0].decode()
+            if status == "register":  # pragma: no cover - the horizon just written covers forget_at
+                raise StoreCorrupt(f"conversation {key.conversation_id} cannot be listed for its caller")
+            added_bytes, due = int(reply[3]), reply[4]
+            follow: list[Awaitable[Any]] = []
+            if due:  # moved earlier than its entry may say (a shorter end_after_inactivity)
+                member = keys.due_member(key.project, key.conversation_id)
+                follow.append(self._transport.run(("ZADD", keys.TRANSCRIPTS_DUE, "LT", due, member)))
+            if self._cluster and added_bytes:
+                prune = now_ms - max(0, write.expires_at - now_ms) - HOUR_MS
+                follow.append(self._tally(key.project, _hour(now_ms), added_bytes, prune, write.expires_at))
+            if follow:
+                await _all(*follow)
+        return AppendResult(
+            AppendStatus(status),
+            _header(key, reply[5], reply[6], now_ms),
+            added=int(reply[2]),
+            detail=reply[1].decode(),
+        )
+
+    # Reads --------------------------------------------------------------------------------------------------
+
+    async def read_conversation(
+        self, key: ConversationKey, now_ms: int, query: TranscriptQuery | None = None
+    ) -> tuple[Header | None, list[StoredMessage]]:
+        header_key, messages_key, _, data_key = keys.transcript_keys(key.project, key.conversation_id)
+        commands: list[Command] = [("HGETALL", header_key), ("HMGET", data_key, "checkpoint", "summary")]
+        selection = None if query is None else _range(messages_key, query)
+        if selection is not None:
+            commands.append(selection)
+        async with Call("read_conversation", self._timeout):
+            # One transaction in the conversation's slot: header and messages of the same moment.
+            *_, results = await self._transport.run(("MULTI",), *commands, ("EXEC",), replicate=False)
+        header = _header(key, results[0], results[1], now_ms)
+        if header is None or query is None or selection is None or header.status in _MARKERS:
+            return header, []
+        if header.expired(now_ms):
+            return header, []
+        messages = [_message(entry) for entry in results[2]]
+        if query.last is not None:
+            messages.reverse()
+            if query.limit is not None:
+                messages = messages[: query.limit]
+        return header, messages
+
+    async def caller_conversations(self, caller: CallerRef, now_ms: int) -> list[Header]:
+        index = keys.caller_transcripts_key(caller.project, caller.subject)
+        async with Call("caller_conversations", self._timeout):
+            (ids,) = await self._transport.run(("ZRANGE", index, 0, -1), replicate=False)
+            listed = [ConversationKey(caller.project, i.decode()) for i in ids]
+            commands: list[Command] = []
+            for key in listed:
+                header_key, _, _, data_key = keys.transcript_keys(key.project, key.conversation_id)
+                commands += [("HGETALL", header_key), ("HMGET", data_key, "checkpoint", "summary")]
+            # Each conversation is in a slot of its own: one write per primary.
+            replies = await self._transport.each(commands, replicate=False)
+        found: list[tuple[int, str, Header]] = []
+        subject = caller.subject.encode()
+        for i, key in enumerate(listed):
+            raw = hash_reply(replies[2 * i])
+            # An id may be listed and not (or no longer, or another caller's once reused) written.
+            if raw.get(b"subject") != subject:
+                continue
+            header = _header(key, raw, replies[2 * i + 1], now_ms)
+            if header is not None and header.status not in _MARKERS:
+                found.append((int(raw[b"started_at"]), key.conversation_id, header))
+        found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        return [header for _, _, header in found]
+
+    async def transcript_bytes(self, project: str, now_ms: int, since: int) -> int:
+        async with Call("transcript_bytes", self._timeout):
+            (data,) = await self._transport.run(
+                ("HGETALL", keys.transcript_volume_key(project)), replicate=False
+            )
+        # Every hour that ends after ``since`` (one that straddles it counts whole).
+        total = sum(int(amount) for hour, amount in hash_reply(data).items() if int(hour) > since - HOUR_MS)
+        return max(0, total)
+
+    # Summaries and the lifecycle -------------------------------------------------------------------------------
+
+    async def _update(self, key: ConversationKey, args: Sequence[str | bytes | int]) -> list[Any]:
+        header_key, _, _, data_key = keys.transcript_keys(key.project, key.conversation_id)
+        return cast("list[Any]", await self._script("transcript_update", [header_key, data_key], args))
+
+    async def put_summary(self, key: ConversationKey, summary: bytes, now_ms: int) -> Header | None:
+        async with Call("put_summary", self._timeout):
+            reply = await self._update(key, ["summary", now_ms, summary])
+        return _header(key, reply[1], reply[2], now_ms) if reply[0] else None
+
+    async def claim_end(self, claim: EndClaim, now_ms: int) -> ClaimResult:
+        key = claim.key
+        header_key, _, _, data_key = keys.transcript_keys(key.project, key.conversation_id)
+        idle_since = "" if claim.idle_since is None else claim.idle_since
+        args: list[str | bytes | int] = [
+            now_ms,
+            claim.ended_by,
+            claim.end_reason,
+            idle_since,
+            claim.lease_until,
+            claim.end_data,
+        ]
+        async with Call("claim_end", self._timeout):
+            reply = await self._script("transcript_claim", [header_key, data_key], args)
+            status = ClaimStatus(reply[0].decode())
+            if status is ClaimStatus.CLAIMED:
+                # Due again when the lease lapses (a crashed end is taken over then).
+                member = keys.due_member(key.project, key.conversation_id)
+                await self._transport.run(("ZADD", keys.TRANSCRIPTS_DUE, claim.lease_until, member))
+        return ClaimResult(status, _header(key, reply[1], reply[2], now_ms))
+
+    async def finish_end(self, key: ConversationKey, now_ms: int) -> Header | None:
+        async with Call("finish_end", self._timeout):
+            reply = await self._update(key, ["finish", now_ms])
+            header = _header(key, reply[1], reply[2], now_ms) if reply[0] else None
+            if header is not None and header.status is TranscriptStatus.ENDED:
+                member = keys.due_member(key.project, key.conversation_id)
+                await self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, member))
+        return header
+
+    async def reschedule(self, key: ConversationKey, due_at: int) -> None:
+        async with Call("reschedule", self._timeout):
+            reply = await self._update(key, ["due", 0, due_at])
+            if reply[0]:
+                member = keys.due_member(key.project, key.conversation_id)
+                await self._transport.run(("ZADD", keys.TRANSCRIPTS_DUE, due_at, member))
+
+    async def due_conversations(self, now_ms: int, limit: int) -> list[ConversationKey]:
+        if limit <= 0:
+            return []
+        found: list[tuple[int, ConversationKey]] = []
+        async with Call("due_conversations", self._timeout):
+            for _ in range(_DUE_ROUNDS):
+                (reply,) = await self._transport.run(
+                    (
+                        "ZRANGE",
+                        keys.TRANSCRIPTS_DUE,
+                        "-inf",
+                        now_ms,
+                        "BYSCORE",
+                        "LIMIT",
+                        0,
+                        limit,
+                        "WITHSCORES",
+                    ),
+                    replicate=False,
+                )
+                entries = _scored(reply)
+                conversations = [_conversation(member) for member, _ in entries]
+                # Each header in its own slot: one write per primary, no replica to wait for (read only).
+                dues = await self._transport.run_scripts(
+                    "transcript_due",
+                    [
+                        (
+                            [keys.transcript_header_key(c.project, c.conversation_id)],
+                            [now_ms, EXPIRED_DUE_GRACE_MS],
+                        )
+                        for c in conversations
+                    ],
+                )
+                fixes: list[str | bytes | int] = []
+                found = []
+                for (member, score), conversation, due in zip(entries, conversations, dues, strict=True):
+                    due = int(due)
+                    if due != score:  # stale: the header says later, or never
+                        fixes += [member, score, "" if due < 0 else due]
+                    if 0 <= due <= now_ms:
+                        found.append((due, conversation))
+                if not fixes:
+                    return [conversation for _, conversation in found]
+                await self._script("transcript_due_index", [keys.TRANSCRIPTS_DUE], fixes)
+        # Still correcting after the last round (writes racing with it): what was found, in due order.
+        found.sort(key=lambda item: item[0])
+        return [conversation for _, conversation in found[:limit]]
+
+    # Deletion and erasure ---------------------------------------------------------------------------------------
+
+    async def delete_conversation(self, key: ConversationKey, now_ms: int) -> Header | None:
+        script_keys = keys.transcript_keys(key.project, key.conversation_id)
+        async with Call("delete_conversation", self._timeout):
+            reply = await self._script("transcript_remove", script_keys, [now_ms, "deleted", "", ""])
+            if not reply[0]:
+                return None
+            raw = hash_reply(reply[1])
+            header = _header(key, raw, reply[2], now_ms)
+            # The marker is written: now the links to it in other slots go.
+            subject = raw[b"subject"].decode()
+            member = keys.due_member(key.project, key.conversation_id)
+            follow: list[Awaitable[Any]] = [
+                self._transport.run(
+                    ("ZREM", keys.caller_transcripts_key(key.project, subject), key.conversation_id)
+                ),
+                self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, member)),
+            ]
+            if int(raw[b"expires_at"]) > now_ms and int(raw[b"bytes"]):
+                follow.append(self._tally(key.project, _hour(int(raw[b"started_at"])), -int(raw[b"bytes"])))
+            await _all(*follow)
+        return header
+
+    async def erase_transcripts(
+        self, caller: CallerRef, listed: Sequence[tuple[str, int]], now_ms: int
+    ) -> int:
+        """Replace each of the caller's conversations (``(conversation id, horizon)`` as their listing held
+        them, which :meth:`.redis.RedisStore.erase_caller` has just deleted) by an ERASED marker; returns how
+        many live transcripts were removed. Runs inside the erasure's :class:`Call`."""
+        project = caller.project
+        removed: list[Any] = []
+        for start in range(0, len(listed), _ERASE_CHUNK):
+            removed += await _all(
+                *(
+                    self._script(
+                        "transcript_remove",
+                        keys.transcript_keys(project, conversation_id),
+                        [now_ms, "erased", caller.subject, horizon],
+                    )
+                    for conversation_id, horizon in listed[start : start + _ERASE_CHUNK]
+                )
+            )
+        live = 0
+        members: list[str] = []
+        taken: dict[int, int] = {}
+        for (conversation_id, _), reply in zip(listed, removed, strict=True):
+            if not reply[0]:
+                continue  # not written (a marker is left), another caller's, or a marker already
+            raw = hash_reply(reply[1])
+            members.append(keys.due_member(project, conversation_id))
+            if int(raw[b"expires_at"]) > now_ms:
+                live += 1
+                hour = _hour(int(raw[b"started_at"]))
+                taken[hour] = taken.get(hour, 0) + int(raw[b"bytes"])
+        follow: list[Awaitable[Any]] = [
+            self._tally(project, hour, -amount) for hour, amount in taken.items() if amount
+        ]
+        if members:
+            follow.append(self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, *members)))
+        await _all(*follow)
+        return live
