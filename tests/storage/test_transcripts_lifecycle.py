@@ -479,6 +479,22 @@ async def test_an_append_made_before_an_erasure_creates_nothing(store: Store) ->
     assert [h.key for h in await store.caller_conversations(caller, arrives + 1)] == [new]
 
 
+async def test_an_append_made_before_an_erasure_is_dropped_by_a_later_conversation(store: Store) -> None:
+    """Erasure reaches what is in flight (SPEC section 14; AppendStatus.ERASED: "its caller was erased after
+    the append was made"): a conversation created after the erasure takes no append made before it."""
+    t = now_ms()
+    caller = new_caller()
+    erased_at = t + MINUTE_MS
+    await store.erase_caller(caller, erased_at, erased_at + DAY_MS)
+    after = erased_at + MINUTE_MS
+    header = await started(store, after, caller)
+    for create, who in ((False, CallerRef(PROJECT, "")), (True, caller)):
+        write = appending(
+            header.key, who, [message(7, "Sent before.", t)], after + 1, create=create, made_at=t
+        )
+        await assert_refused(store, write, after + 1, AppendStatus.ERASED)
+
+
 # A project's transcript bytes --------------------------------------------------------------------------------
 
 
