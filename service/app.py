@@ -26,6 +26,7 @@ from .domain.transcript_service import TranscriptService
 from .http.admin_routes import record_sweep_metrics
 from .http.admin_routes import routes as admin_routes
 from .http.analytics_routes import routes as analytics_routes
+from .http.conversation_routes import routes as conversation_routes
 from .http.dashboard import routes as dashboard_routes
 from .http.keys import METRICS, SERVICES, Services
 from .http.metrics import Metrics
@@ -123,6 +124,7 @@ def create_app(
     app.add_routes(routes)
     app.add_routes(admin_routes)
     app.add_routes(analytics_routes)
+    app.add_routes(conversation_routes)
     app.add_routes(dashboard_routes)
     return app
 

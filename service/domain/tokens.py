@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -22,10 +23,12 @@ from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthen
 from .limits import TOKEN_ID_RE
 from .retention import AuditLog
 from .store import Store, TokenRecord
+from .transcripts import NAME_PATTERN
 
 TOKEN_PREFIX = "cm"
 #: Bound on remembered credentials (only ones that authenticated are kept; the table is reset when full).
 MAX_CACHED_PRINCIPALS = 10_000
+_AGENT_NAME = re.compile(NAME_PATTERN)
 
 
 class FailureThrottle:
@@ -80,12 +83,14 @@ _GRANTS: dict[Role, frozenset[Role]] = {
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the operator, or a project token with one role."""
+    """Who is calling: the operator, or a project token with one role (an agent token may name the agent of
+    a multi-agent system it acts as: under ``transcript_scope: "agent"`` it reads that agent's messages)."""
 
     operator: bool
     project: str | None = None
     role: Role | None = None
     token_id: str | None = None
+    agent: str | None = None
 
     @property
     def name(self) -> str:
@@ -139,14 +144,30 @@ class TokenService:
         #: Revocations made through this process: a lookup that overlapped one does not fill the cache.
         self._revocations = 0
 
-    async def mint(self, project: str, role: str, label: str = "", *, actor: str) -> MintedToken:
-        """Mint a token (audited as done by ``actor``, on every path that mints one)."""
+    async def mint(
+        self, project: str, role: str, label: str = "", *, actor: str, agent: str | None = None
+    ) -> MintedToken:
+        """Mint a token (audited as done by ``actor``, on every path that mints one). ``agent`` names the
+        agent an ``agent`` token acts as (transcript scope); no other role may carry one."""
         try:
             parsed_role = Role(role)
         except ValueError:
             raise InvalidInput(
                 f"role must be one of {', '.join(r.value for r in Role)}", field="role"
             ) from None
+        if agent is not None:
+            if parsed_role is not Role.AGENT:
+                raise InvalidInput(
+                    f"agent: only a token with role 'agent' acts as an agent (this one has role "
+                    f"'{parsed_role.value}')",
+                    field="agent",
+                )
+            if not _AGENT_NAME.fullmatch(agent):
+                raise InvalidInput(
+                    "agent: an agent name is 1-64 letters, digits, '.', '_', ':' or '-', starting with a "
+                    "letter or digit",
+                    field="agent",
+                )
         token_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)
         record = TokenRecord(
@@ -156,10 +177,12 @@ class TokenService:
             secret_hash=_hash(secret),
             created_at=self._clock.now_ms(),
             label=label,
+            agent=agent or "",
         )
         await self._store.put_token(record)
         self._cache[token_id] = (self._clock.now_ms(), record)
-        await self._audit.record(project, actor, "token.created", {"token_id": token_id, "role": record.role})
+        details = {"token_id": token_id, "role": record.role} | ({"agent": agent} if agent else {})
+        await self._audit.record(project, actor, "token.created", details)
         return MintedToken(record=record, secret=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
     async def list(self, project: str) -> list[TokenRecord]:
@@ -248,6 +271,10 @@ class TokenService:
             record = await self._lookup(token_id)
             if record is not None and hmac.compare_digest(_hash(secret), record.secret_hash):
                 return Principal(
-                    operator=False, project=record.project, role=Role(record.role), token_id=token_id
+                    operator=False,
+                    project=record.project,
+                    role=Role(record.role),
+                    token_id=token_id,
+                    agent=record.agent or None,
                 )
         raise Unauthenticated("the token is not valid (unknown, revoked or mistyped)")

@@ -29,7 +29,14 @@ async def run_sweep(request: web.Request) -> web.Response:
         metrics.sweeps.labels("skipped").inc()
         raise Conflict("a sweep is already running (another replica holds the sweep lease); try again later")
     record_sweep_metrics(request.app, report.removed, report.duration_ms)
-    return json_response(sweep_body(report))
+    # The inactivity ends that are due, too (SPEC section 14): an operator testing or draining a replica
+    # gets them now rather than at the scheduler's next run. Each end is claimed in the store, so running
+    # them beside the scheduler's run (on this or another replica) ends nothing twice.
+    ended = await services.lifecycle.run_inactivity_ends(services.projects)
+    if ended:
+        metrics.inactivity_ends.labels("ended").inc(ended)
+    body: bodies.SweepRun = {**sweep_body(report), "inactivity_ends": ended}
+    return json_response(body)
 
 
 def sweep_body(report: SweepReport) -> bodies.SweepReport:

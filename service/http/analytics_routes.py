@@ -50,6 +50,8 @@ def entry_body(entry: ConversationEntry) -> bodies.ConversationRow:
         "REPEAT_CALLER_HANDOFF_REASON": None,
         "REPEAT_CALLER_HANDOFF_TO": None,
         "time_to_callback_hours": None,
+        "ended_by": entry.ended_by,
+        "end_reason": entry.end_reason,
     }
     first = entry.first
     if first is not None:  # a repeat call: the metrics of the caller's first interaction

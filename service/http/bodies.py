@@ -85,6 +85,9 @@ class Token(TypedDict):
     token_id: Annotated[str, Field(pattern=TOKEN_ID_PATTERN)]
     role: RoleName
     label: Annotated[str, Field(description="A note for people.")]
+    agent: Annotated[
+        Nullable, Field(description="The agent an `agent` token acts as (transcript scope), or null.")
+    ]
     created_at: DateTime
 
 
@@ -132,6 +135,9 @@ class ErasureRemoved(TypedDict):
     first_interaction: bool
     conversation_links: Count
     analytics_conversations: Count
+    transcripts: Annotated[
+        Count, Field(description="Transcripts, with their summaries and state checkpoints.")
+    ]
 
 
 @with_config(_CLOSED)
@@ -168,6 +174,14 @@ class ConversationEnded(TypedDict):
         ),
     ]
     repeat_caller: RepeatCallerMetrics
+    late: Annotated[
+        bool,
+        Field(
+            description="The service had already ended this conversation (by inactivity or supersession): the "
+            "state was applied as a merge patch written at the end's time (a field written later stays), "
+            "analytics stay as recorded. A retry is a replay; a different late end is a 409."
+        ),
+    ]
 
 
 @with_config(_CLOSED)
@@ -194,6 +208,21 @@ class ConversationRow(TypedDict):
     REPEAT_CALLER_HANDOFF_TO: Nullable
     time_to_callback_hours: Annotated[
         int | None, Field(ge=0, description="Hours from the first interaction's hour to this one's.")
+    ]
+    ended_by: Annotated[
+        str,
+        _enum("explicit", "inactivity", "superseded"),
+        Field(
+            description="explicit (the end call), or by the service: inactivity (nobody ended it within "
+            "end_after_inactivity) or superseded (the caller called again on the same channel)."
+        ),
+    ]
+    end_reason: Annotated[
+        Nullable,
+        WithJsonSchema(
+            {"anyOf": [{"type": "string", "enum": ["completed", "dropped", "transferred"]}, {"type": "null"}]}
+        ),
+        Field(description="The end's end_reason, when it gave one."),
     ]
 
 
@@ -222,6 +251,15 @@ class SweepReport(TypedDict):
 
 
 @with_config(_CLOSED)
+class SweepRun(SweepReport):
+    """A sweep run now, and the inactivity ends that were due."""
+
+    inactivity_ends: Annotated[
+        Count, Field(description="Conversations nobody ended that this run ended (end_after_inactivity).")
+    ]
+
+
+@with_config(_CLOSED)
 class SweepList(TypedDict):
     """The latest sweeps, newest first."""
 
@@ -237,7 +275,15 @@ class AuditRecord(TypedDict):
     actor: Annotated[str, Field(description="`operator` or `token:<token_id>`.")]
     action: Annotated[
         str,
-        _enum("project.created", "project.configured", "token.created", "token.revoked", "caller.erased"),
+        _enum(
+            "project.created",
+            "project.configured",
+            "token.created",
+            "token.revoked",
+            "caller.erased",
+            "transcript.read",
+            "transcript.deleted",
+        ),
     ]
     details: Annotated[
         dict[str, Any], Field(description="Counts and ids; never a phone number or a stored value.")

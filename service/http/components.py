@@ -1,6 +1,7 @@
 """``components.schemas`` of the OpenAPI document, generated from the typed definitions of the bodies: the
-request models (schemas.py, and the configuration in domain/projects.py) and the response TypedDicts
-(bodies.py, and the report in domain/reports.py). A new body adds a model there, not a schema here.
+request models (schemas.py, the configuration in domain/projects.py, conversation memory's in
+domain/transcript_service.py) and the response TypedDicts (bodies.py, the report in domain/reports.py,
+conversation memory's views in domain/transcript_views.py). A new body adds a model there, not a schema here.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode
 from pydantic_core import CoreSchema
 
+from ..domain import transcript_views as views
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
+from ..domain.transcript_service import AppendBody, StartBody, SummaryBody
+from ..domain.transcripts import DEFAULT_SOURCE, SOURCES
 from . import bodies
 from .schemas import EndRequest, MemoryPatch, TokenCreate
 
@@ -32,10 +36,18 @@ RESPONSES: tuple[Any, ...] = (
     bodies.Problem,
     RepeatCallerReport,
     bodies.SweepList,
+    bodies.SweepRun,
     bodies.TokenList,
+    views.Appended,
+    views.CallerConversations,
+    views.Context,
+    views.ConversationStatus,
+    views.History,
+    views.OpenAIHistory,
+    views.Started,
 )
 #: Request bodies validated by pydantic. The configuration has its own pair (configuration_schemas).
-REQUESTS: tuple[type[BaseModel], ...] = (EndRequest, TokenCreate)
+REQUESTS: tuple[type[BaseModel], ...] = (AppendBody, EndRequest, StartBody, SummaryBody, TokenCreate)
 #: Request bodies that are typed aliases rather than classes, by the name the document gives them.
 NAMED_REQUESTS: dict[str, Any] = {"MemoryPatch": MemoryPatch}
 
@@ -132,6 +144,19 @@ def configuration_schemas() -> dict[str, Json]:
     return accepted | stored
 
 
+def _describe_sources(schemas: dict[str, Json]) -> None:
+    """``metadata.source`` is a string whose allowed values depend on the message's role (a rule pydantic
+    checks in a validator, which its schema cannot show): list them, from the table the validator reads."""
+    source = schemas["MessageMetadata"]["properties"]["source"]
+    every = sorted(set().union(*SOURCES.values()))
+    source["anyOf"] = [{"type": "string", "enum": every}, {"type": "null"}]
+    by_role = "; ".join(
+        f"{role}: {', '.join(sorted(allowed))} (default {DEFAULT_SOURCE[role]})"
+        for role, allowed in SOURCES.items()
+    )
+    source["description"] = f"How the message was made; it must fit the role ({by_role})."
+
+
 def _merge(into: dict[str, Json], more: dict[str, Json]) -> None:
     for name, schema in more.items():
         if into.setdefault(name, schema) != schema:
@@ -144,6 +169,7 @@ def component_schemas() -> dict[str, Json]:
     _merge(schemas, _generated(RESPONSES, "serialization"))
     for model in REQUESTS:
         _merge(schemas, _model_schemas(model))
+    _describe_sources(schemas)
     for name, alias in NAMED_REQUESTS.items():
         adapter = TypeAdapter[Any](alias)
         _merge(schemas, {name: adapter.json_schema(ref_template=REF_TEMPLATE, schema_generator=_Generator)})

@@ -20,6 +20,7 @@ from ..domain.errors import (
     StoreCorrupt,
     StoreUnavailable,
     TooManyRequests,
+    TranscriptsFull,
 )
 from ..domain.limits import MAX_BODY_BYTES
 from .keys import METRICS
@@ -76,7 +77,10 @@ def problem_for(request: web.Request, exc: Exception) -> web.StreamResponse:
         response.force_close()  # the rest of the body may still come: do not read it as the next request
         return response
     if isinstance(exc, CallerMemoryError):
-        if exc.status >= 500:
+        if isinstance(exc, TranscriptsFull):
+            # The project is at the bound its configuration sets: the client's condition, not the service's.
+            log.warning("%s %s refused: %s", request.method, _route(request), exc.detail)
+        elif exc.status >= 500:
             log.error("%s %s failed: %s", request.method, _route(request), exc.detail)
         if isinstance(exc, StoreUnavailable | StoreCorrupt):
             request.app[METRICS].store_errors.labels(exc.type_slug).inc()

@@ -25,6 +25,7 @@ from .openapi_parts import (
     MERGE_PATCH,
     Json,
     body_errors,
+    conversation_operations,
     dashboard_file,
     operation,
     problem,
@@ -67,13 +68,18 @@ def _operations() -> dict[tuple[str, str], Json]:
             "operator",
             "Run an expiry sweep now",
             {
-                "200": response("What the sweep removed and how long it took.", "SweepReport"),
+                "200": response(
+                    "What the sweep removed and how long it took, and how many inactivity ends it ran.",
+                    "SweepRun",
+                ),
                 "404": None,
                 "409": problem("Another sweep holds the lease (on this or another replica)."),
                 "422": None,
             },
             description="Removes expired fields, callers left empty, expired first-interaction records, "
-            "conversation records and analytics entries, in bounded batches, for at most 30 seconds.",
+            "conversation records and analytics entries, in bounded batches, for at most 30 seconds; then "
+            "runs the inactivity ends that are due (conversations nobody ended within "
+            "`end_after_inactivity`), as the scheduler does every CALLER_MEMORY_INACTIVITY_INTERVAL.",
         ),
         ("get", "/v1/admin/sweeps"): operation(
             "list_sweeps",
@@ -255,10 +261,13 @@ def _operations() -> dict[tuple[str, str], Json]:
                     "ConversationEnded",
                     "Idempotent-Replayed",
                 ),
-                "409": problem("This conversation id was already ended with a different request."),
+                "409": problem(
+                    "This conversation id was already ended with a different request (or, after the "
+                    "service ended it, ended late with a different request)."
+                ),
                 "422": problem(
                     "Malformed conversation id, caller that is not a possible phone number, invalid state key "
-                    "or value, or unknown member; `errors` names the field."
+                    "or value, unknown `end_reason` or member; `errors` names the field."
                 ),
                 **body_errors(),
             },
@@ -266,8 +275,12 @@ def _operations() -> dict[tuple[str, str], Json]:
                 "EndRequest",
                 "The caller, the conversation's state (`conv.state`), its outcome and channel.",
             ),
-            description="Idempotent on the conversation id: a retry with the same body applies nothing twice.",
+            description="Idempotent on the conversation id: a retry with the same body applies nothing twice. "
+            "With conversation memory on, it also ends the transcript; if the service had already ended it "
+            "(by inactivity or supersession), the end is *late*: `late: true`, its state applied as a merge "
+            "patch written at its time, analytics as recorded.",
         ),
+        **conversation_operations(),
         ("get", "/v1/projects/{project}/analytics/conversations"): operation(
             "list_conversations",
             "analytics",
@@ -315,7 +328,7 @@ def _tag(path: str) -> str:
         return "audit"
     if "/analytics/" in path:
         return "analytics"
-    if "/conversations/" in path:
+    if "/conversations" in path:
         return "conversation"
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"
 
@@ -333,6 +346,14 @@ def _links() -> dict[tuple[str, str], Json]:
         "GetProject": to("get_project", project),
         "CreateToken": to("create_token", project),
         "ListTokens": to("list_tokens", project),
+    }
+    conversation = project | {"conversation_id": "$request.path.conversation_id"}
+    transcript = {
+        "ConversationStatus": to("conversation_status", conversation),
+        "History": to("conversation_history", conversation),
+        "Context": to("conversation_context", conversation),
+        "PutSummary": to("put_summary", conversation),
+        "AppendMessages": to("append_messages", conversation),
     }
     memory = {
         "ReadMemory": to("read_memory", caller),
@@ -352,6 +373,7 @@ def _links() -> dict[tuple[str, str], Json]:
         ("erase_caller", "200"): {"ReadMemory": memory["ReadMemory"], "ListAudit": to("list_audit", project)},
         ("end_conversation", "200"): {
             "ReadCallerMemory": to("read_memory", project | {"identifier": "$request.body#/caller"}),
+            "ConversationStatus": to("conversation_status", conversation),
             "Retry": to(
                 "end_conversation",
                 project | {"conversation_id": "$response.body#/conversation_id"},
@@ -360,6 +382,19 @@ def _links() -> dict[tuple[str, str], Json]:
             "ListConversations": to("list_conversations", project),
             "RepeatCallers": to("repeat_callers", project),
         },
+        ("start_conversation", "200"): transcript | {"Delete": to("delete_conversation", conversation)},
+        ("append_messages", "200"): transcript
+        | {
+            "Retry": to("append_messages", conversation, requestBody="$request.body"),
+            "End": to("end_conversation", conversation),
+        },
+        ("conversation_history", "200"): {
+            "HistoryIfChanged": to(
+                "conversation_history", conversation | {"header.If-None-Match": "$response.header.ETag"}
+            ),
+        },
+        ("put_summary", "200"): {"Context": transcript["Context"]},
+        ("delete_conversation", "204"): {"ConversationStatus": transcript["ConversationStatus"]},
         ("list_conversations", "200"): {
             "NextPage": to("list_conversations", project | {"query.cursor": "$response.body#/next_cursor"}),
         },
@@ -401,7 +436,9 @@ def build_openapi() -> dict[str, Any]:
             {"name": "memory", "description": "Caller memory, addressed by phone number."},
             {
                 "name": "conversation",
-                "description": "The end of a conversation, as the agent's SDK sends it.",
+                "description": "Conversation memory (a call's transcript, its summary, the context for the "
+                "next inference, resume after a dropped call) and the end of a conversation, as the agent's "
+                "SDK sends them.",
             },
             {"name": "analytics", "description": "Repeat-caller analytics: conversations and the report."},
             {"name": "operator", "description": "Expiry sweeps; the operator token only."},

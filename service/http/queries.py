@@ -20,6 +20,9 @@ from ..domain.analytics import MAX_PAGE
 from ..domain.errors import InvalidInput
 from ..domain.projects import validation_problem
 from ..domain.retention import AUDIT_ID_HELP, is_audit_id
+from ..domain.transcript_service import DEFAULT_PAGE as HISTORY_PAGE
+from ..domain.transcript_service import MAX_PAGE as MAX_HISTORY_PAGE
+from ..domain.transcripts import MAX_INT
 
 M = TypeVar("M", bound="QueryModel")
 
@@ -36,12 +39,23 @@ _TIME_SHAPE = (
     r"(T([01][0-9]|2[0-3])(:[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?$"
 )
 _DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
+#: A turn id: up to JSON's largest exact integer (16 digits).
+_TURN_DIGITS = re.compile(r"[0-9]{1,16}", re.ASCII)
+#: Budgets a context may be assembled for, in tokens.
+MAX_CONTEXT_TOKENS = 1_000_000
+DEFAULT_CONTEXT_TOKENS = 2000
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,400}", re.ASCII)
 
 
 def _whole_number(value: Any) -> Any:
     if isinstance(value, str) and not _DIGITS.fullmatch(value):
         raise ValueError("must be a whole number written in digits")
+    return value
+
+
+def _turn_number(value: Any) -> Any:
+    if isinstance(value, str) and not _TURN_DIGITS.fullmatch(value):
+        raise ValueError("must be a whole number written in digits (a turn id)")
     return value
 
 
@@ -82,6 +96,7 @@ def _limit(default: int, most: int) -> Any:
 
 
 Limit = Annotated[int, BeforeValidator(_whole_number)]
+TurnNumber = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_turn_number)]
 Time = Annotated[
     int,
     BeforeValidator(_time),
@@ -145,6 +160,37 @@ class RepeatCallersQuery(RangeQuery):
     interval: Literal["hour", "day", "week"] = Field(
         default="day",
         description="bucket size: hour, day or week (ISO weeks, from Monday 00:00 UTC); at most 1000 buckets",
+    )
+
+
+class HistoryQuery(QueryModel):
+    """``GET /v1/projects/{project}/conversations/{conversation_id}/history``."""
+
+    format: Literal["platform", "openai"] = Field(
+        default="platform",
+        description="platform (the messages with turn ids, times and metadata) or openai ({role, content} "
+        "of the user's and the assistant's messages only: what was actually spoken)",
+    )
+    after_turn: TurnNumber | None = Field(
+        default=None,
+        description="only the messages of later turns (next_after_turn of the previous page)",
+    )
+    limit: Limit = Field(
+        default=HISTORY_PAGE,
+        ge=1,
+        le=MAX_HISTORY_PAGE,
+        description=f"messages per page, 1 to {MAX_HISTORY_PAGE}; a page ends on a whole turn",
+    )
+
+
+class ContextQuery(QueryModel):
+    """``GET /v1/projects/{project}/conversations/{conversation_id}/context``."""
+
+    max_tokens: Limit = Field(
+        default=DEFAULT_CONTEXT_TOKENS,
+        ge=1,
+        le=MAX_CONTEXT_TOKENS,
+        description=f"the token budget of the context, 1 to {MAX_CONTEXT_TOKENS:,}",
     )
 
 

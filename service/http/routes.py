@@ -114,6 +114,7 @@ def token_body(record: TokenRecord) -> bodies.Token:
         "token_id": record.token_id,
         "role": record.role,
         "label": record.label,
+        "agent": record.agent or None,
         "created_at": iso_utc(record.created_at),
     }
 
@@ -132,6 +133,7 @@ def receipt_body(receipt: ErasureReceipt) -> bodies.ErasureReceipt:
             "first_interaction": receipt.first_interaction_removed,
             "conversation_links": receipt.conversations_unlinked,
             "analytics_conversations": receipt.analytics_entries_removed,
+            "transcripts": receipt.transcripts_removed,
         },
         "blacklisted": receipt.blacklisted,
     }
@@ -180,7 +182,9 @@ async def get_project(request: web.Request) -> web.Response:
 async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     spec = await read_model(request, TokenCreate, "token request")
-    minted = await services.tokens.mint(project.project_id, spec.role, spec.label, actor=actor(request))
+    minted = await services.tokens.mint(
+        project.project_id, spec.role, spec.label, actor=actor(request), agent=spec.agent
+    )
     return json_response(
         minted_body(minted.record, minted.secret), status=201, headers={"Cache-Control": "no-store"}
     )
@@ -209,15 +213,16 @@ async def read_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.AGENT)
     view = await services.memory.read(project, request.match_info["identifier"])
     if_none_match = request.headers.get("If-None-Match")
-    if if_none_match is not None and _none_match(if_none_match, view.etag):
+    if if_none_match is not None and none_match(if_none_match, view.etag):
         return web.Response(status=304, headers={"ETag": view.etag, "Cache-Control": "no-store"})
     return memory_response(view)
 
 
-def _none_match(header: str, etag: str) -> bool:
-    """``If-None-Match`` uses weak comparison (RFC 9110 13.1.2): ``W/"x"`` matches ``"x"``; ``*`` matches."""
+def none_match(header: str, etag: str) -> bool:
+    """``If-None-Match`` uses weak comparison (RFC 9110 13.1.2): ``W/"x"`` matches ``"x"`` (whichever of the
+    two is weak); ``*`` matches."""
     tags = [tag.removeprefix("W/") for tag in entity_tags(header, "If-None-Match")]
-    return "*" in tags or etag in tags
+    return "*" in tags or etag.removeprefix("W/") in tags
 
 
 @routes.patch("/v1/projects/{project}/callers/{identifier}/memory")
@@ -277,6 +282,7 @@ async def end_conversation(request: web.Request) -> web.Response:
         spec.channel,
         received_at=received_at,
         ended_at=int(spec.ended_at.timestamp() * 1000) if spec.ended_at is not None else None,
+        end_reason=spec.end_reason,
     )
     body: bodies.ConversationEnded = {
         "conversation_id": ended.conversation_id,
@@ -285,6 +291,7 @@ async def end_conversation(request: web.Request) -> web.Response:
         "blacklisted": ended.blacklisted,
         "erased": ended.erased,
         "repeat_caller": ended.repeat_caller,
+        "late": ended.late,
     }
     return json_response(body, headers={"Idempotent-Replayed": "true" if ended.replayed else "false"})
 

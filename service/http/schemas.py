@@ -14,6 +14,7 @@ from ..domain.limits import (
     MAX_STATE_ENTRIES,
     MAX_VALUE_BYTES,
 )
+from ..domain.transcripts import NAME_PATTERN
 
 
 class TokenCreate(BaseModel):
@@ -24,6 +25,12 @@ class TokenCreate(BaseModel):
     role: Literal["agent", "analytics", "admin"]
     label: str = Field(
         default="", max_length=100, description="A note for people, e.g. 'cheese-shop agent prod'"
+    )
+    agent: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="Role `agent` only: the agent of a multi-agent system this token acts as. Under "
+        "`transcript_scope: \"agent\"` it reads the user's messages and this agent's only.",
     )
 
 
@@ -56,6 +63,11 @@ class EndRequest(BaseModel):
         default=None,
         description="When the conversation ended (the client's first attempt to send this): an erasure of the "
         "caller after that moment wins over this write, however late it is delivered",
+    )
+    end_reason: Literal["completed", "dropped", "transferred"] | None = Field(
+        default=None,
+        description="How the call ended; a conversation that ended `dropped` is offered as `resume` when the "
+        "caller calls back on the same channel within resume_window",
     )
 
 

@@ -35,6 +35,7 @@ async def test_end_persists_state_keys_and_reports_the_rest(api: Api, shop: dict
         "blacklisted": False,
         "erased": False,
         "repeat_caller": {},
+        "late": False,
     }
     assert reply.headers["Idempotent-Replayed"] == "false"
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])

@@ -14,8 +14,10 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
+from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.limits import MAX_BODY_BYTES
 from caller_memory.service.domain.retention import SWEEP_LEASE
+from caller_memory.service.domain.tokens import FailureThrottle
 from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
@@ -42,8 +44,10 @@ def doc() -> dict[str, Any]:
 
 
 def make_app(tmp_path: Path) -> web.Application:
+    # A fake clock, which the walkthrough moves to see transcripts expire.
     return create_app(
-        Settings(pseudonym_key=b"x" * 32, store_url=f"sqlite:///{tmp_path}/t.db", operator_token=OPERATOR)
+        Settings(pseudonym_key=b"x" * 32, store_url=f"sqlite:///{tmp_path}/t.db", operator_token=OPERATOR),
+        clock=FakeClock(),
     )
 
 
@@ -207,6 +211,9 @@ BODIES: dict[str, Any] = {
     "create_token": {"role": "agent"},
     "patch_memory": {"a": 1},
     "end_conversation": {"caller": "+14155550100"},
+    "start_conversation": {"caller": "+14155550100", "channel": "voice"},
+    "append_messages": {"messages": []},
+    "put_summary": {"text": "A summary.", "through_turn": 0},
 }
 
 
@@ -260,7 +267,7 @@ def unreached(doc: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 #: Operations that read If-Match or If-None-Match (a malformed one is a 400).
-ENTITY_TAGS = {"read_memory", "patch_memory", "delete_field"}
+ENTITY_TAGS = {"read_memory", "patch_memory", "delete_field", "conversation_history"}
 
 
 async def walkthrough(check: Checker, client: TestClient[web.Request, web.Application]) -> None:
@@ -282,7 +289,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
         "identifier_blacklist": ["+14155550199"],
         "analytics_enabled": True,
     }
-    config = {"memory": {"repeat_caller": rc}}
+    config = {"memory": {"repeat_caller": rc, "conversation": {"enabled": True, "transcript_retention": 60}}}
     await check("GET", "/healthz", "/healthz", 200, token=None)
     await check("GET", "/readyz", "/readyz", 200, token=None)
     await check("GET", "/openapi.json", "/openapi.json", 200, token=None)
@@ -338,6 +345,8 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     assert summary["totals"]["repeat_conversations"] == 1
     await check("GET", report, "/v1/projects/shop/analytics/repeat-callers?interval=year", 422)
 
+    await transcript_walkthrough(check, client)
+
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
     records = await check("GET", audit, "/v1/projects/shop/audit?limit=1", 200)
     assert records["next_cursor"] is not None
@@ -364,6 +373,86 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     await check("GET", "/dashboard/{asset}", "/dashboard/nope.js", 404, token=None)
 
 
+async def transcript_walkthrough(check: Checker, client: TestClient[web.Request, web.Application]) -> None:
+    """Conversation memory's operations, each to its own outcomes (the project has it on, with a transcript
+    retention of a minute: the clock is moved past it to see 410s)."""
+    one = "/v1/projects/{project}/conversations/{conversation_id}"
+    start, append, history, summary, context = (
+        one + suffix for suffix in ("/start", "/messages", "/history", "/summary", "/context")
+    )
+    listing = "/v1/projects/{project}/callers/{identifier}/conversations"
+    base = "/v1/projects/shop/conversations/"
+    who = {"caller": "+14155550100", "channel": "voice"}
+    other = {"caller": "+14155550101", "channel": "voice"}
+    hello = {"role": "user", "content": "Hello", "turn_id": 1}
+    await check("POST", start, base + "t-1/start", 200, json={**who, "agent": "booking"})
+    await check("POST", start, base + "t-1/start", 409, json=other)
+    await check("POST", start, base + "t-1/start", 422, json={"caller": "+14155550100"})
+    await check("POST", append, base + "t-1/messages", 200, json={"messages": [hello], "state": {"a": 1}})
+    await check("POST", append, base + "t-0/messages", 404, json={"messages": [hello]})
+    await check("POST", append, base + "t-1/messages", 409, json={**other, "messages": [hello]})
+    await check(
+        "POST", append, base + "t-1/messages", 413, json={"messages": [{**hello, "content": "x" * 20_000}]}
+    )
+    await check("POST", append, base + "t-1/messages", 422, json={"messages": [{**hello, "turn_id": 0}]})
+    await check("GET", one, base + "t-1", 200)
+    await check("GET", one, base + "t-0", 404)
+    await check("GET", one, base + "bad!", 422)
+    await check("GET", history, base + "t-1/history", 200)
+    await check("GET", history, base + "t-1/history?format=openai", 200)
+    async with client.get(base + "t-1/history", headers={"Authorization": f"Bearer {OPERATOR}"}) as resp:
+        tag = resp.headers["ETag"]
+    await check("GET", history, base + "t-1/history", 304, headers={"If-None-Match": tag})
+    await check("GET", history, base + "t-1/history", 400, headers={"If-None-Match": "nope"})
+    await check("GET", history, base + "t-0/history", 404)
+    await check("GET", history, base + "t-1/history?limit=0", 422)
+    await check("PUT", summary, base + "t-1/summary", 200, json={"text": "Said hello.", "through_turn": 1})
+    await check("PUT", summary, base + "t-0/summary", 404, json={"text": "x", "through_turn": 0})
+    await check("PUT", summary, base + "t-1/summary", 422, json={"text": "x", "through_turn": 5})
+    await check("GET", context, base + "t-1/context?max_tokens=100", 200)
+    await check("GET", context, base + "t-0/context", 404)
+    await check("GET", context, base + "t-1/context?max_tokens=0", 422)
+    await check("GET", listing, CALLER + "/conversations", 200)
+    await check("GET", listing, "/v1/projects/shop/callers/12/conversations", 422)
+    end = {"caller": "+14155550100", "end_reason": "dropped"}
+    ended = await check("POST", one + "/end", base + "t-1/end", 200, json=end)
+    assert ended["late"] is False
+    await check("POST", append, base + "t-1/messages", 409, json={"messages": [{**hello, "turn_id": 2}]})
+    # A callback is offered the dropped call.
+    resumed = await check("POST", start, base + "t-2/start", 200, json=who)
+    assert resumed["resume"]["conversation_id"] == "t-1"
+    await check("DELETE", one, base + "t-2", 204)
+    await check("DELETE", one, base + "t-2", 404)
+    await check("DELETE", one, base + "bad!", 422)
+    client.app[SERVICES].clock.advance(61)  # type: ignore[attr-defined]
+    for method, template, what, body in (
+        ("POST", start, "start", who),
+        ("POST", append, "messages", {"messages": [hello]}),
+        ("GET", one, "", None),
+        ("GET", history, "history", None),
+        ("PUT", summary, "summary", {"text": "x", "through_turn": 0}),
+        ("GET", context, "context", None),
+    ):
+        await check(method, template, base + "t-1" + (f"/{what}" if what else ""), 410, json=body)
+    # A project at its bound for transcripts.
+    small = {
+        "memory": {
+            "repeat_caller": {"state_keys": ["a"]},
+            "conversation": {"enabled": True, "max_transcript_bytes": 1024},
+        }
+    }
+    await check("PUT", "/v1/projects/{project}", "/v1/projects/full", 201, json=small)
+    big = {**who, "messages": [{**hello, "content": "x" * 1100}]}
+    await check("POST", append, "/v1/projects/full/conversations/f-1/messages", 200, json=big)
+    await check(
+        "POST",
+        append,
+        "/v1/projects/full/conversations/f-1/messages",
+        507,
+        json={"messages": [{**hello, "turn_id": 2}]},
+    )
+
+
 #: Each operation's own outcomes (what the walkthrough above must reach); the answers every authenticated
 #: operation shares are checked on every operation by check_shared_answers and the overload tests.
 OWN: dict[str, set[str]] = {
@@ -384,6 +473,14 @@ OWN: dict[str, set[str]] = {
     "delete_field": {"200", "400", "412", "422"},
     "erase_caller": {"200"},
     "end_conversation": {"200", "409", "422"},
+    "start_conversation": {"200", "409", "410", "422"},
+    "append_messages": {"200", "404", "409", "410", "413", "422", "507"},
+    "conversation_status": {"200", "404", "410", "422"},
+    "delete_conversation": {"204", "404", "422"},
+    "conversation_history": {"200", "304", "400", "404", "410", "422"},
+    "put_summary": {"200", "404", "410", "422"},
+    "conversation_context": {"200", "404", "410", "422"},
+    "caller_conversations": {"200", "422"},
     "list_conversations": {"200", "422"},
     "repeat_callers": {"200", "422"},
     "list_audit": {"200", "422"},
@@ -407,10 +504,12 @@ async def check_shared_answers(check: Checker, client: TestClient[web.Request, w
     tokens = {role: await mint(client, role) for role in ("admin", "agent", "analytics")}
     as_json = {"Content-Type": "application/json"}
     big = b'{"x": "' + b"y" * MAX_BODY_BYTES + b'"}'
-    # Each 401 counts as a failed authentication of this address: one per operation stays under the limit.
     for method, template, op in authenticated(check.doc):
         name, responses = op["operationId"], op["responses"]
         path, body = concrete(template), BODIES.get(op["operationId"])
+        # Each 401 counts as a failed authentication of this address, and there are more operations than
+        # the failures one address may make in a minute: each operation's is judged on its own.
+        client.app[SERVICES].tokens.throttle = FailureThrottle()
         await check(method, template, path, 401, token=None, json=body)
         await check(method, template, path, 403, token=tokens[TOO_WEAK[op["x-required-role"]]], json=body)
         if "404" in responses and name != "revoke_token":
@@ -495,10 +594,14 @@ async def test_every_documented_query_range_is_what_the_api_accepts(
     """For every integer query parameter: its documented minimum and maximum are accepted, one past either
     is refused with 422 naming it (the document is generated from the models that validate the query)."""
     auth = {"Authorization": f"Bearer {OPERATOR}"}
-    async with client.put(
-        "/v1/projects/shop", json={"memory": {"repeat_caller": {"state_keys": ["a"]}}}, headers=auth
-    ):
+    config = {"memory": {"repeat_caller": {"state_keys": ["a"]}, "conversation": {"enabled": True}}}
+    async with client.put("/v1/projects/shop", json=config, headers=auth):
         pass
+    started = {"caller": "+14155550100", "channel": "voice"}
+    async with client.post(
+        "/v1/projects/shop/conversations/call-1/start", json=started, headers=auth
+    ) as resp:
+        assert resp.status == 200
     probed = 0
     for method, path, _, op in operations(doc):
         for parameter in op.get("parameters", []):
@@ -506,7 +609,7 @@ async def test_every_documented_query_range_is_what_the_api_accepts(
             schema = parameter["schema"]
             if parameter["in"] != "query" or schema.get("type") != "integer":
                 continue
-            concrete = path.replace("{project}", "shop")
+            concrete = path.replace("{project}", "shop").replace("{conversation_id}", "call-1")
             low, high = schema["minimum"], schema["maximum"]
             for value, accepted in ((low, True), (high, True), (low - 1, False), (high + 1, False)):
                 async with client.request(
@@ -518,7 +621,9 @@ async def test_every_documented_query_range_is_what_the_api_accepts(
                     else:
                         assert resp.status == 422 and body["errors"][0]["field"] == parameter["name"], body
             probed += 1
-    assert probed == 3  # sweeps, audit and the conversation listing each have a limit
+    # sweeps, audit and the conversation listing each have a limit; history a limit and after_turn; context
+    # max_tokens
+    assert probed == 6
 
 
 def test_response_headers_and_tags_are_declared(doc: dict[str, Any]) -> None:
