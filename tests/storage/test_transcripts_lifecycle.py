@@ -292,16 +292,14 @@ async def test_due_conversations_come_most_overdue_first(store: Store) -> None:
     assert await store.due_conversations(t + DAY_MS, 1) == in_order[:1]
     # Activity moves a conversation's due time.
     moved = in_order[0]
-    await append(
-        store,
-        moved,
-        CallerRef(moved.project, ""),
-        [message(9, "Hello?", t)],
-        t + 20 * MINUTE_MS,
-        create=False,
-    )
+    hello = [message(9, "Hello?", t)]
+    await append(store, moved, CallerRef(moved.project, ""), hello, t + 20 * MINUTE_MS, create=False)
     assert await store.due_conversations(t + INACTIVITY + 19 * MINUTE_MS, 100) == in_order[1:]
     assert await store.due_conversations(t + INACTIVITY + 20 * MINUTE_MS, 100) == [*in_order[1:], in_order[0]]
+    # Earlier too (the project's end_after_inactivity was shortened): due then, before all the others.
+    last, at = in_order[-1], t + 21 * MINUTE_MS
+    await append(store, last, CallerRef(last.project, ""), hello, at, create=False, due_at=at + MINUTE_MS)
+    assert await store.due_conversations(at + MINUTE_MS, 100) == [last]
 
 
 async def test_a_claimed_conversation_is_due_again_when_its_lease_lapses(store: Store) -> None:
