@@ -30,10 +30,10 @@ Layout (all keys start with ``cm:``)::
                                                     redis_transcripts.py), until its forget_at; vbucket is a
                                                     hash of project and conversation id: all of a
                                                     conversation's keys (vh, vm, vi, vd) share that one tag
-    cm:{<vbucket>}:vm:<project>:<conv_id> stream    its messages: entry id "<turn_id>-<seq + 1>", one field
-                                                    (the message id, "" for none) whose value is the body;
-                                                    until the transcript's expires_at
-    cm:{<vbucket>}:vi:<project>:<conv_id> hash      message id -> its stream entry id, until expires_at
+    cm:{<vbucket>}:vm:<project>:<conv_id> list      its messages, "<message id>\n<body>" ("" for none), in
+                                                    order; until the transcript's expires_at
+    cm:{<vbucket>}:vi:<project>:<conv_id> string    their index, 12 bytes per message: turn id (big-endian
+                                                    double), first 4 bytes of sha1(message id); until then
     cm:{<vbucket>}:vd:<project>:<conv_id> hash      {checkpoint, summary}, until expires_at
     cm:{<bucket>}:vc:<project>:<subject>  zset      the caller's conversation ids (erasure finds them), in
                                                     the caller's slot; score = a time no earlier than the
@@ -182,12 +182,12 @@ def transcript_header_key(project: str, conversation_id: str) -> str:
 
 
 def transcript_messages_key(project: str, conversation_id: str) -> str:
-    """A conversation's messages (a stream), in the header's slot."""
+    """A conversation's messages (a list), in the header's slot."""
     return _transcript("vm", project, conversation_id)
 
 
 def transcript_ids_key(project: str, conversation_id: str) -> str:
-    """A conversation's message ids (id -> stream entry id), in the header's slot."""
+    """The index of a conversation's messages (turn ids and message id digests), in the header's slot."""
     return _transcript("vi", project, conversation_id)
 
 

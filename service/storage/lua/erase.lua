@@ -7,9 +7,9 @@ KEYS[2]  the bucket's expiry index         cm:{<bucket>}:x
 KEYS[3]  the caller's first interaction    cm:{<bucket>}:f:<project>:<subject>
 KEYS[4]  the caller's conversation ids     cm:{<bucket>}:cs:<project>:<subject>
 KEYS[5]  the caller's tombstone            cm:{<bucket>}:t:<project>:<subject>
-KEYS[6]  the caller's transcripts          cm:{<bucket>}:vc:<project>:<subject> (conv_id -> horizon): read and
-         deleted here; the service then replaces each conversation by a marker in its own slot
-         (transcript_remove.lua)
+KEYS[6]  the caller's transcripts          cm:{<bucket>}:vc:<project>:<subject> (conv_id -> horizon): read here;
+         the service then replaces each conversation by a marker in its own slot (transcript_remove.lua) and
+         only then takes them off this listing, so that an erasure cut short is found again by its retry
 ARGV[1]  the caller's member in the expiry index
 ARGV[2]  the prefix of the caller's conversation records, "cm:{<bucket>}:c:<project>:" (same slot: the
          records are named from the set's members, which is why they are not in KEYS)
@@ -50,7 +50,7 @@ for _, id in ipairs(ids) do
     out[#out + 1] = expires
   end
 end
-redis.call('DEL', KEYS[1], KEYS[4], KEYS[6])
+redis.call('DEL', KEYS[1], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[5], 'erased_at', ARGV[3], 'expires_at', ARGV[4])
 redis.call('PEXPIREAT', KEYS[5], ARGV[4])

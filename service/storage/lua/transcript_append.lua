@@ -3,8 +3,10 @@ transcript_append.lua: append a batch of messages and/or keep a state checkpoint
 conversation's slot (TranscriptStore.append_messages). Redis 7.0+.
 
 KEYS[1]  the header           cm:{<vbucket>}:vh:<project>:<conv_id>   (fields: see redis_transcripts.py)
-KEYS[2]  the messages         cm:{<vbucket>}:vm:<project>:<conv_id>   stream, ids "<turn_id>-<seq + 1>"
-KEYS[3]  the message ids      cm:{<vbucket>}:vi:<project>:<conv_id>   message id -> stream entry id
+KEYS[2]  the messages         cm:{<vbucket>}:vm:<project>:<conv_id>   list of "<message id>\n<body>"
+KEYS[3]  their index          cm:{<vbucket>}:vi:<project>:<conv_id>   string, 12 bytes per message: its turn
+                                                                     id (big-endian double) and the first 4
+                                                                     bytes of sha1(message id) (0 for none)
 KEYS[4]  checkpoint, summary  cm:{<vbucket>}:vd:<project>:<conv_id>
 KEYS[5]  (standalone server only) the project's bytes by hour, cm:{a:<project>}:vb, another slot: on a
          cluster the service adds the bytes itself after this script (transcript_tally.lua)
@@ -31,6 +33,11 @@ local made_at = tonumber(ARGV[8])
 local expires_at, forget_at, due_at = ARGV[9], ARGV[10], ARGV[11]
 local checkpoint = ARGV[14]
 local n = tonumber(ARGV[16])
+
+-- The first 4 bytes of a message id's SHA-1, as a number: what the index keeps of it.
+local function digest(id)
+  return tonumber(string.sub(redis.sha1hex(id), 1, 8), 16)
+end
 
 local function reply(status, detail, added, added_bytes, due, with_header)
   local flat, data = {}, {}
@@ -71,6 +78,36 @@ end
 
 -- Message ids: the same id with the same body is already there (skipped), with another body a conflict.
 local count = exists and tonumber(h.messages) or 0
+if exists and n > 0 and redis.call('LLEN', mk) ~= count then
+  -- Redis expired the transcript by its own clock, ahead of the service's: it is gone all the same.
+  return reply('expired', nil, 0, 0, nil, true)
+end
+local index = nil
+-- The body stored under message id ``mid``, or nil. The index is scanned for the id's digest (at a record's
+-- digest offset), and a match is confirmed by the id stored with the message.
+local function stored_body(mid)
+  if index == nil then
+    index = redis.call('GET', ik) or ''
+  end
+  local wanted = struct.pack('>I4', digest(mid))
+  local from = 1
+  while true do
+    local pos = string.find(index, wanted, from, true)
+    if not pos then
+      return nil
+    end
+    if (pos - 1) % 12 == 8 then
+      local element = redis.call('LINDEX', mk, (pos - 9) / 12)
+      if element then
+        local cut = string.find(element, '\n', 1, true)
+        if string.sub(element, 1, cut - 1) == mid then
+          return string.sub(element, cut + 1)
+        end
+      end
+    end
+    from = pos + 1
+  end
+end
 local new = {}
 local in_batch = {}
 for i = 0, n - 1 do
@@ -81,13 +118,7 @@ for i = 0, n - 1 do
     local mid = string.sub(id, 2)
     local prior = in_batch[mid]
     if prior == nil and exists then
-      local entry = redis.call('HGET', ik, mid)
-      if entry then
-        local found = redis.call('XRANGE', mk, entry, entry)
-        if found[1] then
-          prior = found[1][2][2]
-        end
-      end
+      prior = stored_body(mid)
     end
     if prior ~= nil then
       if prior ~= body then
@@ -156,20 +187,19 @@ elseif horizon ~= '' and tonumber(horizon) > tonumber(h.horizon) then
   redis.call('HSET', hk, 'horizon', horizon)
 end
 
-local seq = count
-for _, at in ipairs(new) do
-  seq = seq + 1
-  local entry = ARGV[at] .. '-' .. seq
-  local id = ARGV[at + 1]
-  if id == '' then
-    redis.call('XADD', mk, entry, '', ARGV[at + 3])
-  else
-    local mid = string.sub(id, 2)
-    redis.call('XADD', mk, entry, mid, ARGV[at + 3])
-    redis.call('HSET', ik, mid, entry)
+if #new > 0 then
+  local elements, records = {}, {}
+  for _, at in ipairs(new) do
+    local mid = string.sub(ARGV[at + 1], 2)
+    elements[#elements + 1] = mid .. '\n' .. ARGV[at + 3]
+    records[#records + 1] = struct.pack('>dI4', tonumber(ARGV[at]), mid == '' and 0 or digest(mid))
   end
+  for i = 1, #elements, 1000 do -- unpack() is limited by the Lua C stack
+    redis.call('RPUSH', mk, unpack(elements, i, math.min(i + 999, #elements)))
+  end
+  redis.call('APPEND', ik, table.concat(records))
 end
-redis.call('HSET', hk, 'last_activity', now, 'turn_id', turn, 'messages', seq,
+redis.call('HSET', hk, 'last_activity', now, 'turn_id', turn, 'messages', count + #new,
   'bytes', tonumber(h.bytes) + added_bytes, 'tokens', tonumber(h.tokens) + added_tokens,
   'expires_at', expires_at, 'forget_at', forget_at, 'due_at', due_at)
 if keep then
