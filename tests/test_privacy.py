@@ -42,20 +42,58 @@ def find_numbers(blob: bytes) -> list[str]:
     return [f for f in ALL_FORMS if f.encode() in blob]
 
 
-async def realistic_run(api: Api) -> None:
-    await api.put_project(
-        "cheese-shop",
-        {
-            "analytics_enabled": True,
-            "state_keys": ["caller_name", "booking_day", "phone_on_file", "verified"],
-            "field_ttls": {"verified": "PT1H"},
-            "identifier_blacklist": ["020 7946 0000"],
-            "default_region": "GB",
-        },
+REPEAT_CALLER = {
+    "analytics_enabled": True,
+    "state_keys": ["caller_name", "booking_day", "phone_on_file", "verified"],
+    "field_ttls": {"verified": "PT1H"},
+    "identifier_blacklist": ["020 7946 0000"],
+    "default_region": "GB",
+}
+
+
+async def calls_with_spoken_numbers(api: Api, agent: str, admin: str) -> None:
+    """Transcripts in which callers and agents say phone numbers (their own and others'), in every form."""
+    conversations = "/v1/projects/cheese-shop/conversations"
+    for i, (e164, written) in enumerate(NUMBERS.items()):
+        if e164 == "+4915112345678":
+            continue
+        caller = written[0]
+        said = [f"you can reach me on {form}, thanks" for form in [e164, *written]]
+        messages = [
+            {"role": "user", "content": text, "turn_id": turn, "metadata": {"source": "asr"}}
+            for turn, text in enumerate(said)
+        ]
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "So that is ",
+                "turn_id": len(said),
+                "metadata": {"source": "llm", "interrupted": True, "original": f"So that is {written[-1]}?"},
+            }
+        )
+        await api.call(
+            "POST", f"{conversations}/t{i}/start", token=agent, json={"caller": caller, "channel": "phone"}
+        )
+        await api.call("POST", f"{conversations}/t{i}/messages", token=agent, json={
+            "messages": messages, "state": {"phone_on_file": "yes", "caller_name": f"Caller {i}"}})  # fmt: skip
+        await api.call("PUT", f"{conversations}/t{i}/summary", token=agent, json={
+            "text": f"Caller gave {written[0]} as their number", "through_turn": 1})  # fmt: skip
+        for path in ("/history", "/history?format=openai", "/context?max_tokens=500", ""):
+            await api.call("GET", f"{conversations}/t{i}{path}", token=agent)
+        await api.call("GET", f"/v1/projects/cheese-shop/callers/{caller}/conversations", token=admin)
+    await api.call(
+        "POST", f"{conversations}/t0/end", token=agent, json={"caller": NUMBERS["+14155550100"][0]}
     )
+    api.clock.advance(31 * 60)  # the others end by inactivity (run by the sweep below)
+
+
+async def realistic_run(api: Api) -> None:
+    config = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": {"enabled": True}}}
+    await api.call("PUT", "/v1/projects/cheese-shop", token=OPERATOR_TOKEN, json=config)
     admin = await api.mint("cheese-shop", "admin")
     agent = await api.mint("cheese-shop", "agent")
     base = "/v1/projects/cheese-shop/callers"
+    await calls_with_spoken_numbers(api, agent, admin)
     for e164, written in NUMBERS.items():
         if e164 == "+4915112345678":
             continue
@@ -133,6 +171,12 @@ def redis_blobs(server: RedisServer) -> tuple[dict[str, bytes], bool]:
                 parts.append(client.get(key) or b"")
             elif kind == "zset":
                 parts += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+            elif kind == "list":
+                parts += client.lrange(key, 0, -1)
+            elif kind == "set":
+                parts += sorted(client.smembers(key))
+            elif kind == "stream":
+                parts += [b for _, entry in client.xrange(key) for kv in entry.items() for b in kv]
             blobs[key.decode()] = b"\n".join(parts)
     return blobs, stored
 
@@ -149,6 +193,8 @@ async def test_no_phone_number_in_store_or_logs(
         server: RedisServer = request.getfixturevalue("redis_server")
         blobs, stored_somewhere = redis_blobs(server)
     assert stored_somewhere
+    # Transcripts were stored (redacted): the check below looks at them too.
+    assert any(b"you can reach me on [phone]" in blob for blob in blobs.values())
     blobs["/metrics"] = (await api.call("GET", "/metrics")).body.encode()
     for name, blob in blobs.items():
         assert find_numbers(blob) == [], f"phone number found in {name}"
