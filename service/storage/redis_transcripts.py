@@ -48,8 +48,9 @@ each against its header (``transcript_due.lua``, read only, all in one write per
 is stale with a compare-and-set (``transcript_due_index.lua``: a write in between wins): an entry whose
 header says later moves there, an entry whose conversation ended, was deleted or erased, or whose header is
 gone, is removed; so the same stale entry is never returned twice, and a round costs what it returns. An open
-conversation whose transcript expired cannot be claimed (the port's ``MISSING``): it stays due for
-:data:`EXPIRED_DUE_GRACE_MS` and then only at its ``forget_at``, when Redis has dropped its header.
+conversation whose transcript expired cannot be claimed (the port's ``MISSING``): the claim that finds so drops
+its entry; unclaimed, it stays due for :data:`EXPIRED_DUE_GRACE_MS` and then only at its ``forget_at``, when
+Redis has dropped its header.
 
 A project's transcript bytes (``vb``, in the project's analytics slot) are counted by hour. On one server the
 append script adds them itself; on a cluster the service adds them in a second call right after the append,
@@ -400,10 +401,14 @@ class RedisTranscripts:
         async with Call("claim_end", self._timeout):
             reply = await self._script("transcript_claim", [header_key, data_key], args)
             status = ClaimStatus(reply[0].decode())
+            member = keys.due_member(key.project, key.conversation_id)
             if status is ClaimStatus.CLAIMED:
                 # Due again when the lease lapses (a crashed end is taken over then).
-                member = keys.due_member(key.project, key.conversation_id)
                 await self._transport.run(("ZADD", keys.TRANSCRIPTS_DUE, claim.lease_until, member))
+            elif status is ClaimStatus.MISSING:
+                if reply[1]:  # its transcript expired: no end can claim it again, so it is never due again
+                    await self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, member))
+                return ClaimResult(status, None)
         return ClaimResult(status, _header(key, reply[1], reply[2], now_ms))
 
     async def finish_end(self, key: ConversationKey, now_ms: int) -> Header | None:

@@ -17,7 +17,10 @@ from caller_memory.service.domain.store import CallerRef, TokenRecord
 from caller_memory.service.domain.transcript_store import (
     AppendStatus,
     AppendWrite,
+    ClaimResult,
+    ClaimStatus,
     ConversationKey,
+    EndClaim,
     NewMessage,
     TranscriptQuery,
     TranscriptStatus,
@@ -325,3 +328,23 @@ async def test_an_erasure_cut_short_is_finished_by_its_retry(
     header, _ = await redis_store.read_conversation(live.header.key, t + 2)
     assert header is not None and header.status is TranscriptStatus.ERASED
     assert await redis_client.exists(listing) == 0
+
+
+async def test_a_claim_that_finds_the_transcript_expired_drops_its_due_entry(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t = now_ms()
+    key = new_key()
+    await append(redis_store, key, new_caller(), platform_call(t), t)
+    member = keys.due_member(PROJECT, key.conversation_id)
+    claim = EndClaim(key, "inactivity", "", t + RETENTION - INACTIVITY, t + RETENTION + 60_000)
+    assert (await redis_store.claim_end(claim, t + RETENTION)) == ClaimResult(ClaimStatus.MISSING, None)
+    assert await redis_client.zscore(keys.TRANSCRIPTS_DUE, member) is None
+    # What is not there at all leaves the index alone (a creation may be on its way: it indexed itself first).
+    await redis_client.zadd(keys.TRANSCRIPTS_DUE, {keys.due_member(PROJECT, "call-coming"): t + INACTIVITY})
+    coming = EndClaim(ConversationKey(PROJECT, "call-coming"), "explicit", "", None, t + 60_000)
+    assert (await redis_store.claim_end(coming, t)).status is ClaimStatus.MISSING
+    assert (
+        await redis_client.zscore(keys.TRANSCRIPTS_DUE, keys.due_member(PROJECT, "call-coming"))
+        == t + INACTIVITY
+    )

@@ -6,7 +6,8 @@ KEYS[1]  the header, KEYS[2] its checkpoint and summary (as in transcript_append
 ARGV: now_ms, ended_by, end_reason, idle_since ("" none), lease_until, end_data
 
 Returns {status, header (HGETALL, flat), {checkpoint, summary}}; status a ClaimStatus value. The header's due_at
-becomes lease_until (the service moves the due index after it).
+becomes lease_until (the service moves the due index after it). For "missing" the header is there only when the
+transcript expired (it can never be claimed again).
 ]]
 local now = tonumber(ARGV[1])
 local h = {}
@@ -17,9 +18,11 @@ end
 local function reply(status)
   return {status, redis.call('HGETALL', KEYS[1]), redis.call('HMGET', KEYS[2], 'checkpoint', 'summary')}
 end
-if not h.status or tonumber(h.forget_at) <= now or h.status == 'erased' or h.status == 'deleted'
-    or tonumber(h.expires_at) <= now then
+if not h.status or tonumber(h.forget_at) <= now or h.status == 'erased' or h.status == 'deleted' then
   return {'missing', {}, {}}
+end
+if tonumber(h.expires_at) <= now then
+  return {'missing', raw, {}} -- expired: nothing can claim it any more (the service drops its due entry)
 end
 if h.status == 'ended' or (h.status == 'ending' and tonumber(h.lease_until) > now) then
   return reply('already')
