@@ -52,3 +52,61 @@ def all_cpu_seconds() -> dict[int, float]:
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile
     return out
+
+
+# Conversation memory (bench/transcripts.py) -------------------------------------------------------------
+
+#: Where a benchmark call's messages are said: one channel for every conversation.
+CHANNEL = "voice"
+#: Characters of one benchmark message's content.
+MESSAGE_CHARS = 100
+_WORDS = (
+    "could you move my delivery to the office address instead of home please "
+    "sure I can help with that let me check the order and the slots that are still open this week "
+    "the parcel is waiting at the depot and the driver will call you before he arrives at the door"
+).split()
+
+
+def _text(seed: int) -> str:
+    """About MESSAGE_CHARS characters of words (no digits: like most of what callers say, the service's
+    phone-number matcher is not run on it), cut to exactly MESSAGE_CHARS."""
+    words, size, i = [], 0, seed
+    while size <= MESSAGE_CHARS:
+        word = _WORDS[(i * 7 + seed * 13) % len(_WORDS)]
+        words.append(word)
+        size += len(word) + 1
+        i += 1
+    return " ".join(words)[:MESSAGE_CHARS]
+
+
+#: 64 different contents, reused in turn (building one per request would load the load generator).
+TEXTS = [_text(seed) for seed in range(64)]
+
+
+def transcript_message(n: int, timestamp: int, message_id: str | None = None) -> dict[str, object]:
+    """Message ``n`` (0, 1, 2, ...) of a benchmark conversation, in the platform layout (SPEC section 10):
+    even ones the caller's (speech recognition), odd ones the agent's answers, two per turn."""
+    message: dict[str, object] = {
+        "role": "user" if n % 2 == 0 else "assistant",
+        "content": TEXTS[n % len(TEXTS)],
+        "turn_id": n // 2,
+        "timestamp": timestamp,
+        "metadata": {"source": "asr" if n % 2 == 0 else "llm"},
+    }
+    return message if message_id is None else {"message_id": message_id, **message}
+
+
+def append_document(
+    caller: int, first: int, count: int, timestamp: int, *, message_ids: bool = True
+) -> dict[str, object]:
+    """The body of ``POST .../conversations/{id}/messages`` for messages ``first`` to ``first + count - 1``
+    of caller ``caller``'s conversation, as the SDK sends it: the caller and the channel on the batch that
+    starts the conversation only, message ids ``m<12 hex digits>.<n>`` (random per conversation in the SDK;
+    here derived from the caller), ``sent_at``."""
+    document: dict[str, object] = {"caller": caller_phone(caller), "channel": CHANNEL} if first == 0 else {}
+    document["messages"] = [
+        transcript_message(n, timestamp + n, f"m{caller:012x}.{n + 1}" if message_ids else None)
+        for n in range(first, first + count)
+    ]
+    document["sent_at"] = timestamp
+    return document

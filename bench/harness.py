@@ -179,6 +179,16 @@ def start_baseline(redis_url: str, workdir: Path, cpus: set[int] | None) -> Serv
     return Server("baseline", proc, port, log)
 
 
+def start_transcript_baseline(redis_url: str, workdir: Path, cpus: set[int] | None) -> Server:
+    """bench/transcript_baseline.py (lists of messages: RPUSH, LRANGE, HGETALL) on ``redis_url``."""
+    port = free_port()
+    log = workdir / "transcript-baseline.log"
+    cmd = [sys.executable, str(BENCH / "transcript_baseline.py"), "--port", str(port), "--redis", redis_url]
+    proc = spawn(cmd, log=log, cpus=cpus)
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc, log, 30.0)
+    return Server("baseline", proc, port, log)
+
+
 def start_static(workdir: Path, cpus: set[int] | None) -> Server:
     port = free_port()
     log = workdir / "static.log"

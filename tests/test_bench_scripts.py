@@ -3,6 +3,7 @@ and every module imports, so a helper they use that moves elsewhere breaks the s
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,26 @@ def test_every_bench_module_imports() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=BENCH.parent
     )
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.timeout(240)  # about 25 s; a busy shared machine may take several times that
+def test_transcripts_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
+    """bench/transcripts.py --smoke: the real service, the baseline and a redis-server, every measurement of
+    the conversation-memory benchmark for a fraction of a second; its JSON holds every figure the targets
+    are judged on (whatever they are: a smoke run's figures mean nothing)."""
+    output = tmp_path / "transcripts.json"
+    cmd = [sys.executable, str(BENCH / "transcripts.py"), "--smoke", "--no-pin", "--profile", "none"]
+    run = subprocess.run(
+        [*cmd, "--output", str(output)], capture_output=True, text=True, timeout=230, cwd=tmp_path
+    )
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    assert "Targets" in run.stdout
+    results = json.loads(output.read_text())
+    for kind in ("append1", "append10", "history", "context"):
+        peak = results["peak"][kind]
+        assert peak["service"]["ok"] > 0 and peak["baseline"]["ok"] > 0, kind
+        assert peak["service"]["errors"] == 0 and peak["baseline"]["errors"] == 0, kind
+    assert results["context_open_50"]["service"]["ok"] > 0
+    assert results["footprint"]["service"]["bytes_per_message"] > 0
+    assert results["footprint"]["service"]["one_conversation_keys"]
+    assert len(results["targets"]) == 7
