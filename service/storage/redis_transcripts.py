@@ -4,7 +4,7 @@
 transport, as every other operation does. Key names are in :mod:`.keys`, scripts in ``lua/transcript_*.lua``.
 
 Layout. Every key of one conversation carries one hash tag (a stable hash of project and conversation id), so
-each operation on it is one script (or one transaction) in one slot:
+each operation on it is one Lua script in one slot (reads too: ``transcript_read.lua``, one round trip):
 
 - the header hash ``vh`` lives until ``forget_at``: ``status`` (a :class:`TranscriptStatus` value),
   ``subject``, ``channel``, ``agent``, ``started_at``, ``last_activity``, ``turn_id``, ``messages``,
@@ -47,7 +47,8 @@ and do not touch it. :meth:`RedisTranscripts.due_conversations` reads the entrie
 each against its header (``transcript_due.lua``, read only, all in one write per primary) and corrects what
 is stale with a compare-and-set (``transcript_due_index.lua``: a write in between wins): an entry whose
 header says later moves there, an entry whose conversation ended, was deleted or erased, or whose header is
-gone, is removed; so the same stale entry is never returned twice, and a round costs what it returns. An open
+gone, is removed; a stale entry is corrected the first time it is read and never returned, and a round costs
+what it returns. An open
 conversation whose transcript expired cannot be claimed (the port's ``MISSING``): the claim that finds so drops
 its entry; unclaimed, it stays due for :data:`EXPIRED_DUE_GRACE_MS` and then only at its ``forget_at``, when
 Redis has dropped its header.
