@@ -296,15 +296,23 @@ async def test_message_ids_make_appends_idempotent(store: Store) -> None:
     assert (other.status, other.added) == (APPENDED, 6)
 
 
-async def test_messages_without_ids_are_never_deduplicated(store: Store) -> None:
+async def test_only_the_same_id_is_the_same_message(store: Store) -> None:
+    """Ids are compared whole: m-25508 and m-70939 share the first 4 bytes of their SHA-1 (what a backend may
+    index ids by) and are two messages; messages without an id are never deduplicated."""
     caller, key, t = new_caller(), new_key(), now_ms()
+    first, second = (
+        message(1, text, t, message_id=i) for text, i in (("One.", "m-25508"), ("Two.", "m-70939"))
+    )
     hello = message(1, "Hello?", t)
-    await append(store, key, caller, [hello], t)
-    again = await append(store, key, caller, [hello, hello], t + 10, create=False)
-    assert (again.status, again.added) == (APPENDED, 2)
-    header, messages = await everything(store, key, t + 10)
-    assert header is not None and header.messages == 3
-    assert messages == stored([hello] * 3)
+    await append(store, key, caller, [first, hello], t)
+    result = await append(store, key, caller, [second, hello], t + 10, create=False)
+    assert (result.status, result.added) == (APPENDED, 2)
+    retry = await append(store, key, caller, [first, second], t + 20, create=False)
+    assert (retry.status, retry.added) == (APPENDED, 0)
+    other = message(1, "Three.", t, message_id="m-70939")
+    write = appending(key, caller, [other], t + 30, create=False)
+    await assert_refused(store, write, t + 30, AppendStatus.ID_CONFLICT, detail="m-70939")
+    assert (await everything(store, key, t + 30))[1] == stored([first, hello, second, hello])
 
 
 async def test_an_id_with_another_body_is_a_conflict_that_writes_nothing(store: Store) -> None:
