@@ -18,12 +18,13 @@ Exceptions are described in :mod:`caller_memory.sdk.errors`.
 import logging
 
 from . import _wire
-from .client import CircuitBreaker, FlushReport, MemoryClient, RetryPolicy
+from .client import MemoryClient
 from .conversation import Conversation, EndResult
 from .errors import (
     AuthenticationError,
     CallerMemoryError,
     ConflictError,
+    GoneError,
     InvalidRequestError,
     NotFoundError,
     OutboxUnavailableError,
@@ -33,16 +34,35 @@ from .errors import (
     ServiceUnavailableError,
 )
 from .memory import Memory
-from .outbox import Outbox, OutboxEntry, default_outbox_path
+from .outbox import FlushReport, Outbox, OutboxEntry, default_outbox_path
+from .policies import CircuitBreaker, RetryPolicy
+from .transcript import (
+    ChatMessage,
+    Context,
+    ContextProfile,
+    ContextSummary,
+    History,
+    RecentTurns,
+    Resume,
+    TranscriptError,
+    TranscriptInfo,
+    TranscriptMessage,
+)
 
 __all__ = [
     "AuthenticationError",
     "CallerMemoryError",
+    "ChatMessage",
     "CircuitBreaker",
     "ConflictError",
+    "Context",
+    "ContextProfile",
+    "ContextSummary",
     "Conversation",
     "EndResult",
     "FlushReport",
+    "GoneError",
+    "History",
     "InvalidRequestError",
     "Memory",
     "MemoryClient",
@@ -52,9 +72,14 @@ __all__ = [
     "OutboxUnavailableError",
     "PermissionDeniedError",
     "PreconditionFailedError",
+    "RecentTurns",
+    "Resume",
     "RetryPolicy",
     "ServiceError",
     "ServiceUnavailableError",
+    "TranscriptError",
+    "TranscriptInfo",
+    "TranscriptMessage",
     "default_outbox_path",
 ]
 

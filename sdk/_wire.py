@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import re
 import zlib
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 #: Largest answer body accepted, in bytes, both as received and once decoded. The largest memory the
 #: service can hold (64 fields of at most 2048 bytes each) is well below it.
@@ -121,6 +121,8 @@ class EndAnswer(_Answer):
     blacklisted: bool
     erased: bool
     repeat_caller: dict[str, Any]
+    #: Added with conversation memory; a service from before it does not send it.
+    late: bool = False
 
 
 class FieldError(_Answer):
@@ -136,6 +138,158 @@ class ProblemAnswer(_Answer):
     detail: str | None = None
     type: str | None = None
     errors: list[FieldError] | None = None
+
+
+# Conversation memory (SPEC section 10) -------------------------------------------------------------------
+
+Count = Annotated[int, Field(ge=0)]
+Turn = Annotated[int, Field(ge=-1)]
+Status = Literal["active", "idle", "ending", "ended"]
+EndedBy = Literal["explicit", "inactivity", "superseded"]
+TokenSource = Literal["client", "estimate", "mixed"]
+
+
+class MessageMetadataAnswer(_Answer):
+    source: str
+    interrupted: bool = False
+    interrupt_timestamp: int | None = None
+    original: str | None = None
+    agent: str | None = None
+
+
+class MessageAnswer(_Answer):
+    """One message in the platform layout (``PlatformMessage``)."""
+
+    message_id: str | None = None
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    turn_id: Annotated[int, Field(ge=0)]
+    timestamp: int
+    tokens: Count | None = None
+    metadata: MessageMetadataAnswer
+
+
+class ChatAnswer(_Answer):
+    role: Literal["user", "assistant"]
+    content: str
+
+
+class CoverageAnswer(_Answer):
+    through_turn: int
+    tokens: Count
+
+
+class StatusAnswer(_Answer):
+    """``GET .../conversations/{id}`` 200 and ``PUT .../summary`` 200 (``ConversationStatus``)."""
+
+    conversation_id: str
+    status: Status
+    channel: str
+    agent: str | None
+    started_at: str
+    last_activity_at: str
+    turn_id: Turn
+    messages: Count
+    tokens: Count
+    bytes: Count
+    summary: CoverageAnswer | None
+    ended_by: EndedBy | None
+    end_reason: str | None
+    end_processed: bool
+    expires_at: str
+
+
+class AppendedAnswer(_Answer):
+    """``POST .../conversations/{id}/messages`` 200 (``Appended``)."""
+
+    conversation_id: str
+    stored: bool
+    reason: str | None = None
+    status: Status | None
+    turn_id: Turn
+    added: Count
+    messages: Count
+    bytes: Count
+    tokens: Count
+
+
+class SummarySectionAnswer(_Answer):
+    tokens: Count
+    token_source: TokenSource
+    through_turn: int
+    text: str
+
+
+class ResumeAnswer(_Answer):
+    conversation_id: str
+    channel: str
+    ended_by: EndedBy | None
+    end_reason: str | None
+    last_activity_at: str
+    summary: SummarySectionAnswer | None
+    last_turns: list[MessageAnswer]
+    state: dict[str, Any] | None
+
+
+class StartedAnswer(_Answer):
+    """``POST .../conversations/{id}/start`` 200 (``Started``)."""
+
+    conversation: StatusAnswer | None
+    stored: bool
+    reason: str | None = None
+    resume: ResumeAnswer | None
+    superseded: list[str]
+
+
+class HistoryAnswer(_Answer):
+    """``GET .../conversations/{id}/history`` 200 (``History``)."""
+
+    conversation_id: str
+    status: Status
+    turn_id: Turn
+    started_at: str
+    times: Literal["epoch_ms", "offset_ms"]
+    contents: list[MessageAnswer]
+    next_after_turn: int | None
+
+
+class OpenAIHistoryAnswer(_Answer):
+    """``GET .../conversations/{id}/history?format=openai`` 200."""
+
+    messages: list[ChatAnswer]
+
+
+class ProfileSectionAnswer(_Answer):
+    tokens: Count
+    fields: dict[str, Any]
+    omitted: list[str]
+
+
+class RecentTurnsAnswer(_Answer):
+    tokens: Count
+    token_source: TokenSource
+    from_turn: int | None
+    to_turn: int | None
+    dropped_turns: Count
+    messages: list[ChatAnswer]
+
+
+class SectionsAnswer(_Answer):
+    profile: ProfileSectionAnswer
+    summary: SummarySectionAnswer | None
+    recent_turns: RecentTurnsAnswer
+
+
+class ContextAnswer(_Answer):
+    """``GET .../conversations/{id}/context`` 200 (``Context``)."""
+
+    conversation_id: str
+    status: Status
+    max_tokens: Annotated[int, Field(ge=1)]
+    tokens: Count
+    unsummarized_tokens: Count
+    needs_summary: bool
+    sections: SectionsAnswer
 
 
 def parse(model: type[_Answer], body: Any) -> Any:

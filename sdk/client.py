@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
-import time
-from collections.abc import Coroutine
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -18,7 +16,24 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from ._wire import MAX_BODY_BYTES, AnswerTooLarge, EndAnswer, MemoryAnswer, decode, parse, problem
+from ._calls import TranscriptCalls
+from ._delivery import Delivery
+from ._sender import TranscriptBuffer
+from ._wire import (
+    MAX_BODY_BYTES,
+    AnswerTooLarge,
+    AppendedAnswer,
+    ContextAnswer,
+    EndAnswer,
+    HistoryAnswer,
+    MemoryAnswer,
+    OpenAIHistoryAnswer,
+    StartedAnswer,
+    StatusAnswer,
+    decode,
+    parse,
+    problem,
+)
 from .conversation import Conversation, EndResult
 from .errors import (
     OutboxUnavailableError,
@@ -28,7 +43,9 @@ from .errors import (
     is_client_error,
 )
 from .memory import Memory
-from .outbox import DEFAULT_TIMEOUT, Outbox, default_outbox_path
+from .outbox import DEFAULT_TIMEOUT, MESSAGES, Outbox, default_outbox_path
+from .policies import CircuitBreaker, RetryPolicy
+from .transcript import check_name
 
 log = logging.getLogger("caller_memory.sdk")
 
@@ -41,94 +58,7 @@ PROJECT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How ``conv.end()`` retries transient failures: capped exponential backoff with full jitter."""
-
-    attempts: int = 4
-    base_delay: float = 0.1
-    max_delay: float = 2.0
-    #: Seconds each attempt may take.
-    attempt_timeout: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError("RetryPolicy.attempts must be at least 1")
-        if min(self.base_delay, self.max_delay) < 0 or self.attempt_timeout <= 0:
-            raise ValueError("RetryPolicy delays must be >= 0 and attempt_timeout > 0")
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before attempt ``attempt + 1``; a server's ``Retry-After`` is honoured up to
-        ``max_delay``."""
-        jittered = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
-        return max(jittered, min(retry_after or 0.0, self.max_delay))
-
-    @property
-    def worst_case(self) -> float:
-        """The longest ``conv.end()`` can take before it returns a queued result."""
-        return self.attempts * self.attempt_timeout + (self.attempts - 1) * self.max_delay
-
-
-class CircuitBreaker:
-    """Stops reads from waiting on a service that keeps failing.
-
-    After ``failures`` transient failures in a row the circuit opens: reads answer "unavailable" at once.
-    After ``reset_after`` seconds one read (the probe) is let through; its success closes the circuit, its
-    failure opens it again for another ``reset_after``. A successful end of a conversation closes it too.
-    """
-
-    def __init__(self, failures: int = 5, reset_after: float = 5.0) -> None:
-        if failures < 1 or reset_after < 0:
-            raise ValueError("CircuitBreaker needs failures >= 1 and reset_after >= 0")
-        self.failures = failures
-        self.reset_after = reset_after
-        self._count = 0
-        self._open_until = 0.0
-        self._probing = False
-
-    def __repr__(self) -> str:
-        return (
-            f"<CircuitBreaker {'open' if self.is_open else 'closed'} failures={self._count}/{self.failures}>"
-        )
-
-    @property
-    def is_open(self) -> bool:
-        return self._count >= self.failures
-
-    def allow(self) -> bool:
-        if not self.is_open:
-            return True
-        if self._probing or time.monotonic() < self._open_until:
-            return False
-        self._probing = True  # half-open: this one read is the probe
-        return True
-
-    def success(self) -> None:
-        self._count = 0
-        self._probing = False
-
-    def release(self) -> None:
-        """The probe ended without a verdict (it was cancelled, or the request itself was wrong): the next
-        read may probe again; the circuit stays as it was."""
-        self._probing = False
-
-    def failure(self) -> None:
-        self._count += 1
-        self._probing = False
-        if self._count >= self.failures:
-            self._open_until = time.monotonic() + self.reset_after
-
-
-@dataclass(frozen=True, slots=True)
-class FlushReport:
-    """What :meth:`MemoryClient.flush_outbox` did."""
-
-    delivered: int
-    remaining: int
-    rejected: int
-
-
-class MemoryClient:
+class MemoryClient(Delivery):
     """Client of a Caller Memory service for one project.
 
     ``async with MemoryClient(url, token=..., project=...) as client:`` opens an aiohttp session (or uses the
@@ -143,6 +73,10 @@ class MemoryClient:
     - ``outbox_timeout``: seconds an outbox operation may wait for another process's lock on the file (2);
       beyond it (and for a file that is corrupt or cannot be written) the outbox raises
       :class:`~caller_memory.sdk.errors.OutboxUnavailableError`.
+    - ``context_budget``: seconds ``conv.context()`` may take by default (0.3); ``call_timeout``: the
+      same for ``conv.history()`` and ``conv.set_summary()`` (2).
+    - ``background_requests``: most message batches in flight at once (16), so that memory reads always
+      find a free connection in the session's pool (aiohttp's default is 100).
     """
 
     def __init__(
@@ -158,9 +92,23 @@ class MemoryClient:
         circuit: CircuitBreaker | None = None,
         deliver_outbox_on_start: bool = True,
         outbox_timeout: float = DEFAULT_TIMEOUT,
+        context_budget: float = 0.3,
+        call_timeout: float = 2.0,
+        background_requests: int = 16,
     ) -> None:
-        if not read_budget > 0:
-            raise ValueError("read_budget must be a positive number of seconds")
+        for name, seconds in (
+            ("read_budget", read_budget),
+            ("context_budget", context_budget),
+            ("call_timeout", call_timeout),
+        ):
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+                raise ValueError(f"{name} must be a positive number of seconds")
+        if (
+            isinstance(background_requests, bool)
+            or not isinstance(background_requests, int)
+            or background_requests < 1
+        ):
+            raise ValueError("background_requests must be a positive integer")
         token = token.strip(" \t\r\n") if isinstance(token, str) else ""  # a line end from a .env file
         if not TOKEN.fullmatch(token):
             raise ValueError(
@@ -174,6 +122,8 @@ class MemoryClient:
         self.base_url = _checked_base_url(base_url)
         self.project = project
         self.read_budget = read_budget
+        self.context_budget = context_budget
+        self.call_timeout = call_timeout
         self.retry = retry or RetryPolicy()
         self.circuit = circuit or CircuitBreaker()
         self.outbox = Outbox(
@@ -191,6 +141,12 @@ class MemoryClient:
         self._cleanup: set[asyncio.Task[Any]] = set()
         self._flush_lock = asyncio.Lock()
         self._deliver_on_start = deliver_outbox_on_start
+        self._calls = TranscriptCalls(self._call)
+        # Senders of conversations' messages: tracked apart from the outbox deliveries, which aclose()
+        # cancels after its grace; a sender is closed instead (what it holds goes to the outbox).
+        self._senders: set[asyncio.Task[None]] = set()
+        self._buffers: weakref.WeakValueDictionary[str, TranscriptBuffer] = weakref.WeakValueDictionary()
+        self._send_slots = asyncio.Semaphore(background_requests)
 
     def __repr__(self) -> str:
         return f"<MemoryClient {self.base_url} project={self.project!r}>"
@@ -211,7 +167,10 @@ class MemoryClient:
         await self.aclose()
 
     async def aclose(self, *, grace: float = 1.0) -> None:
-        """Give background outbox deliveries ``grace`` seconds, then close (entries left stay queued)."""
+        """Give unsent messages and background outbox deliveries ``grace`` seconds, then close (what is
+        left is kept in, or stays in, the outbox)."""
+        buffers = [buffer for buffer in list(self._buffers.values()) if not buffer.closed or buffer.unsent]
+        await asyncio.gather(*(buffer.close(grace) for buffer in buffers), return_exceptions=True)
         if self._background:
             _, pending = await asyncio.wait(self._background, timeout=grace)
             for task in pending:
@@ -247,11 +206,24 @@ class MemoryClient:
             )
         return self._session
 
-    def conversation(self, conversation_id: str, *, caller: str) -> Conversation:
+    def conversation(
+        self,
+        conversation_id: str,
+        *,
+        caller: str,
+        channel: str = "voice",
+        agent: str | None = None,
+        transcript: bool = False,
+    ) -> Conversation:
         """A conversation with ``caller`` (a phone number, in any form the project can read).
 
         ``conversation_id`` is the id your voice platform gives the call: 1-128 letters, digits, '.', '_',
         ':' or '-', starting with a letter or digit (ValueError otherwise, e.g. for a trailing line break).
+        ``channel`` names the channel of the call (sent with the end; transcripts are kept per channel);
+        ``agent`` the agent handling it. ``transcript=True`` keeps what is said in the service's conversation
+        memory: the first ``begin_turn()`` starts the conversation (and learns ``conv.resume``), and
+        ``conv.add_message()`` sends messages in the background. With it, ``channel`` and ``agent`` are
+        1-64 letters, digits, '.', '_', ':' or '-' (ValueError otherwise).
         """
         if not isinstance(caller, str):
             raise ValueError(f"caller must be a string, not {type(caller).__name__}")
@@ -259,7 +231,17 @@ class MemoryClient:
             raise ValueError(
                 "conversation_id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
             )
-        return Conversation(self, conversation_id, caller)
+        if not isinstance(transcript, bool):
+            raise ValueError("transcript must be True or False")
+        if transcript or agent is not None:
+            check_name(channel, "channel")
+        elif not isinstance(channel, str):
+            raise ValueError(f"channel must be a string, not {type(channel).__name__}")
+        if agent is not None:
+            check_name(agent, "agent")
+        return Conversation(
+            self, conversation_id, caller, channel=channel, agent=agent, transcript=transcript
+        )
 
     # Requests -----------------------------------------------------------------------------------------
 
@@ -268,14 +250,21 @@ class MemoryClient:
         return URL(f"{self.base_url}/v1/projects/{quote(self.project, safe='')}/{path}", encoded=True)
 
     async def _request(
-        self, method: str, url: URL, *, seconds: float, headers: dict[str, str], **kwargs: Any
+        self,
+        method: str,
+        url: URL,
+        *,
+        seconds: float,
+        headers: dict[str, str],
+        limit: int = MAX_BODY_BYTES,
+        **kwargs: Any,
     ) -> tuple[int, Any, Any]:
         """One request within ``seconds``, reading and decoding included: (status, headers, JSON body or
         None).
 
         No redirect is followed (a 3xx is returned as it is, and is never a success). The body is read up to
-        MAX_BODY_BYTES, decoded here within the same bound, and parsed only if it is JSON; anything else is
-        dropped unread (it may echo the URL, which holds the caller's number). Raises
+        ``limit`` bytes (MAX_BODY_BYTES), decoded here within the same bound, and parsed only if it is JSON;
+        anything else is dropped unread (it may echo the URL, which holds the caller's number). Raises
         ServiceUnavailableError for a network failure, a timeout, or a body that is too large or corrupt:
         never anything else for what a server sent.
         """
@@ -288,28 +277,59 @@ class MemoryClient:
                 ) as resp:
                     status, resp_headers = resp.status, resp.headers
                     is_json = resp.content_type.endswith("json")
-                    raw = await _read_bounded(resp) if is_json else b""
-                body = orjson.loads(decode(raw, resp_headers.get("Content-Encoding", ""))) if raw else None
+                    raw = await _read_bounded(resp, limit) if is_json else b""
+                body = (
+                    orjson.loads(decode(raw, resp_headers.get("Content-Encoding", ""), limit))
+                    if raw
+                    else None
+                )
             if loop.time() > deadline:  # decoding counts in the budget too
                 raise TimeoutError
             return status, resp_headers, body
         except TimeoutError:
             raise ServiceUnavailableError(f"no answer within {seconds * 1000:.0f} ms") from None
         except AnswerTooLarge:
-            raise ServiceUnavailableError(f"the answer is larger than {MAX_BODY_BYTES >> 20} MiB") from None
+            raise ServiceUnavailableError(f"the answer is larger than {limit >> 20} MiB") from None
         except Exception as exc:  # aiohttp's and decoding errors, and anything else: never into agent code
             raise ServiceUnavailableError(
                 f"{type(exc).__name__}: no usable answer from the service"
             ) from None
 
-    async def read_memory(self, caller: str, *, previous: Memory | None = None) -> Memory:
-        """The caller's memory, or an empty unavailable one; never raises because of the service."""
+    async def _call(
+        self,
+        method: str,
+        parts: tuple[str, ...],
+        *,
+        seconds: float,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        limit: int | None = None,
+    ) -> tuple[int, Mapping[str, str], Any]:
+        """One JSON request to a path of the project (see :meth:`_request`)."""
+        url = self._url(*parts)
+        if params:
+            url = url.with_query(params)
+        sent = {**self._headers, **(headers or {})}
+        if body is not None:
+            sent["Content-Type"] = "application/json"
+        return await self._request(
+            method, url, seconds=seconds, headers=sent, limit=limit or MAX_BODY_BYTES, data=body
+        )
+
+    async def read_memory(
+        self, caller: str, *, previous: Memory | None = None, budget: float | None = None
+    ) -> Memory:
+        """The caller's memory within ``budget`` seconds (the client's ``read_budget``), or an empty
+        unavailable one; never raises because of the service."""
+        if budget is not None and budget <= 0:
+            return Memory.unavailable("no time left in the read budget")
         probe = self.circuit.is_open
         if not self.circuit.allow():
             return Memory.unavailable("circuit open: recent reads failed")
         verdict: bool | None = None  # True: the service works; False: it failed; None: no verdict
         try:
-            memory, verdict = await self._read(caller, previous)
+            memory, verdict = await self._read(caller, previous, budget or self.read_budget)
         finally:
             if verdict is True:
                 self.circuit.success()
@@ -319,13 +339,13 @@ class MemoryClient:
                 self.circuit.release()
         return memory
 
-    async def _read(self, caller: str, previous: Memory | None) -> tuple[Memory, bool | None]:
+    async def _read(self, caller: str, previous: Memory | None, budget: float) -> tuple[Memory, bool | None]:
         headers = dict(self._headers)
         if previous is not None and previous.available and previous.etag:
             headers["If-None-Match"] = previous.etag
         try:
             status, resp_headers, body = await self._request(
-                "GET", self._url("callers", caller, "memory"), seconds=self.read_budget, headers=headers
+                "GET", self._url("callers", caller, "memory"), seconds=budget, headers=headers
             )
         except ServiceUnavailableError as exc:
             log.warning("memory read failed, going on with empty memory: %s", exc)
@@ -372,6 +392,7 @@ class MemoryClient:
             repeat_caller=dict(ended.repeat_caller),
             replayed=headers.get("Idempotent-Replayed") == "true",
             erased=ended.erased,
+            late=ended.late,
         )
 
     async def end_conversation(self, conversation_id: str, body: dict[str, Any]) -> EndResult:
@@ -379,15 +400,38 @@ class MemoryClient:
 
         If the conversation is still in the outbox (an earlier call was cancelled, or its process died),
         that entry is taken over and its ``ended_at`` is sent."""
+        return await self._end_conversation(conversation_id, body)
+
+    async def _end_conversation(
+        self, conversation_id: str, body: dict[str, Any], transcript: TranscriptBuffer | None = None
+    ) -> EndResult:
+        """:meth:`end_conversation`; with ``transcript`` (the conversation's unsent messages), those go
+        first; if some of them are kept in the outbox, the end is kept behind them and the result is
+        ``queued`` unless they could all be delivered at once."""
         entry_id: int | None = None
+        lease = self.retry.worst_case * (2 if transcript is not None else 1) + 1
         try:
-            entry_id, encoded = await self.outbox.keep(conversation_id, body, lease=self.retry.worst_case + 1)
+            entry_id, encoded = await self.outbox.keep(conversation_id, body, lease=lease)
         except asyncio.CancelledError:  # the entry may have been written all the same: hand it back
             self._track(self._quietly(self.outbox.release_conversation(conversation_id)), tasks=self._cleanup)
             raise
         except OutboxUnavailableError as exc:
             encoded = orjson.dumps(body)
             log.error("conversation %s: %s; sending anyway", conversation_id, exc)
+        if transcript is not None:
+            try:
+                behind = await self._messages_first(conversation_id, transcript, entry_id)
+            except asyncio.CancelledError:
+                if entry_id is not None:  # released once the messages are sent or kept: they go first
+                    self._track(self._release_after(transcript, entry_id), tasks=self._cleanup)
+                raise
+            if behind:
+                assert entry_id is not None
+                await self._quietly(self.outbox.release(entry_id))
+                log.warning(
+                    "conversation %s: its end is kept in the outbox behind its messages", conversation_id
+                )
+                return EndResult(conversation_id=conversation_id, queued=True)
         try:
             result = await self._deliver(conversation_id, encoded, entry_id)
         except asyncio.CancelledError:
@@ -403,6 +447,24 @@ class MemoryClient:
             )
         await self._quietly(self.outbox.release(entry_id))
         return EndResult(conversation_id=conversation_id, queued=True)
+
+    async def _messages_first(
+        self, conversation_id: str, transcript: TranscriptBuffer, entry_id: int | None
+    ) -> bool:
+        """Send (or keep) the conversation's unsent messages before its end; True when some of them stay in
+        the outbox, so that the end must wait there behind them."""
+        clean = await transcript.close(self.retry.worst_case)
+        if entry_id is None:  # the outbox cannot be used: nothing of this conversation can be in it
+            return False
+        try:
+            kept = bool(await self.outbox.pending(conversation_id, MESSAGES))
+        except OutboxUnavailableError:
+            kept = not clean
+        return kept and not await self._deliver_queued(conversation_id)
+
+    async def _release_after(self, transcript: TranscriptBuffer, entry_id: int) -> None:
+        await transcript.idle()
+        await self._quietly(self.outbox.release(entry_id))
 
     async def _deliver(self, conversation_id: str, encoded: bytes, entry_id: int | None) -> EndResult | None:
         """Every attempt of one end; None when they all failed transiently (the entry stays queued)."""
@@ -436,72 +498,71 @@ class MemoryClient:
         )
         return None
 
-    @staticmethod
-    async def _quietly(step: Coroutine[Any, Any, None]) -> None:
-        """An outbox step after the fact (the service already answered): a failure of the file is logged,
-        not raised. The entry then stays, and a later delivery gets a harmless replay."""
+    # Conversation memory (what conversations and their senders call) ----------------------------------
+
+    def _transcript_buffer(
+        self,
+        conversation_id: str,
+        *,
+        caller: str,
+        channel: str,
+        agent: str | None,
+        state: Callable[[], Mapping[str, Any]],
+    ) -> TranscriptBuffer:
+        buffer = TranscriptBuffer(
+            self, conversation_id, caller=caller, channel=channel, agent=agent, state=state
+        )
+        self._buffers[conversation_id] = buffer
+        return buffer
+
+    def _start_sender(self, sender: TranscriptBuffer, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        self._buffers[sender.conversation_id] = sender
+        task = asyncio.get_running_loop().create_task(work)
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
+        return task
+
+    async def _append_batch(self, conversation_id: str, body: bytes, seconds: float) -> AppendedAnswer:
+        """One attempt of one batch; waiting for a free slot (``background_requests``) counts in it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
         try:
-            await step
-        except OutboxUnavailableError as exc:
-            log.error("%s", exc)
-
-    # Outbox -------------------------------------------------------------------------------------------
-
-    async def flush_outbox(self) -> FlushReport:
-        """Deliver every queued end of conversation, oldest first; stops at the first transient failure.
-
-        One delivery runs at a time per client; entries another process is sending are left alone (unless
-        that process is dead). Raises OutboxUnavailableError if the outbox file cannot be used.
-        """
-        delivered = rejected = 0
-        async with self._flush_lock:
-            stopped = False
-            while not stopped:
-                batch = await self.outbox.claim(limit=50, lease=self.retry.attempt_timeout * 50 + 5)
-                if not batch:
-                    break
-                unsettled = {entry.id for entry in batch}
-                try:
-                    for entry in batch:
-                        outcome = await self._flush_one(entry.id, entry.conversation_id, entry.body)
-                        unsettled.discard(entry.id)
-                        delivered += outcome == "delivered"
-                        rejected += outcome == "rejected"
-                        if outcome == "stopped":
-                            stopped = True
-                            break
-                finally:  # whatever happens (a cancellation too), nothing of the batch stays claimed
-                    if unsettled:
-                        self._release_later(*unsettled)
-            remaining = len(await self.outbox.pending())
-        return FlushReport(delivered=delivered, remaining=remaining, rejected=rejected)
-
-    async def _flush_one(self, entry_id: int, conversation_id: str, body: bytes) -> str:
+            async with asyncio.timeout(seconds):
+                await self._send_slots.acquire()
+        except TimeoutError:
+            raise ServiceUnavailableError(f"no free connection within {seconds * 1000:.0f} ms") from None
         try:
-            await self._post_end(conversation_id, body)
-        except ServiceUnavailableError:
-            await self.outbox.release(entry_id)
-            return "stopped"
-        except ServiceError as exc:
-            await self.outbox.reject(entry_id, str(exc))
-            log.error("queued end of conversation %s refused: %s", conversation_id, exc)
-            return "rejected"
-        await self.outbox.delivered(entry_id)
-        return "delivered"
+            return await self._calls.append(conversation_id, body, max(0.001, deadline - loop.time()))
+        finally:
+            self._send_slots.release()
 
-    async def _flush_quietly(self) -> None:
-        try:
-            report = await self.flush_outbox()
-        except Exception as exc:  # a background delivery must never take the agent down
-            log.error("delivering the outbox failed (%s); entries stay queued", exc)
-            return
-        if report.delivered or report.rejected:
-            log.info(
-                "outbox: %d delivered, %d rejected, %d remaining",
-                report.delivered,
-                report.rejected,
-                report.remaining,
-            )
+    async def _transcript_status(self, conversation_id: str, seconds: float) -> StatusAnswer:
+        return await self._calls.status(conversation_id, seconds)
+
+    async def _keep_batches(self, conversation_id: str, bodies: list[bytes]) -> list[int]:
+        return await self.outbox.add_many(conversation_id, bodies, kind=MESSAGES)
+
+    async def _set_aside_batch(self, conversation_id: str, body: bytes, reason: str) -> None:
+        entry_id = await self.outbox.add(conversation_id, body, lease=0, kind=MESSAGES)
+        await self.outbox.reject(entry_id, reason)
+
+    async def _start_conversation(
+        self, conversation_id: str, body: dict[str, Any], seconds: float
+    ) -> StartedAnswer:
+        if self.circuit.is_open:  # reads keep failing: do not wait on the start either
+            raise ServiceUnavailableError("circuit open: recent reads failed")
+        return await self._calls.start(conversation_id, body, seconds)
+
+    async def _history(
+        self, conversation_id: str, params: dict[str, str], seconds: float, etag: str | None
+    ) -> tuple[HistoryAnswer | OpenAIHistoryAnswer | None, str | None]:
+        return await self._calls.history(conversation_id, params, seconds, etag)
+
+    async def _context(self, conversation_id: str, max_tokens: int, seconds: float) -> ContextAnswer:
+        return await self._calls.context(conversation_id, max_tokens, seconds)
+
+    async def _put_summary(self, conversation_id: str, body: bytes, seconds: float) -> StatusAnswer:
+        return await self._calls.put_summary(conversation_id, body, seconds)
 
 
 def _checked_base_url(base_url: str) -> str:
@@ -523,15 +584,15 @@ def _checked_base_url(base_url: str) -> str:
     return text
 
 
-async def _read_bounded(resp: aiohttp.ClientResponse) -> bytes:
-    """The raw body, or AnswerTooLarge as soon as it is larger than MAX_BODY_BYTES."""
-    if resp.content_length is not None and resp.content_length > MAX_BODY_BYTES:
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The raw body, or AnswerTooLarge as soon as it is larger than ``limit``."""
+    if resp.content_length is not None and resp.content_length > limit:
         raise AnswerTooLarge("the answer is too large")
     chunks: list[bytes] = []
     size = 0
     async for chunk in resp.content.iter_chunked(64 * 1024):
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             raise AnswerTooLarge("the answer is too large")
         chunks.append(chunk)
     return b"".join(chunks)

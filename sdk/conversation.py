@@ -1,15 +1,51 @@
-"""One phone call: ``conv.memory`` (read once per turn), ``conv.state`` (written at the end)."""
+"""One phone call: ``conv.memory`` (read once per turn), ``conv.state`` (written at the end), and, with
+``transcript=True``, what was said (``conv.add_message()``, sent in the background) and what the service
+makes of it (``conv.history()``, ``conv.context()``, ``conv.set_summary()``, ``conv.resume``)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
+import logging
 import math
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
+import orjson
+
+from ._sender import TranscriptBuffer
+from ._wire import ContextAnswer, HistoryAnswer, OpenAIHistoryAnswer, StartedAnswer, StatusAnswer
+from .errors import ServiceError, ServiceUnavailableError
 from .memory import Memory
+from .transcript import (
+    END_REASONS,
+    MAX_INT,
+    MAX_PAGE,
+    MAX_SUMMARY_CHARS,
+    MAX_TOKENS,
+    MESSAGE_ID,
+    Context,
+    History,
+    Resume,
+    TranscriptError,
+    TranscriptInfo,
+    build_message,
+    check_integer,
+    context_of,
+    history_of,
+)
+
+log = logging.getLogger("caller_memory.sdk")
+
+#: The share of the read budget the start of a conversation may take in the first ``begin_turn()``; the
+#: memory read (after it: the start may have persisted a superseded call's state) has the rest.
+START_SHARE = 0.6
+#: The share of a read's timeout that waiting for this conversation's unsent messages may take.
+FLUSH_SHARE = 0.5
 
 #: The largest integer magnitude JSON carries exactly everywhere (I-JSON, RFC 7493): 2**53 - 1.
 MAX_EXACT_INTEGER = 2**53 - 1
@@ -106,6 +142,9 @@ class EndResult:
     queued: bool = False
     #: The caller was erased after this conversation ended: nothing was stored.
     erased: bool = False
+    #: The service had already ended the conversation (by inactivity, or a callback superseded it): the
+    #: state was applied as a merge patch (a field written later stays); analytics stayed as recorded.
+    late: bool = False
 
 
 class _Transport(Protocol):
@@ -113,18 +152,74 @@ class _Transport(Protocol):
     so that this module does not import client.py, which imports this one: the two have no import cycle, not
     even one for type checking."""
 
-    async def read_memory(self, caller: str, *, previous: Memory | None = None) -> Memory: ...
+    read_budget: float
+    context_budget: float
+    call_timeout: float
 
-    async def end_conversation(self, conversation_id: str, body: dict[str, Any]) -> EndResult: ...
+    async def read_memory(
+        self, caller: str, *, previous: Memory | None = None, budget: float | None = None
+    ) -> Memory: ...
+
+    async def _end_conversation(
+        self, conversation_id: str, body: dict[str, Any], transcript: TranscriptBuffer | None = None
+    ) -> EndResult: ...
+
+    def _transcript_buffer(
+        self,
+        conversation_id: str,
+        *,
+        caller: str,
+        channel: str,
+        agent: str | None,
+        state: Callable[[], Mapping[str, Any]],
+    ) -> TranscriptBuffer: ...
+
+    async def _start_conversation(
+        self, conversation_id: str, body: dict[str, Any], seconds: float
+    ) -> StartedAnswer: ...
+
+    async def _history(
+        self, conversation_id: str, params: dict[str, str], seconds: float, etag: str | None
+    ) -> tuple[HistoryAnswer | OpenAIHistoryAnswer | None, str | None]: ...
+
+    async def _context(self, conversation_id: str, max_tokens: int, seconds: float) -> ContextAnswer: ...
+
+    async def _put_summary(self, conversation_id: str, body: bytes, seconds: float) -> StatusAnswer: ...
+
+
+HistoryFormat = Literal["platform", "openai"]
+
+
+class _Default(enum.Enum):
+    """The default of ``end(channel=...)``: the conversation's channel (None sends no channel)."""
+
+    CONVERSATION = "the conversation's channel"
+
+
+_HistoryKey = tuple[str, int | None, int | None]
 
 
 class Conversation:
     """Created by :meth:`MemoryClient.conversation`; one per call."""
 
-    def __init__(self, client: _Transport, conversation_id: str, caller: str) -> None:
+    def __init__(
+        self,
+        client: _Transport,
+        conversation_id: str,
+        caller: str,
+        *,
+        channel: str = "voice",
+        agent: str | None = None,
+        transcript: bool = False,
+    ) -> None:
         self._client = client
         self.conversation_id = conversation_id
         self.caller = caller
+        #: The channel of the call (``"voice"``, ``"phone"``, ``"chat"``...): the end reports it, and
+        #: transcripts, history and ``resume`` are kept per channel.
+        self.channel = channel
+        #: The agent that handles the call (``metadata.agent`` of its assistant and tool messages).
+        self.agent = agent
         #: What to remember about the caller; written at the end of the conversation, keys in state_keys only.
         self.state: dict[str, Any] = State()
         self._memory: Memory | None = None
@@ -132,6 +227,21 @@ class Conversation:
         #: When end() was first called; every later call (after a cancellation) sends the same moment.
         self._ended_at: str | None = None
         self._ending = asyncio.Lock()
+        self._turn = 0
+        self._last_turn = 0
+        self._buffer: TranscriptBuffer | None = None
+        if transcript:
+            self._buffer = client._transcript_buffer(
+                conversation_id,
+                caller=caller,
+                channel=channel,
+                agent=agent,
+                state=lambda: checked_state(self.state),
+            )
+        self._start_pending = transcript
+        self._resume: Resume | None = None
+        self._start_error: str | None = None
+        self._history_cache: dict[_HistoryKey, tuple[str, History | list[dict[str, str]]]] = {}
 
     def __repr__(self) -> str:
         return f"<Conversation {self.conversation_id} {'ended' if self.ended else 'open'}>"
@@ -145,14 +255,291 @@ class Conversation:
             )
         return self._memory
 
+    @property
+    def turn_id(self) -> int:
+        """The current turn: 0 before the first :meth:`begin_turn`, one more at each (the default turn of
+        :meth:`add_message`). A resumed conversation id continues from the service's latest turn."""
+        return self._turn
+
     async def begin_turn(self) -> Memory:
-        """Fetch the caller's memory once for this turn (within the client's read budget).
+        """Fetch the caller's memory once for this turn (within the client's read budget), and start a new
+        turn (:attr:`turn_id`).
 
         Never raises because of the service: on a timeout, an error or an open circuit, ``conv.memory`` is
         empty with ``available`` False. An unchanged memory costs a ``304 Not Modified``.
+
+        With ``transcript=True``, the first call starts the conversation first (``POST .../start``, within
+        the same budget; :attr:`resume` is then known), and every call sends ``conv.state`` as a checkpoint
+        in the background if it changed.
         """
-        self._memory = await self._client.read_memory(self.caller, previous=self._memory)
+        budget: float | None = None
+        if self._start_pending:
+            self._start_pending = False
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._client.read_budget
+            await self._start(self._client.read_budget * START_SHARE)
+            budget = max(0.0, deadline - loop.time())
+        self._memory = await self._client.read_memory(self.caller, previous=self._memory, budget=budget)
+        self._turn += 1
+        if self._buffer is not None:
+            self._buffer.kick()
         return self._memory
+
+    async def _start(self, seconds: float) -> None:
+        buffer = self._buffer
+        assert buffer is not None
+        body: dict[str, Any] = {"caller": self.caller, "channel": self.channel}
+        if self.agent is not None:
+            body["agent"] = self.agent
+        try:
+            started = await self._client._start_conversation(self.conversation_id, body, seconds)
+        except (ServiceError, ServiceUnavailableError) as exc:
+            self._start_error = str(exc)
+            log.warning(
+                "conversation %s: the start failed, going on without resume: %s", self.conversation_id, exc
+            )
+            if isinstance(exc, ServiceError) and exc.status in (404, 409, 410, 422):
+                buffer.turn_off(f"the service refused its start: {exc}")
+            return
+        if not started.stored:
+            buffer.turn_off(f"the service does not store it ({started.reason or 'no reason given'})")
+        elif started.conversation is not None:
+            buffer.started()
+            self._turn = max(self._turn, started.conversation.turn_id)
+            self._last_turn = max(self._last_turn, started.conversation.turn_id)
+            if started.conversation.status in ("ending", "ended"):
+                buffer.turn_off("the conversation has already ended")
+        self._resume = Resume._of(started.resume) if started.resume is not None else None
+
+    @property
+    def resume(self) -> Resume | None:
+        """The caller's dropped conversation on this channel that the first :meth:`begin_turn` was offered
+        (see :class:`~caller_memory.sdk.Resume`), or None: none was offered, transcripts are off, or the
+        start did not answer in time (then :attr:`start_error` says why)."""
+        return self._resume
+
+    @property
+    def start_error(self) -> str | None:
+        """Why the start of the conversation failed (a timeout, an outage, a refusal), or None."""
+        return self._start_error
+
+    @property
+    def transcript_off(self) -> str | None:
+        """Why the service keeps no transcript of this call (conversation memory is off for the project,
+        the caller is blacklisted or erased, the conversation ended, expired or was deleted), or None. Messages
+        added then are dropped without an error."""
+        return self._buffer.off if self._buffer is not None else "transcript=False"
+
+    @property
+    def transcript_errors(self) -> tuple[TranscriptError, ...]:
+        """The message batches (and state checkpoints) the service refused for good, oldest first (the last
+        100): see :class:`~caller_memory.sdk.TranscriptError`."""
+        return tuple(self._buffer.errors) if self._buffer is not None else ()
+
+    @property
+    def unsent(self) -> int:
+        """Messages added that the service is not known to have yet (being sent, or in the outbox)."""
+        return self._buffer.unsent if self._buffer is not None else 0
+
+    def add_message(
+        self,
+        role: str,
+        content: str,
+        *,
+        turn_id: int | None = None,
+        source: str | None = None,
+        interrupted: bool = False,
+        original: str | None = None,
+        interrupt_timestamp: int | None = None,
+        agent: str | None = None,
+        tokens: int | None = None,
+        message_id: str | None = None,
+        timestamp: int | None = None,
+    ) -> str:
+        """Add one message to the transcript; returns its ``message_id``. Never waits and never raises
+        because of the service: the message is buffered and sent in the background (see the SDK docs).
+
+        - ``role``: ``user``, ``assistant`` or ``tool``; ``content``: what was said (for an interrupted
+          assistant message, what was actually spoken; ``original`` is what the model generated).
+        - ``turn_id``: defaults to :attr:`turn_id`; a larger one moves the current turn on. Turn ids never
+          decrease.
+        - ``source``: how it was made (``asr``, ``message``, ``command``; ``llm``, ``greeting``,
+          ``llm_failure``, ``silence``; ``tool``), fitting the role; the service's default when None.
+        - ``agent``: which agent wrote it (defaults to the conversation's agent for assistant and tool
+          messages); ``tokens``: its token count, if you know it (else the service estimates).
+        - ``message_id``: generated when None (what makes a retry harmless); ``timestamp``: epoch ms, now
+          when None.
+
+        Raises ValueError for arguments the service would refuse (a source that does not fit the role,
+        ``original`` on a message that was not interrupted, a turn id lower than the last one, a message over
+        16 KiB as JSON...), RuntimeError when the conversation was made without ``transcript=True`` or has
+        ended. Nothing is buffered then.
+        """
+        buffer = self._buffer
+        if buffer is None:
+            raise RuntimeError(
+                "this conversation keeps no transcript: make it with "
+                "client.conversation(..., transcript=True) to add messages"
+            )
+        if buffer.closed or self.ended:
+            raise RuntimeError(f"conversation {self.conversation_id} has ended: no message can be added")
+        turn = self._turn if turn_id is None else check_integer(turn_id, "turn_id", 0, MAX_INT)
+        if turn < self._last_turn:
+            raise ValueError(
+                f"turn_id {turn} is lower than the last message's ({self._last_turn}); turn ids never decrease"
+            )
+        if message_id is None:
+            message_id = buffer.new_id()
+        elif not isinstance(message_id, str) or not MESSAGE_ID.fullmatch(message_id):
+            raise ValueError(
+                "message_id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+            )
+        if agent is None and role != "user":
+            agent = self.agent
+        message = build_message(
+            role,
+            content,
+            turn_id=turn,
+            message_id=message_id,
+            timestamp=int(time.time() * 1000) if timestamp is None else timestamp,
+            source=source,
+            interrupted=interrupted,
+            original=original,
+            interrupt_timestamp=interrupt_timestamp,
+            agent=agent,
+            tokens=tokens,
+        )
+        self._last_turn = turn
+        self._turn = max(self._turn, turn)
+        buffer.add(message_id, orjson.dumps(message))
+        return message_id
+
+    async def _flushed(self, seconds: float) -> int:
+        return await self._buffer.flushed(seconds) if self._buffer is not None else 0
+
+    @overload
+    async def history(
+        self,
+        *,
+        format: Literal["platform"] = "platform",
+        after_turn: int | None = None,
+        limit: int | None = None,
+        budget: float | None = None,
+    ) -> History: ...
+
+    @overload
+    async def history(
+        self,
+        *,
+        format: Literal["openai"],
+        after_turn: int | None = None,
+        limit: int | None = None,
+        budget: float | None = None,
+    ) -> list[dict[str, str]]: ...
+
+    async def history(
+        self,
+        *,
+        format: HistoryFormat = "platform",
+        after_turn: int | None = None,
+        limit: int | None = None,
+        budget: float | None = None,
+    ) -> History | list[dict[str, str]]:
+        """The transcript, in order: a :class:`~caller_memory.sdk.History` page (``format="platform"``), or
+        the user and assistant messages as ``[{"role", "content"}]`` (``format="openai"``, what an LLM
+        client takes). ``after_turn``: only later turns; ``limit``: messages per page (1-1000, the service's
+        default 200; a page ends on a whole turn, see ``History.next_after_turn``).
+
+        Waits for this conversation's unsent messages first (up to half of ``budget``), then reads within
+        what is left of it (``budget`` defaults to the client's ``call_timeout``). An unchanged page costs a
+        ``304``. Raises ServiceUnavailableError (timeout, outage, an answer not of the documented shape),
+        NotFoundError (no such transcript, or conversation memory is off), GoneError (expired or erased),
+        and the other ServiceError subclasses for refusals.
+        """
+        if format not in ("platform", "openai"):
+            raise ValueError("format must be 'platform' or 'openai'")
+        params: dict[str, str] = {}
+        if format == "openai":
+            params["format"] = "openai"
+        if after_turn is not None:
+            params["after_turn"] = str(check_integer(after_turn, "after_turn", 0, MAX_INT))
+        if limit is not None:
+            params["limit"] = str(check_integer(limit, "limit", 1, MAX_PAGE))
+        seconds = _seconds(budget, self._client.call_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        unsent = await self._flushed(seconds * FLUSH_SHARE)
+        key: _HistoryKey = (format, after_turn, limit)
+        cached = self._history_cache.get(key)
+        answer, etag = await self._client._history(
+            self.conversation_id, params, _left(deadline, loop), cached[0] if cached else None
+        )
+        result: History | list[dict[str, str]]
+        if answer is None:  # 304: the page did not change
+            if cached is None:
+                raise ServiceUnavailableError("the answer was not the service's (304 to a first read)", 304)
+            result = cached[1]
+            if isinstance(result, History):
+                result = _replace_unsent(result, unsent)
+            else:
+                result = [dict(m) for m in result]
+        elif isinstance(answer, OpenAIHistoryAnswer):
+            result = [{"role": m.role, "content": m.content} for m in answer.messages]
+        else:
+            result = history_of(answer, unsent)
+        if etag:
+            self._history_cache = {
+                key: (etag, result if isinstance(result, History) else [dict(m) for m in result])
+            }
+        return result
+
+    async def context(self, max_tokens: int = 2000, *, budget: float | None = None) -> Context:
+        """The context of one inference, assembled by the service in one round trip within ``max_tokens``
+        (1 to 1,000,000): the caller's memory (capped), the stored summary, and the most recent whole turns
+        that fit, each section with its token count, and ``needs_summary`` (see
+        :class:`~caller_memory.sdk.Context`).
+
+        Waits for this conversation's unsent messages first (up to half of ``budget``), then reads within
+        what is left (``budget`` defaults to the client's ``context_budget``, 0.3 s): ``Context.unsent``
+        counts messages the service did not have yet. Raises like :meth:`history`.
+        """
+        tokens = check_integer(max_tokens, "max_tokens", 1, MAX_TOKENS)
+        seconds = _seconds(budget, self._client.context_budget)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        unsent = await self._flushed(seconds * FLUSH_SHARE)
+        answer = await self._client._context(self.conversation_id, tokens, _left(deadline, loop))
+        return context_of(answer, unsent)
+
+    async def set_summary(
+        self, text: str, through_turn: int, tokens: int | None = None, *, budget: float | None = None
+    ) -> TranscriptInfo:
+        """Store the agent's own summary of the turns up to ``through_turn`` (it replaces an earlier one):
+        ``context()`` then gives it instead of those turns. ``tokens``: its token count, if known.
+
+        Waits for this conversation's unsent messages first (up to half of ``budget``: the turn summarised
+        must have reached the service), then writes within what is left (``budget`` defaults to the
+        client's ``call_timeout``). One attempt: a failure raises like :meth:`history` (a ``through_turn``
+        beyond the service's latest turn is an InvalidRequestError) and you may call it again.
+        """
+        if not isinstance(text, str) or len(text) > MAX_SUMMARY_CHARS:
+            raise ValueError(f"text must be a string of at most {MAX_SUMMARY_CHARS:,} characters")
+        body: dict[str, Any] = {
+            "text": text,
+            "through_turn": check_integer(through_turn, "through_turn", 0, MAX_INT),
+        }
+        if tokens is not None:
+            body["tokens"] = check_integer(tokens, "tokens", 0, MAX_TOKENS)
+        try:
+            encoded = orjson.dumps(body)
+        except TypeError:
+            raise ValueError("text holds a lone surrogate, which JSON cannot carry") from None
+        seconds = _seconds(budget, self._client.call_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        await self._flushed(seconds * FLUSH_SHARE)
+        answer = await self._client._put_summary(self.conversation_id, encoded, _left(deadline, loop))
+        return TranscriptInfo._of(answer)
 
     async def end(
         self,
@@ -160,9 +547,17 @@ class Conversation:
         qa: str | None = None,
         handoff_reason: str | None = None,
         handoff_to: str | None = None,
-        channel: str | None = "voice",
+        channel: str | _Default | None = _Default.CONVERSATION,
+        end_reason: str | None = None,
     ) -> EndResult:
         """Send ``conv.state`` and the outcome. Retries transient failures, then queues in the outbox.
+
+        With ``transcript=True`` the messages still unsent go first (for up to the retry policy's
+        ``worst_case``); what cannot be sent is kept in the outbox, and the end is then kept behind it
+        (``queued=True``), so that the service gets the messages before the end.
+
+        ``channel`` defaults to the conversation's; ``end_reason`` is ``completed``, ``dropped`` (the caller
+        is then offered ``resume`` when they call back) or ``transferred``, or None.
 
         The request is kept in the durable outbox from the start, so a crash or a cancellation of this call
         does not lose it; calling it again after a cancellation sends the first call's ``ended_at``. Raises
@@ -180,27 +575,48 @@ class Conversation:
                 if self._ended_at is None:
                     self._ended_at = datetime.now(UTC).isoformat(timespec="milliseconds")
                 state = checked_state(self.state)
+                sent_channel = self.channel if isinstance(channel, _Default) else channel
                 for name, given in (
                     ("qa", qa),
                     ("handoff_reason", handoff_reason),
                     ("handoff_to", handoff_to),
-                    ("channel", channel),
+                    ("channel", sent_channel),
                 ):
                     if given is not None and not isinstance(given, str):
                         raise ValueError(f"{name} must be a string or None, not {type(given).__name__}")
+                if end_reason is not None and end_reason not in END_REASONS:
+                    raise ValueError(f"end_reason must be one of {', '.join(END_REASONS)}, or None")
                 body = {
                     "caller": self.caller,
                     "state": state,
                     "outcome": {"qa": qa, "handoff_reason": handoff_reason, "handoff_to": handoff_to},
-                    "channel": channel,
+                    "channel": sent_channel,
                     # When end() was first called, sent with every attempt and every later call (kept here
                     # and in the outbox, which keeps the first one across processes): an erasure of the
                     # caller after this moment wins over this write, however late it is delivered.
                     "ended_at": self._ended_at,
                 }
-                self._result = await self._client.end_conversation(self.conversation_id, body)
+                if end_reason is not None:  # only when given: a service from before it refuses the member
+                    body["end_reason"] = end_reason
+                self._result = await self._client._end_conversation(self.conversation_id, body, self._buffer)
             return self._result
 
     @property
     def ended(self) -> bool:
         return self._result is not None
+
+
+def _seconds(budget: float | None, default: float) -> float:
+    if budget is None:
+        return default
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
+        raise ValueError("budget must be a positive number of seconds")
+    return float(budget)
+
+
+def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:
+    return max(0.001, deadline - loop.time())
+
+
+def _replace_unsent(history: History, unsent: int) -> History:
+    return dataclasses.replace(history, unsent=unsent)

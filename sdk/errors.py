@@ -6,8 +6,10 @@
     ├── ServiceError                 the service answered with an error (problem details)
     │   ├── AuthenticationError      401: missing, unknown or revoked token
     │   ├── PermissionDeniedError    403: the token's role does not allow it
-    │   ├── NotFoundError            404: no such project (or another project's token)
-    │   ├── ConflictError            409: a conversation id reused with a different request
+    │   ├── NotFoundError            404: no such project (or another project's token), no such transcript
+    │   │   └── GoneError            410: the transcript expired or its caller was erased
+    │   ├── ConflictError            409: a conversation id reused with a different request, a conversation
+    │   │                            that has ended, a message id reused with another message
     │   ├── PreconditionFailedError  412: If-Match did not match
     │   └── InvalidRequestError      400, 413, 415, 422: the request itself is wrong; fix it, do not retry
     ├── ServiceUnavailableError      the service could not be reached, timed out, answered 5xx/429/408,
@@ -62,6 +64,10 @@ class NotFoundError(ServiceError, LookupError):
     pass
 
 
+class GoneError(NotFoundError):
+    """410: the conversation's transcript existed and is gone (it expired, or its caller was erased)."""
+
+
 class ConflictError(ServiceError):
     pass
 
@@ -102,6 +108,7 @@ _BY_STATUS: dict[int, type[ServiceError]] = {
     403: PermissionDeniedError,
     404: NotFoundError,
     409: ConflictError,
+    410: GoneError,
     412: PreconditionFailedError,
     413: InvalidRequestError,
     415: InvalidRequestError,

@@ -1,10 +1,16 @@
-"""A durable local outbox for end-of-call writes.
+"""A durable local outbox for end-of-call writes and for message batches that could not be sent.
 
 The outbox is a small SQLite file owned by the SDK (WAL, ``synchronous=FULL``). ``conv.end()`` writes its
 request here *before* the first attempt to send it, and deletes it once the service acknowledged it: if the
 agent process dies, or the call's task is cancelled, while the service is unreachable, the write is still
 delivered later. Delivering an entry twice is harmless: the service applies the end of a conversation once
-per conversation id.
+per conversation id, and a message batch once per message id.
+
+Entries are of two kinds: ``end`` (the end of a conversation) and ``messages`` (a batch of transcript
+messages, kept when the service stayed unreachable, or at close). Both are delivered oldest first, and the
+order within a conversation is kept whoever delivers: a batch is not taken while an earlier batch of its
+conversation is being sent by someone else, and an end is not taken while a batch of its conversation is
+still to deliver (the service would refuse the batch once the conversation ended).
 
 There is at most one entry per conversation: an ``end()`` called again for a conversation that is still in
 the outbox (after a cancellation, or in a new process after a crash) takes that entry over and keeps its
@@ -51,7 +57,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts INTEGER NOT NULL DEFAULT 0,
     claimed_until REAL NOT NULL DEFAULT 0,
     rejected TEXT,
-    owner TEXT NOT NULL DEFAULT ''
+    owner TEXT NOT NULL DEFAULT '',
+    kind TEXT NOT NULL DEFAULT 'end'
 );
 """
 _INDEXES = """
@@ -74,6 +81,11 @@ def default_outbox_path() -> Path:
     return Path(state) / "caller-memory" / "outbox.db"
 
 
+#: The kinds of entries: the end of a conversation, a batch of its messages.
+END = "end"
+MESSAGES = "messages"
+
+
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
     id: int
@@ -83,13 +95,40 @@ class OutboxEntry:
     created_at: float
     attempts: int
     rejected: str | None = None
+    #: ``end`` or ``messages``.
+    kind: str = END
 
 
-_COLUMNS = "id, conversation_id, body, created_at, attempts, rejected"
+@dataclass(frozen=True, slots=True)
+class FlushReport:
+    """What :meth:`~caller_memory.sdk.MemoryClient.flush_outbox` did."""
+
+    delivered: int
+    remaining: int
+    rejected: int
+    #: Message batches the service refused for good (the caller's error, or a conversation that is over):
+    #: deleted, and logged.
+    dropped: int = 0
+
+
+_COLUMNS = "id, conversation_id, body, created_at, attempts, rejected, kind"
 
 
 def _entry(row: tuple[Any, ...]) -> OutboxEntry:
-    return OutboxEntry(int(row[0]), str(row[1]), bytes(row[2]), float(row[3]), int(row[4]), row[5])
+    return OutboxEntry(
+        int(row[0]), str(row[1]), bytes(row[2]), float(row[3]), int(row[4]), row[5], str(row[6])
+    )
+
+
+# Which entries may be taken: none while an earlier batch of the same conversation is held by someone (it is
+# being sent: a later one would overtake it), and no end while a batch of its conversation waits (the end
+# would make the service refuse the batch). Entries taken together go in id order, so a batch and the later
+# batches of its conversation may be taken at once.
+_TAKEABLE = (
+    "NOT EXISTS (SELECT 1 FROM outbox AS b WHERE b.base_url = outbox.base_url AND b.project = outbox.project "
+    "AND b.conversation_id = outbox.conversation_id AND b.kind = 'messages' AND b.rejected IS NULL AND ("
+    "(b.id < outbox.id AND b.claimed_until >= :now) OR outbox.kind = 'end'))"
+)
 
 
 def _this_process() -> str:
@@ -166,6 +205,8 @@ class Outbox:
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
                 if "owner" not in columns:  # a file written by an earlier version of the SDK
                     conn.execute("ALTER TABLE outbox ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+                if "kind" not in columns:  # ... or by one from before message batches
+                    conn.execute("ALTER TABLE outbox ADD COLUMN kind TEXT NOT NULL DEFAULT 'end'")
                 conn.executescript(_INDEXES)
             except BaseException:
                 conn.close()
@@ -217,15 +258,40 @@ class Outbox:
                 await asyncio.to_thread(self._conn.close)
                 self._conn = None
 
-    async def add(self, conversation_id: str, body: bytes, *, lease: float) -> int:
-        """Keep a request, claimed for ``lease`` seconds by the caller that is about to send it."""
-        now = time.time()
-        rows = await self._run(
-            "INSERT INTO outbox (base_url, project, conversation_id, body, created_at, claimed_until, owner) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            (self._base_url, self._project, conversation_id, body, now, now + lease, self._owner),
-        )
-        return int(rows[0][0])
+    async def add(self, conversation_id: str, body: bytes, *, lease: float, kind: str = END) -> int:
+        """Keep a request, claimed for ``lease`` seconds by the caller that is about to send it (0: by
+        nobody, for the next delivery)."""
+        return (await self.add_many(conversation_id, [body], lease=lease, kind=kind))[0]
+
+    async def add_many(
+        self, conversation_id: str, bodies: list[bytes], *, lease: float = 0, kind: str = MESSAGES
+    ) -> list[int]:
+        """Keep several requests of one conversation, in order, in one transaction; returns their ids."""
+
+        def add(conn: sqlite3.Connection) -> list[int]:
+            now = time.time()
+            claimed = now + lease if lease > 0 else 0
+            return [
+                int(
+                    conn.execute(
+                        "INSERT INTO outbox (base_url, project, conversation_id, body, created_at, "
+                        "claimed_until, owner, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (
+                            self._base_url,
+                            self._project,
+                            conversation_id,
+                            body,
+                            now,
+                            claimed,
+                            self._owner,
+                            kind,
+                        ),
+                    ).fetchone()[0]
+                )
+                for body in bodies
+            ]
+
+        return await self._transaction(add)
 
     async def keep(self, conversation_id: str, body: dict[str, Any], *, lease: float) -> tuple[int, bytes]:
         """Keep the end of a conversation, claimed for ``lease`` seconds; returns (entry id, body to send).
@@ -239,7 +305,7 @@ class Outbox:
             now = time.time()
             row = conn.execute(
                 "SELECT id, body FROM outbox WHERE base_url = ? AND project = ? AND conversation_id = ? "
-                "ORDER BY id LIMIT 1",
+                "AND kind = 'end' ORDER BY id LIMIT 1",
                 (self._base_url, self._project, conversation_id),
             ).fetchone()
             first = _ended_at(bytes(row[1])) if row is not None else None
@@ -259,9 +325,12 @@ class Outbox:
 
         return await self._transaction(keep)
 
-    async def claim(self, limit: int, lease: float) -> list[OutboxEntry]:
-        """Take up to ``limit`` unclaimed entries, oldest first, for ``lease`` seconds. Entries whose holder
-        is a dead process of this host count as unclaimed."""
+    async def claim(
+        self, limit: int, lease: float, *, conversation_id: str | None = None, kind: str | None = None
+    ) -> list[OutboxEntry]:
+        """Take up to ``limit`` unclaimed entries, oldest first, for ``lease`` seconds (only those of
+        ``conversation_id`` and of ``kind``, when given), keeping each conversation's order (see the module's
+        docstring). Entries whose holder is a dead process of this host count as unclaimed."""
 
         def claim(conn: sqlite3.Connection) -> list[OutboxEntry]:
             now = time.time()
@@ -278,10 +347,20 @@ class Outbox:
                         (*scope, owner),
                     )
             rows = conn.execute(
-                "UPDATE outbox SET claimed_until = ?, owner = ? WHERE id IN (SELECT id FROM outbox WHERE "
-                "base_url = ? AND project = ? AND rejected IS NULL AND claimed_until < ? ORDER BY id LIMIT ?) "
-                f"RETURNING {_COLUMNS}",
-                (now + lease, self._owner, *scope, now, limit),
+                "UPDATE outbox SET claimed_until = :until, owner = :owner WHERE id IN (SELECT id FROM outbox "
+                "WHERE base_url = :base_url AND project = :project AND rejected IS NULL AND claimed_until < :now "
+                "AND (:conversation IS NULL OR conversation_id = :conversation) AND (:kind IS NULL OR kind = :kind) "
+                f"AND {_TAKEABLE} ORDER BY id LIMIT :limit) RETURNING {_COLUMNS}",
+                {
+                    "until": now + lease,
+                    "owner": self._owner,
+                    "base_url": self._base_url,
+                    "project": self._project,
+                    "now": now,
+                    "conversation": conversation_id,
+                    "kind": kind,
+                    "limit": limit,
+                },
             ).fetchall()
             return sorted((_entry(row) for row in rows), key=lambda entry: entry.id)
 
@@ -297,11 +376,11 @@ class Outbox:
             )
 
     async def release_conversation(self, conversation_id: str) -> None:
-        """Give back this process's entry of a conversation (its writer was cancelled before it learnt the
-        entry's id)."""
+        """Give back this process's end entry of a conversation (its writer was cancelled before it learnt
+        the entry's id)."""
         await self._run(
             "UPDATE outbox SET claimed_until = 0 WHERE base_url = ? AND project = ? AND conversation_id = ? "
-            "AND owner = ?",
+            "AND owner = ? AND kind = 'end'",
             (self._base_url, self._project, conversation_id, self._owner),
         )
 
@@ -315,13 +394,15 @@ class Outbox:
             (reason, entry_id),
         )
 
-    async def pending(self) -> list[OutboxEntry]:
-        """Every entry still to deliver (claimed or not), oldest first."""
+    async def pending(self, conversation_id: str | None = None, kind: str | None = None) -> list[OutboxEntry]:
+        """Every entry still to deliver (claimed or not), oldest first (of ``conversation_id`` and of
+        ``kind`` only, when given)."""
         return [
             _entry(row)
             for row in await self._run(
-                f"SELECT {_COLUMNS} FROM outbox WHERE base_url = ? AND project = ? AND rejected IS NULL ORDER BY id",
-                (self._base_url, self._project),
+                f"SELECT {_COLUMNS} FROM outbox WHERE base_url = ? AND project = ? AND rejected IS NULL "
+                "AND (? IS NULL OR conversation_id = ?) AND (? IS NULL OR kind = ?) ORDER BY id",
+                (self._base_url, self._project, conversation_id, conversation_id, kind, kind),
             )
         ]
 

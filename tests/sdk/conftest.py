@@ -1,12 +1,17 @@
-"""Fixtures of the SDK tests: misbehaving servers on real loopback sockets."""
+"""Fixtures of the SDK tests: misbehaving servers on real loopback sockets, and a switchable proxy in front of
+the real service."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+
+from tests.conftest import Api
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[Handler], Awaitable[str]]
@@ -42,3 +47,52 @@ async def serve() -> AsyncIterator[Serve]:
     yield start
     for runner in runners:
         await runner.cleanup()
+
+
+class Forwarder:
+    """A proxy in front of the real service that can be switched: ``open`` forwards, ``down`` answers 503 at
+    once (the service never sees the request), ``hang`` holds requests until switched back. ``seen`` lists
+    the (method, path) of every request that reached it, forwarded or not."""
+
+    def __init__(self, target: str, session: aiohttp.ClientSession) -> None:
+        self.target = target
+        self.session = session
+        self.mode = "open"
+        self.seen: list[tuple[str, str]] = []
+        self._opened = asyncio.Event()
+
+    def switch(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "open":
+            self._opened.set()
+        else:
+            self._opened.clear()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.method, request.path))
+        if self.mode == "hang":
+            await self._opened.wait()
+        if self.mode == "down":
+            return web.Response(status=503)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with self.session.request(
+            request.method,
+            self.target + request.raw_path,
+            headers=headers,
+            data=await request.read(),
+            allow_redirects=False,
+        ) as resp:
+            body = await resp.read()
+            kept = ("Content-Type", "ETag", "Idempotent-Replayed", "Retry-After")
+            return web.Response(
+                status=resp.status, body=body, headers={k: resp.headers[k] for k in kept if k in resp.headers}
+            )
+
+
+@pytest.fixture
+async def forwarder(api: Api, serve: Serve) -> AsyncIterator[tuple[Forwarder, str]]:
+    """A :class:`Forwarder` in front of the ``api`` service, and its URL."""
+    async with aiohttp.ClientSession() as session:
+        proxy = Forwarder(api.base_url, session)
+        yield proxy, await serve(proxy.handle)
+        proxy.switch("open")
