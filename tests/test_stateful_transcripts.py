@@ -128,6 +128,7 @@ class TranscriptMachine(RuleBasedStateMachine):
     def _open_call(self, caller: str) -> Call:
         conversation_id = self.model.current.get(caller)
         if conversation_id is None:
+            self.clock.advance(0.001)  # no two calls start in the same millisecond
             conversation_id = f"c-{next(self.ids)}"
             self.model.calls[conversation_id] = Call(conversation_id, caller, last_activity=self.now())
             self.model.current[caller] = conversation_id
@@ -200,6 +201,7 @@ class TranscriptMachine(RuleBasedStateMachine):
 
     @rule(caller=st.sampled_from(CALLERS))
     def call_back(self, caller: str) -> None:
+        self.clock.advance(0.001)  # no two calls start in the same millisecond
         now = self.now()
         previous = self.model.current.get(caller)
         if previous is not None:

@@ -134,7 +134,7 @@ class Lifecycle:
         ]
         if not resumable:
             return None
-        chosen = max(resumable, key=lambda h: h.last_activity)
+        chosen = max(resumable, key=lambda h: (h.last_activity, h.started_at))
         header, stored = await self._store.read_conversation(
             chosen.key, now, TranscriptQuery(last=RESUME_MESSAGES)
         )
