@@ -166,7 +166,7 @@ class AppendResult:
 @dataclass(frozen=True, slots=True)
 class TranscriptQuery:
     """Which messages a read returns, in order: those with a turn id above ``after_turn`` (all when None),
-    or, with ``last``, only the last ``last`` of them; at most ``limit``."""
+    or, with ``last``, only the last ``last`` of them; at most ``limit`` (the first ``limit`` of those)."""
 
     after_turn: int | None = None
     last: int | None = None
@@ -214,13 +214,15 @@ class TranscriptStore(ABC):
 
         Creates the conversation when it does not exist and ``write.create`` is true (OPEN, started and last
         active at ``now_ms``, listed among the caller's conversations so that an erasure finds it), unless
-        the caller was erased at or after ``write.made_at`` (ERASED). Refuses, writing nothing and in this
-        order: a marker header (ERASED), a conversation of another caller when ``write.create`` is true
+        the caller was erased at or after ``write.made_at`` (ERASED; this holds for an append to an existing
+        conversation too). ``write.caller`` is looked at only with ``write.create``. Refuses, writing
+        nothing and in this order: a marker header (ERASED), a conversation of another caller when ``write.create`` is true
         (OTHER_CALLER), an expired transcript (EXPIRED), a conversation that is not OPEN (ENDED), a message
         id already there with another body (ID_CONFLICT), a turn id lower than the previous message's
         (TURN_ORDER), and a limit that would be passed (TOO_MANY_MESSAGES, TOO_MANY_BYTES).
 
-        A message whose id is already there with the same body is skipped (not counted in ``added``); on an
+        A message whose id is already there with the same body is skipped (not counted in ``added``) before
+        turn order and limits are checked, so a retry of earlier turns is a no-op; on an
         existing conversation, a batch that adds nothing and keeps no checkpoint changes nothing, not even
         the last activity (an empty batch with ``create`` creates the conversation: that is a start).
         Otherwise the last activity becomes ``now_ms``, the expiries and the inactivity due time are those
@@ -260,7 +262,8 @@ class TranscriptStore(ABC):
     async def due_conversations(self, now_ms: int, limit: int) -> list[ConversationKey]:
         """Up to ``limit`` conversations whose inactivity due time is at or before ``now_ms`` (or whose end
         claim lapsed), most overdue first. Costs in proportion to what it returns. A conversation stays due
-        until it is claimed (:meth:`claim_end`) or rescheduled (:meth:`reschedule`)."""
+        until it is claimed (:meth:`claim_end`) or rescheduled (:meth:`reschedule`); one that can never be
+        claimed (expired, a marker, forgotten, erased) may be dropped from the index on the way."""
 
     @abstractmethod
     async def reschedule(self, key: ConversationKey, due_at: int) -> None:
