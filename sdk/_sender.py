@@ -274,16 +274,13 @@ class TranscriptBuffer:
     async def _work(self) -> None:
         pause = self._host.retry.max_delay
         while self.off is None:
-            if self._via_outbox:
+            if self._via_outbox:  # kept batches go first: try them again after a pause
                 await self._keep()
-                if self._closed:
-                    return
-                if await self._host._deliver_queued(self.conversation_id):
-                    self._via_outbox, pause = False, self._host.retry.max_delay
-                    continue
-                if not await self._pause(pause):
+                if self._closed or not await self._pause(pause):
                     return
                 pause = min(MAX_OUTBOX_PAUSE, max(pause, 0.05) * 2)
+                if await self._host._deliver_queued(self.conversation_id):
+                    self._via_outbox, pause = False, self._host.retry.max_delay
                 continue
             if not self._queue:
                 batch = self._take()

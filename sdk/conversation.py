@@ -382,7 +382,9 @@ class Conversation:
                 "client.conversation(..., transcript=True) to add messages"
             )
         if buffer.closed or self.ended:
-            raise RuntimeError(f"conversation {self.conversation_id} has ended: no message can be added")
+            raise RuntimeError(
+                f"conversation {self.conversation_id} has ended (or its client was closed): no message can be added"
+            )
         turn = self._turn if turn_id is None else check_integer(turn_id, "turn_id", 0, MAX_INT)
         if turn < self._last_turn:
             raise ValueError(
@@ -396,7 +398,7 @@ class Conversation:
             )
         if agent is None and role != "user":
             agent = self.agent
-        message = build_message(
+        encoded = build_message(
             role,
             content,
             turn_id=turn,
@@ -411,7 +413,7 @@ class Conversation:
         )
         self._last_turn = turn
         self._turn = max(self._turn, turn)
-        buffer.add(message_id, orjson.dumps(message))
+        buffer.add(message_id, encoded)
         return message_id
 
     async def _flushed(self, seconds: float) -> int:

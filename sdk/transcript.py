@@ -85,8 +85,8 @@ def build_message(
     interrupt_timestamp: object = None,
     agent: object = None,
     tokens: object = None,
-) -> dict[str, Any]:
-    """The platform layout of one message (SPEC section 10), or ValueError naming what the service would
+) -> bytes:
+    """The platform layout of one message (SPEC section 10) as JSON, or ValueError naming what the service would
     refuse: a role or source it does not know, a source that does not fit the role, interruption details on
     a message that was not interrupted, a number out of range, a message over :data:`MAX_MESSAGE_BYTES`."""
     if role not in SOURCES:
@@ -103,10 +103,10 @@ def build_message(
     metadata = _metadata(str(role), source, interrupted, original, interrupt_timestamp, agent)
     if metadata:
         message["metadata"] = metadata
-    size = len(orjson.dumps(message))
-    if size > MAX_MESSAGE_BYTES:
-        raise ValueError(f"the message is {size:,} bytes as JSON; the limit is {MAX_MESSAGE_BYTES:,}")
-    return message
+    encoded = orjson.dumps(message)
+    if len(encoded) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"the message is {len(encoded):,} bytes as JSON; the limit is {MAX_MESSAGE_BYTES:,}")
+    return encoded
 
 
 def _metadata(
