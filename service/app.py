@@ -155,3 +155,4 @@ async def scheduled_inactivity_ends(app: web.Application) -> None:
         app[METRICS].inactivity_ends.labels("skipped").inc()
     elif ended:
         app[METRICS].inactivity_ends.labels("ended").inc(ended)
+        log.info("ended %d conversation(s) after their end_after_inactivity", ended)
