@@ -4,6 +4,8 @@ serialise its views (transcript_views.py) as they are."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from aiohttp import web
 
 from ..domain.fields import entity_tags
@@ -97,9 +99,14 @@ async def conversation_history(request: web.Request) -> web.Response:
         openai=query.format == "openai",
     )
     await record_read(request, services, project, conversation_id, "history")
-    # The status the platform layout shows (active or idle) follows the clock, not only the header.
+    # The status the platform layout shows (active or idle) follows the clock, not only the header. The
+    # summary goes in as text: TranscriptService.etag hashes the header's summary bytes as they are, which
+    # its JSON encoder refuses (a 500 on every history read once a summary was stored).
     shown = body.get("status")
-    etag = TranscriptService.etag(header, reader, query.format, query.after_turn, query.limit, shown)
+    summary = header.summary.decode() if header.summary is not None else None
+    etag = TranscriptService.etag(
+        replace(header, summary=None), reader, summary, query.format, query.after_turn, query.limit, shown
+    )
     headers = {"ETag": etag, **NO_STORE}
     if held is not None and ("*" in held or etag.removeprefix("W/") in {t.removeprefix("W/") for t in held}):
         return web.Response(status=304, headers=headers)

@@ -55,12 +55,22 @@ def ref(name: str, kind: str = "schemas") -> Json:
 # Parameters, headers, responses ---------------------------------------------------------------------------
 
 
+#: ``If-Match`` and ``If-None-Match``: ``*`` or up to 16 entity tags (domain/fields.py reads them; anything
+#: else is a 400).
+_TAG = r'(W/)?"[\x21\x23-\x7e]{0,64}"'
+ENTITY_TAGS: Json = {
+    "type": "string",
+    "pattern": rf"^[ \t]*(\*|{_TAG}([ \t]*,[ \t]*{_TAG}){{0,15}})[ \t]*$",
+    "examples": ['"5d41402abc4b2a76b971"', 'W/"0f3a5c1b9e2d4a6c8b7e"'],
+}
+
+
 def shared_parameters() -> dict[str, Json]:
     def path(name: str, description: str, schema: Json) -> Json:
         return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
 
     def header(name: str, description: str) -> Json:
-        return {"name": name, "in": "header", "description": description, "schema": {"type": "string"}}
+        return {"name": name, "in": "header", "description": description, "schema": ENTITY_TAGS}
 
     return {
         "project": path(

@@ -54,8 +54,13 @@ def _whole_number(value: Any) -> Any:
 
 
 def _turn_number(value: Any) -> Any:
-    if isinstance(value, str) and not _TURN_DIGITS.fullmatch(value):
-        raise ValueError("must be a whole number written in digits (a turn id)")
+    if isinstance(value, str):
+        if not _TURN_DIGITS.fullmatch(value):
+            raise ValueError("must be a whole number written in digits (a turn id)")
+        if int(value) > MAX_INT:
+            # Said here, with separators: pydantic's own message would name the bound as a bare run of
+            # digits, which problem documents mask as a phone number.
+            raise ValueError(f"must be at most {MAX_INT:,} (2^53 - 1, the largest turn id)")
     return value
 
 

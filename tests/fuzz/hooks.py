@@ -5,7 +5,12 @@ service must answer them with a documented 4xx, never a 5xx), one in seven gets 
 beyond the ends of the accepted calendar. The choice is a checksum of the case and of how many cases of its
 operation came before (the run sends one request at a time), so a derandomized run sends the same cases every
 time. Each perturbation is noted in ``perturbed.log`` in the working directory, so the
-test can check that they were sent."""
+test can check that they were sent.
+
+One change is made to cases meant to be accepted: a configuration the operator's run writes to the fuzz
+project keeps conversation memory on (anything else in it is as generated), so that the conversations the
+test started there stay readable; otherwise the first such write (the document's example, which has no
+``conversation`` block) would turn every later transcript operation into a 404."""
 
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ CALENDAR_EDGES = [
 
 
 _SENT: Counter[str] = Counter()
+#: The project the fuzz run's fixture configures (tests/fuzz/test_schemathesis.py, PROJECT).
+FUZZ_PROJECT = "fuzz"
+PUT_PROJECT = "PUT /v1/projects/{project}"
 
 
 def _note(line: str) -> None:
@@ -42,9 +50,12 @@ def _note(line: str) -> None:
 def before_call(ctx: Any, case: Any, kwargs: Any) -> None:
     label = case.operation.label
     _SENT[label] += 1
+    negative = case.meta is not None and case.meta.generation.mode.is_negative
+    if label == PUT_PROJECT and not negative:
+        _keep_conversation_memory(case)
     # Only cases meant to be refused: a valid case made invalid would count against the schema ("mostly
     # rejected generated data") and could keep an operation from ever succeeding in a short run.
-    if case.meta is None or not case.meta.generation.mode.is_negative:
+    if not negative:
         return
     digest = zlib.crc32(repr((label, _SENT[label], case.path_parameters, case.query, case.body)).encode())
     if digest % 7 == 0:
@@ -60,3 +71,15 @@ def before_call(ctx: Any, case: Any, kwargs: Any) -> None:
         query[names[digest // 5 % 2]] = CALENDAR_EDGES[digest // 11 % len(CALENDAR_EDGES)]
         case.query = query
         _note(f"calendar {label}")
+
+
+def _keep_conversation_memory(case: Any) -> None:
+    body = case.body
+    if (case.path_parameters or {}).get("project") != FUZZ_PROJECT or not isinstance(body, dict):
+        return
+    memory = body.get("memory", {})
+    if not isinstance(memory, dict):
+        return
+    conversation = memory.get("conversation", {})
+    if isinstance(conversation, dict):
+        case.body = {**body, "memory": {**memory, "conversation": {**conversation, "enabled": True}}}

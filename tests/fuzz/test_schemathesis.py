@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from caller_memory.service.http.openapi_parts import BODY_EXAMPLES
 
 from tests.conftest import BACKENDS, OPERATOR_TOKEN
 from tests.support.redis_server import RedisServer
@@ -53,7 +54,8 @@ CONFIG = {
             "analytics_enabled": True,
             "identifier_blacklist": [BLACKLISTED],
             "field_ttls": {"notes": "PT12H"},
-        }
+        },
+        "conversation": {"enabled": True},
     }
 }
 CHECKS = [
@@ -64,18 +66,25 @@ CHECKS = [
     "response_schema_conformance",
 ]
 PHASES = ["examples", "coverage", "fuzzing", "stateful"]
+#: Conversations the fixture starts, with SPEC section 14's example transcript (turns 1 to 4), for a caller
+#: the fuzzer does not name (its erasures leave them be): ids drawn at random would only ever get 404. The
+#: first is the document's example of a conversation id (what the examples phase sends).
+CONVERSATIONS = ["call-1", *(f"fuzz-call-{n}" for n in range(2, 8))]
+TRANSCRIPT_CALLER = "+14155550111"
 #: Random strings almost never name the fuzz project, a possible phone number or a state key: draw those
 #: values from these lists most of the time, and let the generator invent the rest.
 DICTIONARIES = {
     "projects": [PROJECT],
     "callers": ["+14155550100", BLACKLISTED, "4155550123", "+442071838750", "(415) 555-0100"],
     "fields": STATE_KEYS,
+    "conversations": CONVERSATIONS,
 }
 BINDINGS = {
     "path.project": ("projects", 0.9),
     "path.identifier": ("callers", 0.7),
     "path.field": ("fields", 0.6),
     "body.caller": ("callers", 0.7),
+    "path.conversation_id": ("conversations", 0.7),
 }
 OPERATOR_ONLY = ["GET /v1/admin/sweeps", "POST /v1/admin/sweeps", "PUT /v1/projects/{project}"]
 #: Schemathesis warnings mean the run tested less than it seems ("leaving the logic behind them
@@ -85,7 +94,24 @@ OPERATOR_ONLY = ["GET /v1/admin/sweeps", "POST /v1/admin/sweeps", "PUT /v1/proje
 #: possible number: so most generated bodies are rejected, and schemathesis says so.
 CONFIG_DEPENDENT = [
     "PATCH /v1/projects/{project}/callers/{identifier}/memory",
+    "DELETE /v1/projects/{project}/callers/{identifier}/memory/{field}",
     "POST /v1/projects/{project}/conversations/{conversation_id}/end",
+    # And conversation memory's, on the conversation's state as well: whether it exists, has ended, belongs
+    # to the caller named, has reached the turn a summary names; and on a message's source fitting its role
+    # (a rule between two members). Each must still succeed at least once (checked below), and none may be
+    # reported as missing test data.
+    *(
+        f"{method} /v1/projects/{{project}}/conversations/{{conversation_id}}{suffix}"
+        for method, suffix in (
+            ("POST", "/start"),
+            ("POST", "/messages"),
+            ("GET", ""),
+            ("DELETE", ""),
+            ("GET", "/history"),
+            ("PUT", "/summary"),
+            ("GET", "/context"),
+        )
+    ),
 ]
 TOLERATED_WARNINGS = {
     "operator": {("validation_mismatch", label) for label in CONFIG_DEPENDENT},
@@ -171,6 +197,14 @@ def service(store: str, tmp_path: Path) -> Iterator[ServiceProcess]:
     """The service as its own process, with the fuzz project configured."""
     with ServiceProcess(store, tmp_path) as process:
         _operator_call(process.url, "PUT", f"/v1/projects/{PROJECT}", CONFIG)
+        example = BODY_EXAMPLES["AppendBody"]
+        for conversation_id in CONVERSATIONS:
+            _operator_call(
+                process.url,
+                "POST",
+                f"/v1/projects/{PROJECT}/conversations/{conversation_id}/messages",
+                {**example, "caller": TRANSCRIPT_CALLER},
+            )
         yield process
 
 
