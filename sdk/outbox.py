@@ -332,8 +332,11 @@ class Outbox:
         ``conversation_id`` and of ``kind``, when given), keeping each conversation's order (see the module's
         docstring). Entries whose holder is a dead process of this host count as unclaimed."""
 
+        taken: list[float] = []  # the lease this claim wrote (it marks its entries)
+
         def claim(conn: sqlite3.Connection) -> list[OutboxEntry]:
             now = time.time()
+            taken[:] = [now + lease]
             scope = (self._base_url, self._project)
             holders = conn.execute(
                 "SELECT DISTINCT owner FROM outbox WHERE base_url = ? AND project = ? AND rejected IS NULL "
@@ -364,7 +367,18 @@ class Outbox:
             ).fetchall()
             return sorted((_entry(row) for row in rows), key=lambda entry: entry.id)
 
-        return await self._transaction(claim)
+        try:
+            return await self._transaction(claim)
+        except asyncio.CancelledError:
+            # The statement ran to its end in its thread (see _call) and the entries are taken, but whoever
+            # asked will never know them: hand them back, or they would wait for their lease to run out.
+            if taken:
+                await self._run(
+                    "UPDATE outbox SET claimed_until = 0 WHERE base_url = ? AND project = ? AND owner = ? "
+                    "AND claimed_until = ?",
+                    (self._base_url, self._project, self._owner, taken[0]),
+                )
+            raise
 
     async def release(self, *entry_ids: int) -> None:
         """Give entries back after a failed attempt: the next delivery picks them up."""

@@ -320,6 +320,7 @@ async def test_a_refused_checkpoint_is_dropped_and_its_messages_still_sent(
         assert api.count("POST", MESSAGES, 422) == 1 and api.count("POST", MESSAGES, 200) == 2
         conv.state["caller_name"] = "Ada"
         await conv.begin_turn()  # a changed state is sent at the next turn, on its own
+        assert "caller_name" not in conv.memory  # a checkpoint is not the caller's memory: the end writes it
         status = await status_of(api, shop["admin"], "conv-1")
         assert status["messages"] == 2
         assert (await conv.end()).persisted == ("caller_name",)
@@ -535,3 +536,32 @@ async def test_closing_the_client_keeps_unsent_messages_for_the_next_run(
         await eventually(delivered)
     history = await history_of(api, shop["admin"], "conv-1")
     assert [m["content"] for m in history["contents"]] == ["said just before the agent stopped"]
+
+
+async def test_an_end_cancelled_while_its_messages_are_sent_loses_nothing_and_keeps_the_order(
+    api: Api, shop: dict[str, str], forwarder: tuple[Forwarder, str], tmp_path: Path
+) -> None:
+    proxy, url = forwarder
+    async with client_for(url, shop["agent"], tmp_path, retry=FAST, deliver_outbox_on_start=False) as client:
+        conv = client.conversation("conv-1", caller=CALLER, transcript=True)
+        await conv.begin_turn()
+        proxy.switch("hang")
+        conv.add_message("user", "the last thing said")
+        conv.state["booking_day"] = "Monday"
+        ending = asyncio.create_task(conv.end(qa="resolved"))
+
+        async def sending() -> bool:
+            return proxy.seen[-1][1].endswith("/messages")
+
+        await eventually(sending)
+        ending.cancel()  # the framework tore the call down while the messages went first
+        with pytest.raises(asyncio.CancelledError):
+            await ending
+    assert sorted(e.kind for e in await client.outbox.pending()) == ["end", "messages"]  # the close waited
+    proxy.switch("open")
+    async with client_for(url, shop["agent"], tmp_path, deliver_outbox_on_start=False) as client:
+        assert (await client.flush_outbox()).delivered == 2
+    history = await history_of(api, shop["admin"], "conv-1")
+    assert [m["content"] for m in history["contents"]] == ["the last thing said"] and history[
+        "status"
+    ] == "ended"

@@ -590,3 +590,21 @@ async def test_a_refused_checkpoint_is_sent_without_its_state_by_the_outbox_too(
             (True, 1),
             (False, 1),
         ]
+
+
+@pytest.mark.parametrize("hung", ["/messages", "/context"])
+async def test_a_read_keeps_its_budget_when_the_service_hangs(
+    serve: Serve, tmp_path: Path, hung: str
+) -> None:
+    url = await serve(Fake({hung: hang}).handle)
+    async with client(url, tmp_path, retry=RetryPolicy(attempts=1, attempt_timeout=5.0)) as c:
+        conv = c.conversation("conv-1", caller=CALLER, transcript=True)
+        conv.add_message("user", "what did I just say?")
+        started = time.perf_counter()
+        if hung == "/context":
+            with pytest.raises(ServiceUnavailableError):
+                await conv.context(budget=0.3)
+        else:  # the message is stuck: the read goes on without it, within its budget, and says so
+            assert (await conv.context(budget=0.3)).unsent == 1
+        assert time.perf_counter() - started < 0.3 + MARGIN
+        await c.aclose(grace=0.1)

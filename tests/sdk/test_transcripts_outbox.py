@@ -3,10 +3,12 @@ whoever delivers, an end waits behind its batches, and files written before batc
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import orjson
+import pytest
 from caller_memory.sdk import Outbox
 
 URL = "http://127.0.0.1:1"
@@ -78,4 +80,22 @@ async def test_a_file_from_before_message_batches_still_works(tmp_path: Path) ->
     assert entry.kind == "end" and entry.conversation_id == "old"
     entry_id, body = await outbox.keep("old", {"caller": "x"}, lease=0)
     assert entry_id == entry.id and b"2030-01-01" in body
+    await outbox.close()
+
+
+async def test_a_claim_cancelled_while_its_statement_runs_hands_its_entries_back(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    outbox = Outbox(path, URL, "p", timeout=5)
+    await outbox.open()
+    entry = await outbox.add("conv-a", b"{}", lease=0, kind="messages")
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another process holds the file: the claim's statement waits
+    claiming = asyncio.create_task(outbox.claim(limit=10, lease=600))
+    await asyncio.sleep(0.2)  # the statement is waiting for the lock in its thread (nothing signals it)
+    claiming.cancel()
+    blocker.execute("COMMIT")  # now it runs to its end, taking the entry for someone who is gone
+    blocker.close()
+    with pytest.raises(asyncio.CancelledError):
+        await claiming
+    assert [e.id for e in await outbox.claim(limit=10, lease=60)] == [entry]  # not held for 600 s
     await outbox.close()
