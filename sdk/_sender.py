@@ -437,6 +437,7 @@ class TranscriptBuffer:
         ids = tuple(i.message_id for b in self._queue for i in b.items) + tuple(
             i.message_id for i in self._pending
         )
+        log.error("conversation %s: %d messages lost: %s", self.conversation_id, len(ids), reason)
         self._record(None, reason, ids, state=False)
         self._pending.clear()
         self._queue.clear()

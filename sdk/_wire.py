@@ -142,8 +142,9 @@ class ProblemAnswer(_Answer):
 
 # Conversation memory (SPEC section 10) -------------------------------------------------------------------
 
-Count = Annotated[int, Field(ge=0)]
-Turn = Annotated[int, Field(ge=-1)]
+#: JSON's exact integers: a count or turn id beyond them is no answer of the service.
+Count = Annotated[int, Field(ge=0, le=2**53 - 1)]
+Turn = Annotated[int, Field(ge=-1, le=2**53 - 1)]
 Status = Literal["active", "idle", "ending", "ended"]
 EndedBy = Literal["explicit", "inactivity", "superseded"]
 TokenSource = Literal["client", "estimate", "mixed"]
@@ -163,7 +164,7 @@ class MessageAnswer(_Answer):
     message_id: str | None = None
     role: Literal["user", "assistant", "tool"]
     content: str
-    turn_id: Annotated[int, Field(ge=0)]
+    turn_id: Annotated[int, Field(ge=0, le=2**53 - 1)]
     timestamp: int
     tokens: Count | None = None
     metadata: MessageMetadataAnswer
@@ -175,7 +176,7 @@ class ChatAnswer(_Answer):
 
 
 class CoverageAnswer(_Answer):
-    through_turn: int
+    through_turn: Turn
     tokens: Count
 
 
@@ -216,7 +217,7 @@ class AppendedAnswer(_Answer):
 class SummarySectionAnswer(_Answer):
     tokens: Count
     token_source: TokenSource
-    through_turn: int
+    through_turn: Turn
     text: str
 
 
@@ -250,7 +251,7 @@ class HistoryAnswer(_Answer):
     started_at: str
     times: Literal["epoch_ms", "offset_ms"]
     contents: list[MessageAnswer]
-    next_after_turn: int | None
+    next_after_turn: Annotated[int, Field(ge=0, le=2**53 - 1)] | None
 
 
 class OpenAIHistoryAnswer(_Answer):
@@ -268,8 +269,8 @@ class ProfileSectionAnswer(_Answer):
 class RecentTurnsAnswer(_Answer):
     tokens: Count
     token_source: TokenSource
-    from_turn: int | None
-    to_turn: int | None
+    from_turn: Turn | None
+    to_turn: Turn | None
     dropped_turns: Count
     messages: list[ChatAnswer]
 

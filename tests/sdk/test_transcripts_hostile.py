@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import sqlite3
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from caller_memory.sdk import MemoryClient, RetryPolicy, ServiceUnavailableError
+from caller_memory.sdk import MemoryClient, OutboxUnavailableError, RetryPolicy, ServiceUnavailableError
 
 from tests.sdk.conftest import Serve
 
@@ -314,6 +315,7 @@ WRONG_STARTS: list[Answer] = [
     merged({"superseded": None}),
     merged({"conversation": None}),  # stored, but no conversation
     merged({"conversation": status_of("another-conversation")}),
+    merged({"conversation": status_of("conv-1") | {"turn_id": 2**60}}),  # would make every turn id refused
     raw(307, b"", Location="http://127.0.0.1:9/elsewhere"),
     raw(200, b"x" * (2 << 20)),
     problem(500),
@@ -608,3 +610,22 @@ async def test_a_read_keeps_its_budget_when_the_service_hangs(
             assert (await conv.context(budget=0.3)).unsent == 1
         assert time.perf_counter() - started < 0.3 + MARGIN
         await c.aclose(grace=0.1)
+
+
+async def test_messages_that_neither_the_service_nor_the_outbox_takes_are_reported_lost(
+    serve: Serve, tmp_path: Path
+) -> None:
+    url = await serve(Fake({"/messages": problem(503), "/end": problem(503)}).handle)
+    async with client(url, tmp_path, outbox_timeout=0.2) as c:
+        conv = c.conversation("conv-1", caller=CALLER, transcript=True)
+        blocker = sqlite3.connect(tmp_path / "o.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process keeps the outbox locked
+        try:
+            message_id = conv.add_message("user", "nowhere to go")
+            with pytest.raises(OutboxUnavailableError):  # as for an end alone: the write is lost
+                await conv.end()
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        [error] = conv.transcript_errors
+        assert error.message_ids == (message_id,) and "outbox" in error.reason and conv.unsent == 0
