@@ -130,6 +130,14 @@ class ConversationService:
         made_at = min(now if received_at is None else received_at, now if ended_at is None else ended_at)
         ref = CallerRef(project.project_id, who.subject)
         key = ConversationKey(project.project_id, conversation_id)
+        # Identifies the request (no caller data): a retry must send the same, whatever ended it first.
+        digest = fingerprint(
+            who.subject,
+            state,
+            [outcome.qa, outcome.handoff_reason, outcome.handoff_to],
+            channel,
+            *([end_reason] if end_reason is not None else []),
+        )
         claimed = False
         if project.conversation.enabled:
             claim = await self._store.claim_end(
@@ -151,17 +159,8 @@ class ConversationService:
                 and header is not None
                 and header.ended_by not in ("", "explicit")
             ):
-                return await self._late_end(
-                    project, ref, conversation_id, state, changes, outcome, channel, made_at
-                )
+                return await self._late_end(project, ref, conversation_id, changes, made_at, digest)
             claimed = header is not None and claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY)
-        digest = fingerprint(
-            who.subject,
-            state,
-            [outcome.qa, outcome.handoff_reason, outcome.handoff_to],
-            channel,
-            *([end_reason] if end_reason is not None else []),
-        )
         result = await self.persist(
             project,
             ref,
@@ -176,7 +175,7 @@ class ConversationService:
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
-                "a retry must send the same caller, state, outcome and channel"
+                "a retry must send the same caller, state, outcome, channel and end_reason"
             )
         if result.status is EndStatus.ERASED:
             return ConversationEnd(conversation_id, [], sorted(state), False, {}, False, erased=True)
@@ -211,16 +210,11 @@ class ConversationService:
         project: Project,
         ref: CallerRef,
         conversation_id: str,
-        state: dict[str, Any],
         changes: StateChanges,
-        outcome: Outcome,
-        channel: str | None,
         made_at: int,
+        digest: str,
     ) -> ConversationEnd:
         now = self._clock.now_ms()
-        digest = fingerprint(
-            ref.subject, state, [outcome.qa, outcome.handoff_reason, outcome.handoff_to], channel
-        )
         result = await self.persist(
             project,
             ref,
@@ -235,12 +229,11 @@ class ConversationService:
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended late with a different request; "
-                "a retry must send the same caller, state, outcome and channel"
+                "a retry must send the same caller, state, outcome, channel and end_reason"
             )
         if result.status is EndStatus.ERASED:
-            return ConversationEnd(
-                conversation_id, [], sorted(state), False, {}, False, erased=True, late=True
-            )
+            ignored = sorted([*changes.persisted, *changes.ignored])
+            return ConversationEnd(conversation_id, [], ignored, False, {}, False, erased=True, late=True)
         return ConversationEnd(
             conversation_id=conversation_id,
             persisted=changes.persisted,

@@ -34,6 +34,7 @@ from .transcript_service import (
     Reader,
     StartBody,
     TranscriptService,
+    check_agent,
     ended_by_of,
     parse_body,
     refuse,
@@ -74,10 +75,20 @@ class Lifecycle:
     # Start, supersession, resume ---------------------------------------------------------------------------
 
     async def start(
-        self, project: Project, conversation_id: str, document: Any, *, reader: Reader = EVERYONE
+        self,
+        project: Project,
+        conversation_id: str,
+        document: Any,
+        *,
+        reader: Reader = EVERYONE,
+        writer: str | None = None,
     ) -> Started:
+        """``writer``: the agent the token acts as; the conversation's agent is then that one."""
         check_conversation_id(conversation_id)
         body: StartBody = parse_body(StartBody, document, "start")
+        if writer is not None:
+            check_agent(body.agent, writer, "agent")
+            body = body.model_copy(update={"agent": writer})
         caller = self._transcripts.caller(project, body.caller)
         if not project.conversation.enabled or caller.blacklisted:
             reason: Any = "disabled" if not project.conversation.enabled else "blacklisted"

@@ -185,7 +185,8 @@ def _with_defaults(cc: ConversationConfig, retention: timedelta) -> Conversation
     names the offending field). A default never breaks a constraint: it shrinks to fit."""
     base = "memory.conversation."
     transcript_retention = cc.transcript_retention or min(DEFAULT_TRANSCRIPT_RETENTION, retention)
-    end_after = cc.end_after_inactivity or min(timedelta(minutes=30), retention)
+    # An inactivity end needs the transcript (its checkpoint): it must come before the transcript expires.
+    end_after = cc.end_after_inactivity or min(timedelta(minutes=30), transcript_retention)
     idle_after = cc.idle_after or min(timedelta(minutes=2), end_after / 2)
     if cc.idle_after is None and idle_after.total_seconds() != int(idle_after.total_seconds()):
         idle_after = timedelta(seconds=int(idle_after.total_seconds()))
@@ -196,7 +197,12 @@ def _with_defaults(cc: ConversationConfig, retention: timedelta) -> Conversation
             transcript_retention <= retention,
             "cannot be longer than repeat_caller.retention",
         ),
-        ("end_after_inactivity", end_after <= retention, "cannot be longer than repeat_caller.retention"),
+        (
+            "end_after_inactivity",
+            end_after <= transcript_retention,
+            "cannot be longer than transcript_retention (the inactivity end persists the transcript's "
+            "last checkpoint, so it must come before the transcript expires)",
+        ),
         ("idle_after", idle_after < end_after, "must be shorter than end_after_inactivity"),
         (
             "resume_window",

@@ -98,7 +98,7 @@ INACTIVITY_LEASE = "inactivity"
 class AppendBody(BaseModel):
     """``POST .../conversations/{id}/messages``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     caller: str | None = Field(default=None, max_length=64)
     channel: str | None = Field(default=None, pattern=NAME_PATTERN)
@@ -112,7 +112,7 @@ class AppendBody(BaseModel):
 class StartBody(BaseModel):
     """``POST .../conversations/{id}/start``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     caller: str = Field(max_length=64)
     channel: str = Field(pattern=NAME_PATTERN)
@@ -122,11 +122,32 @@ class StartBody(BaseModel):
 class SummaryBody(BaseModel):
     """``PUT .../conversations/{id}/summary``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     text: str = Field(max_length=MAX_SUMMARY_CHARS)
     through_turn: int = Field(ge=0, le=2**53 - 1)
     tokens: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+def check_agent(given: str | None, writer: str, where: str) -> None:
+    if given is not None and given != writer:
+        raise InvalidInput(
+            f"{where}: this token acts as agent '{writer}', so it cannot write for another agent", field=where
+        )
+
+
+def attributed(body: AppendBody, writer: str) -> AppendBody:
+    """The body with its agent's messages attributed to ``writer`` (the token's agent)."""
+    check_agent(body.agent, writer, "agent")
+    messages = []
+    for index, message in enumerate(body.messages):
+        if message.role != "user":
+            check_agent(message.metadata.agent, writer, f"messages[{index}].metadata.agent")
+            if message.metadata.agent is None:
+                metadata = message.metadata.model_copy(update={"agent": writer})
+                message = message.model_copy(update={"metadata": metadata})
+        messages.append(message)
+    return body.model_copy(update={"messages": messages, "agent": writer})
 
 
 def parse_body(model: type[BaseModel], document: Any, what: str) -> Any:
@@ -300,8 +321,9 @@ class TranscriptService:
     @staticmethod
     def etag(header: Header, reader: Reader, *parts: object) -> str:
         """Changes whenever what a read returns may change (new messages, summary, status)."""
+        summary = header.summary.decode() if header.summary is not None else None
         digest = fingerprint(
-            header.messages, header.status.value, header.turn_id, header.summary, reader.agent, *parts
+            header.messages, header.status.value, header.turn_id, summary, reader.agent, *parts
         )
         return f'W/"{digest[:20]}"'
 
@@ -412,8 +434,8 @@ class TranscriptService:
             body = encode_message(message, content, original, message.timestamp or now)
             if len(body) > MAX_MESSAGE_BYTES:
                 raise PayloadTooLarge(
-                    f"messages[{index}] is {len(body)} bytes stored; the limit per message is "
-                    f"{MAX_MESSAGE_BYTES} bytes",
+                    f"messages[{index}] is {len(body):,} bytes stored; the limit per message is "
+                    f"{MAX_MESSAGE_BYTES:,} bytes",
                     field=f"messages[{index}]",
                 )
             tokens = message.tokens if message.tokens is not None else estimate_tokens(content)
@@ -431,8 +453,8 @@ class TranscriptService:
         limit = project.conversation.max_transcript_bytes
         if cached[0] >= limit:
             raise TranscriptsFull(
-                f"the project's transcripts hold {cached[0]} bytes, at its limit "
-                f"(memory.conversation.max_transcript_bytes = {limit}); ends are still taken"
+                f"the project's transcripts hold {cached[0]:,} bytes, at its limit "
+                f"(memory.conversation.max_transcript_bytes = {limit:,}); ends are still taken"
             )
 
     def write(
@@ -467,10 +489,20 @@ class TranscriptService:
         )
 
     async def append(
-        self, project: Project, conversation_id: str, document: Any, *, received_at: int | None = None
+        self,
+        project: Project,
+        conversation_id: str,
+        document: Any,
+        *,
+        received_at: int | None = None,
+        writer: str | None = None,
     ) -> Appended:
+        """``writer``: the agent the token acts as (an agent token minted for one), which the messages it
+        writes are attributed to (a message naming another agent is refused)."""
         check_conversation_id(conversation_id)
         body: AppendBody = parse_body(AppendBody, document, "messages")
+        if writer is not None:
+            body = attributed(body, writer)
         problem = check_batch_order(body.messages)
         if problem is not None:
             raise InvalidInput(problem, field="messages")
@@ -502,7 +534,9 @@ class TranscriptService:
             # The caller's own number is removed whatever the option says: find out who they are.
             header, _ = await self._store.read_conversation(key, now)
             subject = header.subject if header is not None else ""
-        encoded = self._encode(body.messages, self._redact(project, caller, subject), now)
+        # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
+        # retry is still the same message), else its arrival time.
+        encoded = self._encode(body.messages, self._redact(project, caller, subject), body.sent_at or now)
         if encoded:
             await self._check_project_bytes(project, now)
         write = self.write(
@@ -555,7 +589,7 @@ class TranscriptService:
         header, _, now = await self._live(project, conversation_id)
         if body.through_turn > header.turn_id:
             raise InvalidInput(
-                f"through_turn {body.through_turn} is beyond the conversation's latest turn ({header.turn_id})",
+                "through_turn is beyond the conversation's latest turn (GET the conversation for its turn_id)",
                 field="through_turn",
             )
         text = self._redact(project, None, header.subject)(body.text)
@@ -606,13 +640,13 @@ def refuse(status: AppendStatus, conversation_id: str, detail: str) -> None:
         )
     if status is AppendStatus.TURN_ORDER:
         raise InvalidInput(
-            f"turn_id {detail} is lower than the conversation's latest turn; turn ids never decrease",
+            "a turn_id is lower than the conversation's latest turn; turn ids never decrease",
             field="messages",
         )
     if status is AppendStatus.TOO_MANY_MESSAGES:
         raise InvalidInput(
-            f"the transcript would pass its limit of {MAX_MESSAGES} messages", field="messages"
+            f"the transcript would pass its limit of {MAX_MESSAGES:,} messages", field="messages"
         )
     raise PayloadTooLarge(
-        f"the transcript would pass its limit of {MAX_TRANSCRIPT_BYTES} bytes", field="messages"
+        f"the transcript would pass its limit of {MAX_TRANSCRIPT_BYTES:,} bytes", field="messages"
     )

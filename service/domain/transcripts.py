@@ -48,7 +48,7 @@ MESSAGE_ID_PATTERN = CONVERSATION_ID_PATTERN
 
 
 class MessageMetadata(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     source: str | None = Field(default=None, description="how the message was made (see SOURCES)")
     interrupted: bool = False
@@ -60,7 +60,7 @@ class MessageMetadata(BaseModel):
 class MessageIn(BaseModel):
     """One message as a client sends it (the platform layout)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     message_id: str | None = Field(default=None, pattern=MESSAGE_ID_PATTERN)
     role: Literal["user", "assistant", "tool"]
@@ -94,8 +94,8 @@ def check_batch_order(messages: Sequence[MessageIn]) -> str | None:
     for index in range(1, len(messages)):
         if messages[index].turn_id < messages[index - 1].turn_id:
             return (
-                f"messages[{index}].turn_id {messages[index].turn_id} is lower than the previous message's "
-                f"({messages[index - 1].turn_id}); turn ids never decrease"
+                f"messages[{index}].turn_id is lower than the previous message's turn_id; turn ids never "
+                "decrease"
             )
     return None
 

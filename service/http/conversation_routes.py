@@ -4,8 +4,6 @@ serialise its views (transcript_views.py) as they are."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from aiohttp import web
 
 from ..domain.fields import entity_tags
@@ -32,6 +30,13 @@ def reader_for(principal: Principal, project: Project) -> Reader:
     if not project.conversation.agent_scope or principal.operator or principal.role is not Role.AGENT:
         return EVERYONE
     return Reader(agent=principal.agent or "")
+
+
+def writer_for(principal: Principal) -> str | None:
+    """The agent an agent token minted for one acts as: what it writes is attributed to that agent."""
+    if principal.operator or principal.role is not Role.AGENT:
+        return None
+    return principal.agent or None
 
 
 def audited(principal: Principal) -> bool:
@@ -61,7 +66,11 @@ async def start_conversation(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     document = await read_json(request)
     started = await services.lifecycle.start(
-        project, conversation_id, document, reader=reader_for(request[PRINCIPAL], project)
+        project,
+        conversation_id,
+        document,
+        reader=reader_for(request[PRINCIPAL], project),
+        writer=writer_for(request[PRINCIPAL]),
     )
     return json_response(started, headers=NO_STORE)
 
@@ -71,7 +80,9 @@ async def append_messages(request: web.Request) -> web.Response:
     received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     document = await read_json(request)
-    appended = await services.transcripts.append(project, conversation_id, document, received_at=received_at)
+    appended = await services.transcripts.append(
+        project, conversation_id, document, received_at=received_at, writer=writer_for(request[PRINCIPAL])
+    )
     return json_response(appended, headers=NO_STORE)
 
 
@@ -99,14 +110,9 @@ async def conversation_history(request: web.Request) -> web.Response:
         openai=query.format == "openai",
     )
     await record_read(request, services, project, conversation_id, "history")
-    # The status the platform layout shows (active or idle) follows the clock, not only the header. The
-    # summary goes in as text: TranscriptService.etag hashes the header's summary bytes as they are, which
-    # its JSON encoder refuses (a 500 on every history read once a summary was stored).
+    # The status the platform layout shows (active or idle) follows the clock, not only the header.
     shown = body.get("status")
-    summary = header.summary.decode() if header.summary is not None else None
-    etag = TranscriptService.etag(
-        replace(header, summary=None), reader, summary, query.format, query.after_turn, query.limit, shown
-    )
+    etag = TranscriptService.etag(header, reader, query.format, query.after_turn, query.limit, shown)
     headers = {"ETag": etag, **NO_STORE}
     if held is not None and ("*" in held or etag.removeprefix("W/") in {t.removeprefix("W/") for t in held}):
         return web.Response(status=304, headers=headers)

@@ -129,7 +129,7 @@ def test_malformed_messages_are_refused(document: dict[str, Any]) -> None:
 def test_a_batch_whose_turns_go_backwards_is_named() -> None:
     messages = [MessageIn.model_validate({"role": "user", "content": "x", "turn_id": t}) for t in (1, 3, 2)]
     assert check_batch_order(messages) == (
-        "messages[2].turn_id 2 is lower than the previous message's (3); turn ids never decrease"
+        "messages[2].turn_id is lower than the previous message's turn_id; turn ids never decrease"
     )
     assert check_batch_order(messages[:2]) is None
 
@@ -184,6 +184,11 @@ def test_conversation_defaults_follow_the_spec() -> None:
     assert cc.max_transcript_bytes == 1 << 30
 
 
+def test_the_inactivity_end_default_fits_a_short_transcript_retention() -> None:
+    cc = parse_config({"memory": {"conversation": {"transcript_retention": "PT1M"}}}).memory.conversation
+    assert (cc.end_after_inactivity, cc.idle_after) == (timedelta(minutes=1), timedelta(seconds=30))
+
+
 def test_defaults_shrink_to_fit_a_short_retention() -> None:
     config = parse_config(
         {"memory": {"repeat_caller": {"retention": "PT10S"}, "conversation": {"enabled": True}}}
@@ -200,6 +205,10 @@ def test_defaults_shrink_to_fit_a_short_retention() -> None:
     [
         ({"transcript_retention": "P100D"}, "memory.conversation.transcript_retention"),
         ({"end_after_inactivity": "P91D"}, "memory.conversation.end_after_inactivity"),
+        (
+            {"transcript_retention": "PT1M", "end_after_inactivity": "PT30M"},
+            "memory.conversation.end_after_inactivity",
+        ),
         ({"idle_after": "PT30M", "end_after_inactivity": "PT30M"}, "memory.conversation.idle_after"),
         ({"transcript_retention": "PT1H", "resume_window": "PT2H"}, "memory.conversation.resume_window"),
         ({"transcript_scope": "everyone"}, "memory.conversation.transcript_scope"),

@@ -285,7 +285,7 @@ async def test_a_refused_batch_changes_nothing(agent: As) -> None:
     assert await agent.history("call-1") == before
     assert await agent.status("call-1") == status_before
     too_large = await agent("POST", "call-1", "messages", {"messages": [message(4, "x" * 20_000)]})
-    assert too_large.body["errors"][0]["field"] == "messages[0]" and "16384" in too_large.body["detail"]
+    assert too_large.body["errors"][0]["field"] == "messages[0]" and "16,384" in too_large.body["detail"]
 
 
 async def test_appends_need_a_start_or_a_caller_and_channel(agent: As) -> None:
@@ -618,3 +618,66 @@ async def test_erasure_removes_transcripts_and_counts_them(api: Api, agent: As, 
     # An append made before the erasure and delivered after it (an SDK outbox) is dropped.
     retried = await agent.begin("call-4", [message(1, "late")], sent_at=api.clock.now_ms() - 1000)
     assert retried["stored"] is False and retried["reason"] == "erased"
+
+
+async def test_an_agent_token_writes_as_its_own_agent(api: Api) -> None:
+    tokens = await configure(api, transcript_scope="agent")
+    billing = As(api, await mint_agent(api, "billing"))
+    await billing.start("call-1")
+    await billing.append("call-1", [message(1, "hello"), message(1, "Billing here", "assistant")])
+    contents = (await As(api, tokens["admin"]).history("call-1"))["contents"]
+    assert [m["metadata"].get("agent") for m in contents] == [
+        None,
+        "billing",
+    ]  # the user's stays unattributed
+    assert (await billing.status("call-1"))["agent"] == "billing"
+    before = await As(api, tokens["admin"]).history("call-1")
+    impostor = await billing("POST", "call-1", "messages", {
+        "messages": [message(2, "Booking here", "assistant", metadata={"agent": "booking"})]})  # fmt: skip
+    assert_problem(impostor, 422)
+    assert impostor.body["errors"][0]["field"] == "messages[0].metadata.agent"
+    assert await As(api, tokens["admin"]).history("call-1") == before
+    refused = await billing(
+        "POST", "call-2", "start", {"caller": CALLER, "channel": "voice", "agent": "booking"}
+    )
+    assert_problem(refused, 422)
+
+
+async def test_a_retry_of_a_message_without_a_timestamp_is_a_no_op(agent: As) -> None:
+    batch = [{"message_id": "m-1", "role": "user", "content": "hi", "turn_id": 0}]
+    first = await agent.begin("call-1", batch, sent_at=1_700_000_000_000)
+    agent.api.clock.advance(5)
+    again = await agent.begin("call-1", batch, sent_at=1_700_000_000_000)
+    assert (first["added"], again["added"], again["messages"]) == (1, 0, 1)
+    assert (await agent.history("call-1"))["contents"][0]["timestamp"] == 1_700_000_000_000
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"turn_id": "2"}, {"turn_id": 2.0}, {"turn_id": True}, {"content": 5}, {"timestamp": "1678901230000"}],
+)
+async def test_message_fields_have_their_json_types(agent: As, bad: dict[str, Any]) -> None:
+    reply = await agent("POST", "call-1", "messages", {
+        "caller": CALLER, "channel": "voice", "messages": [message(2, "hi") | bad]})  # fmt: skip
+    assert_problem(reply, 422)
+    assert reply.body["errors"][0]["field"].startswith("messages[0]."), reply.body
+    assert_problem(await agent("GET", "call-1"), 404)  # nothing was started
+
+
+async def test_a_late_end_with_another_end_reason_is_a_conflict(api: Api) -> None:
+    tokens = await configure(api, idle_after=1, end_after_inactivity=2)
+    agent = As(api, tokens["agent"])
+    await agent.begin("call-1", [message(1, "hi")])
+    api.clock.advance(2)
+    assert (await api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)).body["inactivity_ends"] == 1
+    body = {"caller": CALLER, "state": {"booking_day": "Friday"}, "end_reason": "dropped"}
+    assert (await agent.ok("POST", "call-1", "end", body))["late"] is True
+    assert_problem(await agent("POST", "call-1", "end", {**body, "end_reason": "completed"}), 409)
+
+
+async def test_an_inactivity_end_must_come_before_the_transcript_expires(api: Api) -> None:
+    document = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": {
+        "enabled": True, "transcript_retention": "PT1M", "end_after_inactivity": "PT30M"}}}  # fmt: skip
+    reply = await api.call("PUT", f"/v1/projects/{PROJECT}", token=OPERATOR_TOKEN, json=document)
+    assert_problem(reply, 422)
+    assert reply.body["errors"][0]["field"] == "memory.conversation.end_after_inactivity"
