@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("project")
     create.add_argument("--role", required=True, choices=["agent", "analytics", "admin"])
     create.add_argument("--label", default="")
+    create.add_argument(
+        "--agent",
+        default=None,
+        help="for an agent token: the agent it acts as (transcript_scope 'agent' shows it only its messages)",
+    )
     listing = token.add_parser("list", help="list a project's tokens (no secrets)")
     listing.add_argument("project")
     revoke = token.add_parser("revoke", help="revoke a token")
@@ -177,7 +182,9 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
         return (await services.projects.get(args.project)).stored_document()
     project = await services.projects.get(args.project)
     if args.action == "create":
-        minted = await services.tokens.mint(project.project_id, args.role, args.label, actor=CLI_ACTOR)
+        minted = await services.tokens.mint(
+            project.project_id, args.role, args.label, actor=CLI_ACTOR, agent=args.agent
+        )
         return token_body(minted.record) | {"token": minted.secret}
     if args.action == "list":
         return {"tokens": [token_body(r) for r in await services.tokens.list(project.project_id)]}

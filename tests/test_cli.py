@@ -69,6 +69,20 @@ def test_project_and_token_commands(tmp_path: Path) -> None:
     assert json.loads(run_cli(tmp_path, "token", "list", "cheese-shop").stdout) == {"tokens": []}
 
 
+def test_an_agent_token_may_name_its_agent(tmp_path: Path) -> None:
+    config = tmp_path / "cheese-shop.json"
+    config.write_text(json.dumps(CONFIG))
+    assert run_cli(tmp_path, "project", "apply", str(config)).returncode == 0
+    created = run_cli(tmp_path, "token", "create", "cheese-shop", "--role", "agent", "--agent", "billing")
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["agent"] == "billing"
+    refused = run_cli(tmp_path, "token", "create", "cheese-shop", "--role", "admin", "--agent", "billing")
+    assert refused.returncode != 0 and "agent" in refused.stderr
+    assert [
+        t["agent"] for t in json.loads(run_cli(tmp_path, "token", "list", "cheese-shop").stdout)["tokens"]
+    ] == ["billing"]
+
+
 async def test_every_change_made_through_the_command_line_is_audited(tmp_path: Path) -> None:
     config = tmp_path / "cheese-shop.json"
     config.write_text(json.dumps(CONFIG))
