@@ -2,14 +2,18 @@
 
 Each turn of a call starts with ``await conv.begin_turn()``; the agent reads ``conv.memory`` (what is known
 about the caller from earlier calls) and puts what it wants remembered in ``conv.state``, which is written
-when the call ends.
+when the call ends. What is said goes to the call's transcript with ``conv.add_message()`` (never waiting),
+and ``conv.state`` rides along as a checkpoint: when a call drops and nobody ends it, the service ends it
+after a while of silence and keeps the checkpoint; when the caller calls back, ``conv.resume`` offers to
+pick up where they left off.
 
 Run it against a service you started with ``make run`` (after minting an agent token, see the README)::
 
     .venv/bin/python examples/cheese_shop_agent.py --url http://127.0.0.1:8080 --token cm_... --caller +14155550100
 
-or, with nothing running, let it start an embedded service on a temporary SQLite file and play two calls
-from the same number::
+or, with nothing running, let it start an embedded service on a temporary SQLite file and play four calls
+from the same number (a first call, a returning caller, a call that drops mid-booking, and the callback
+that resumes it)::
 
     .venv/bin/python examples/cheese_shop_agent.py --demo
 """
@@ -35,16 +39,29 @@ PROJECT_CONFIG = {
             "state_keys": ["caller_name", "booking_day", "cheese_type", "visit_count"],
             "retention": "P30D",
             "default_region": "GB",
-        }
+        },
+        "conversation": {"enabled": True},
     }
 }
+#: The demo's conversation memory: a dropped call is ended after 2 seconds of silence (30 minutes by default).
+DEMO_CONVERSATION = {"enabled": True, "end_after_inactivity": 2, "idle_after": 1}
 
 
 def greet(conv: Conversation) -> str:
-    """Turn 1: greet a returning caller by name, and offer to rebook what they booked last time."""
+    """Turn 1: greet a returning caller by name, offer to finish a booking their dropped call left
+    unfinished, or to rebook what they booked last time."""
     memory = conv.memory
     visits = memory.get("visit_count", 0)
     conv.state["visit_count"] = visits + 1
+    resume = conv.resume
+    if resume is not None and "booking_day" in resume.state and "caller_name" in memory:
+        # The dropped call's checkpoint: what it was about to book.
+        conv.state["pending_cheese"] = resume.state.get("cheese_type", "cheese")
+        conv.state["pending_day"] = resume.state["booking_day"]
+        return (
+            f"Welcome back, {memory['caller_name']}! We were booking {conv.state['pending_cheese']} for "
+            f"{conv.state['pending_day']} when the line dropped. Shall I finish that?"
+        )
     if "caller_name" not in memory:
         return "Hello, you've reached the cheese shop! May I have your name? (say: my name is ...)"
     greeting = f"Welcome back, {memory['caller_name']}!"
@@ -67,7 +84,10 @@ def understand(conv: Conversation, utterance: str) -> str:
     for cheese in ("gouda", "brie", "stilton", "cheddar"):
         if cheese in lowered:
             conv.state["cheese_type"] = cheese
-    if lowered and lowered[0] == "yes" and "booking_day" in conv.memory:
+    if lowered and lowered[0] == "yes" and "pending_day" in conv.state:
+        conv.state["booking_day"] = conv.state["pending_day"]
+        conv.state["cheese_type"] = conv.state["pending_cheese"]
+    elif lowered and lowered[0] == "yes" and "booking_day" in conv.memory:
         conv.state["booking_day"] = conv.memory["booking_day"]
         conv.state["cheese_type"] = conv.memory.get("cheese_type", "cheddar")
     if "booking_day" in conv.state:
@@ -75,19 +95,59 @@ def understand(conv: Conversation, utterance: str) -> str:
     return "Sorry, which day would suit you?"
 
 
+def say(conv: Conversation, reply: str) -> str:
+    """The agent's line, into the transcript too (never waits for the service)."""
+    conv.add_message("assistant", reply, source="greeting" if conv.turn_id <= 1 else "llm")
+    return reply
+
+
 async def handle_call(
-    client: MemoryClient, conversation_id: str, caller: str, utterances: list[str]
+    client: MemoryClient,
+    conversation_id: str,
+    caller: str,
+    utterances: list[str],
+    *,
+    drops: bool = False,
 ) -> list[str]:
-    """One phone call: a greeting turn, then one turn per caller utterance, then the end of the call."""
-    conv = client.conversation(conversation_id, caller=caller)
+    """One phone call: a greeting turn, then one turn per caller utterance, then the end of the call (or,
+    with ``drops``, the line drops before anyone ends it)."""
+    conv = client.conversation(conversation_id, caller=caller, channel="phone", transcript=True)
     await conv.begin_turn()
-    replies = [greet(conv)]
-    for utterance in utterances:
+    replies = [say(conv, greet(conv))]
+    for index, utterance in enumerate(utterances):
         await conv.begin_turn()
-        replies.append(understand(conv, utterance))
-    result = await conv.end(qa="resolved")
+        conv.add_message("user", utterance, source="asr")
+        reply = understand(conv, utterance)
+        if drops and index == len(utterances) - 1:
+            # The line drops while the agent confirms: the transcript keeps what was spoken, and what the
+            # agent meant to say (the booking itself is only in conv.state, the checkpoint).
+            spoken = reply[: len(reply) // 2]
+            conv.add_message("assistant", spoken, source="llm", interrupted=True, original=reply)
+            replies.append(spoken + "--")
+            continue
+        replies.append(say(conv, reply))
+    if drops:
+        # The messages and the checkpoint (conv.state) reach the service in the background; the history
+        # read waits for them, as a second agent taking over the call would read it.
+        history = await conv.history()
+        replies.append(
+            f"[the line drops after {len(history.messages)} messages; nobody ends {conversation_id}]"
+        )
+        return replies
+    result = await conv.end(qa="resolved", end_reason="completed")
     replies.append(f"[call ended: persisted {list(result.persisted)}{' (queued)' if result.queued else ''}]")
     return replies
+
+
+async def wait_for_inactivity_end(client: MemoryClient, conversation_id: str, caller: str) -> str:
+    """Poll the dropped call's transcript until the service has ended it by inactivity."""
+    watcher = client.conversation(conversation_id, caller=caller, channel="phone", transcript=True)
+    for _ in range(100):
+        history = await watcher.history()
+        if history.status == "ended":
+            return f"[the service ended {conversation_id} after 2 s of silence; its checkpoint is now memory]"
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{conversation_id} was not ended by inactivity")
 
 
 @contextlib.asynccontextmanager
@@ -104,6 +164,7 @@ async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
         pseudonym_key=secrets.token_urlsafe(32).encode(),
         store_url=f"sqlite:///{workdir}/demo.db",
         operator_token=operator,
+        inactivity_interval=0.25,  # look for silent calls four times a second (every 10 s by default)
     )
     # The service's access log names routes, never paths (paths hold phone numbers).
     runner = web.AppRunner(create_app(settings), access_log_class=RouteAccessLogger)
@@ -114,7 +175,8 @@ async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
     # Set the project up as an operator would, through the HTTP API.
     auth = {"Authorization": f"Bearer {operator}"}
     async with aiohttp.ClientSession(headers=auth) as session:
-        async with session.put(f"{url}/v1/projects/cheese-shop", json=PROJECT_CONFIG) as resp:
+        config = {"memory": {**PROJECT_CONFIG["memory"], "conversation": DEMO_CONVERSATION}}
+        async with session.put(f"{url}/v1/projects/cheese-shop", json=config) as resp:
             resp.raise_for_status()
         async with session.post(f"{url}/v1/projects/cheese-shop/tokens", json={"role": "agent"}) as resp:
             resp.raise_for_status()
@@ -131,14 +193,19 @@ async def demo() -> None:
             async with MemoryClient(
                 url, token=token, project="cheese-shop", outbox_path=Path(workdir) / "outbox.db"
             ) as client:
+                caller = "07700 900123"
                 calls = [
-                    ("call-1", ["My name is Ada.", "Gouda on Friday, please."]),
-                    ("call-2", ["Yes please!"]),
+                    ("call-1", ["My name is Ada.", "Gouda on Friday, please."], False),
+                    ("call-2", ["Yes please!"], False),
+                    ("call-3", ["Actually, I'd like some brie on Saturday as well."], True),
+                    ("call-4", ["Yes, please do."], False),
                 ]
-                for conversation_id, utterances in calls:
+                for conversation_id, utterances, drops in calls:
                     print(f"--- {conversation_id}")
-                    for line in await handle_call(client, conversation_id, "07700 900123", utterances):
+                    for line in await handle_call(client, conversation_id, caller, utterances, drops=drops):
                         print(line)
+                    if drops:
+                        print(await wait_for_inactivity_end(client, conversation_id, caller))
 
 
 async def read_utterance() -> str | None:
@@ -166,7 +233,9 @@ def describe(result: EndResult, url: str, client: MemoryClient) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--demo", action="store_true", help="start an embedded service and play two calls")
+    parser.add_argument(
+        "--demo", action="store_true", help="start an embedded service and play four calls (one drops)"
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--token", help="an agent token of the project")
     parser.add_argument("--project", default="cheese-shop")
@@ -183,16 +252,17 @@ def main() -> None:
     async def one_call() -> None:
         async with MemoryClient(args.url, token=args.token, project=args.project) as client:
             conversation_id = f"call-{secrets.token_hex(4)}"
-            conv = client.conversation(conversation_id, caller=args.caller)
+            conv = client.conversation(conversation_id, caller=args.caller, channel="phone", transcript=True)
             await conv.begin_turn()
             if not conv.memory.available:
                 print(f"[memory unavailable ({conv.memory.reason}); treating the caller as new]")
-            print("agent:", greet(conv))
+            print("agent:", say(conv, greet(conv)))
             while (utterance := await read_utterance()) is not None:
                 await conv.begin_turn()
-                print("agent:", understand(conv, utterance))
+                conv.add_message("user", utterance, source="asr")
+                print("agent:", say(conv, understand(conv, utterance)))
             try:
-                result = await conv.end(qa="resolved")
+                result = await conv.end(qa="resolved", end_reason="completed")
             except ServiceError as exc:  # refused for good (a revoked token, say): set aside in the outbox
                 sys.exit(
                     f"[call ended; the service refused its end ({exc}); it is set aside in the outbox "

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_cheese_shop_agent_recognises_a_returning_caller() -> None:
+def test_the_cheese_shop_agent_recognises_a_returning_caller_and_resumes_a_dropped_call() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "cheese_shop_agent.py"), "--demo"],
         capture_output=True,
@@ -23,9 +23,15 @@ def test_the_cheese_shop_agent_recognises_a_returning_caller() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    first, second = result.stdout.split("--- call-2")
+    first, rest = result.stdout.split("--- call-2")
+    second, rest = rest.split("--- call-3")
+    dropped, callback = rest.split("--- call-4")
     assert "May I have your name?" in first and "Booked: gouda on Friday" in first
     assert "Welcome back, Ada! Shall I book gouda for Friday again?" in second
+    # The call that drops mid-booking is ended by the service; the callback is offered to finish it.
+    assert "nobody ends call-3" in dropped and "the service ended call-3" in dropped
+    assert "We were booking brie for Saturday when the line dropped. Shall I finish that?" in callback
+    assert "Booked: brie on Saturday" in callback
     assert "07700" not in result.stdout + result.stderr
 
 
@@ -63,4 +69,7 @@ def test_the_interactive_agent_ends_the_call_on_end_of_input_and_explains_a_queu
     assert "could not be reached" in out and str(tmp_path / "outbox.db") in out and "delivered" in out
     assert "07700" not in out + result.stderr
     with contextlib.closing(sqlite3.connect(tmp_path / "outbox.db")) as db:  # the call was ended: kept
-        assert db.execute("SELECT count(*) FROM outbox WHERE rejected IS NULL").fetchone() == (1,)
+        kept = db.execute("SELECT kind, count(*) FROM outbox WHERE rejected IS NULL GROUP BY kind").fetchall()
+    # The end, behind the transcript's messages (the greeting, and each line of the call).
+    counts = dict(kept)
+    assert counts["end"] == 1 and counts["messages"] >= 1, counts
