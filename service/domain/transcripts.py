@@ -9,6 +9,7 @@ message with ``turn_id``, ``timestamp``, ``tokens`` and ``metadata``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -102,15 +103,15 @@ def check_batch_order(messages: Sequence[MessageIn]) -> str | None:
 
 # Redaction -------------------------------------------------------------------------------------------------
 
-_MIN_DIGITS = (
-    5  # no phone number is shorter: text with fewer digits is left alone without running the matcher
-)
+#: No phone number has fewer digits: text with fewer is left alone without running the matcher. Matched in C,
+#: any script's digits (the matcher reads them all).
+_ENOUGH_DIGITS = re.compile(r"(?:\D*\d){5}")
 
 
 def redact(text: str, regions: Sequence[str | None], masked: Callable[[str], bool]) -> str:
     """``text`` with the phone numbers libphonenumber's matcher finds (reading it with each of ``regions``)
     replaced by ``[phone]`` where ``masked(e164)`` says so."""
-    if sum(ch.isdigit() for ch in text) < _MIN_DIGITS:
+    if not _ENOUGH_DIGITS.match(text):
         return text
     for region in dict.fromkeys(regions):
         spans: list[tuple[int, int]] = []
