@@ -288,3 +288,63 @@ async def test_a_blacklisted_caller_has_no_transcript(services: Services) -> Non
     assert (dropped["stored"], dropped.get("reason")) == (False, "blacklisted")
     started = await services.lifecycle.start(shop, "call-1", {"caller": CALLER, "channel": "phone"})
     assert (started["stored"], started["conversation"]) == (False, None)
+
+
+async def test_an_end_naming_another_caller_leaves_the_transcript_alone(services: Services) -> None:
+    shop = await project(services)
+    await dropped_call(services, shop)
+    await services.conversations.end(shop, "call-1", "+447700900123", {}, Outcome(), "phone")
+    assert (await services.transcripts.status(shop, "call-1"))["status"] == "active"
+    appended = await services.transcripts.append(shop, "call-1", {"messages": [user("still here", 2)]})
+    assert appended["stored"] and appended["added"] == 1
+
+
+async def test_the_retry_of_an_explicit_end_that_crashed_is_still_applied(
+    services: Services, clock: FakeClock
+) -> None:
+    shop = await project(services)
+    await dropped_call(services, shop)
+    now = clock.now_ms()
+    # An explicit end claimed the transcript and its replica died before anything else.
+    await services.store.claim_end(
+        EndClaim(ConversationKey("shop", "call-1"), "explicit", "completed", None, now + 60_000), now
+    )
+    clock.advance(61)
+    assert await services.lifecycle.run_inactivity_ends(services.projects) == 1  # taken over: checkpoint
+    assert await memory(services, shop) == {"cheese": "gouda", "booking_day": "Friday"}
+    status = await services.transcripts.status(shop, "call-1")
+    assert (status["ended_by"], status["end_reason"], status["end_processed"]) == (
+        "explicit",
+        "completed",
+        True,
+    )
+    # The client's retry, from its outbox.
+    retry = await services.conversations.end(
+        shop,
+        "call-1",
+        CALLER,
+        {"booking_day": "Saturday"},
+        Outcome(qa="resolved"),
+        "phone",
+        end_reason="completed",
+    )
+    assert (retry.late, retry.persisted) == (False, ["booking_day"])
+    assert (await memory(services, shop))["booking_day"] == "Saturday"
+    assert len(await listed(services)) == 1
+
+
+async def test_an_explicit_end_after_the_transcript_expired_is_late_not_a_conflict(
+    services: Services, clock: FakeClock
+) -> None:
+    config = {**CONFIG, "memory": {**CONFIG["memory"], "conversation": {
+        "enabled": True, "transcript_retention": "PT40M", "end_after_inactivity": "PT30M"}}}  # fmt: skip
+    shop = await project(services, config)
+    await dropped_call(services, shop)
+    clock.advance(31 * 60)
+    assert await services.lifecycle.run_inactivity_ends(services.projects) == 1
+    clock.advance(10 * 60)  # the transcript expired; the service's end record is remembered
+    late = await services.conversations.end(
+        shop, "call-1", CALLER, {"booking_day": "Monday"}, Outcome(), "phone"
+    )
+    assert late.late and late.persisted == ["booking_day"]
+    assert (await memory(services, shop))["booking_day"] == "Monday"

@@ -18,7 +18,7 @@ from .projects import Project
 from .reports import RepeatCallerMetrics
 from .store import CallerRef, EndResult, EndStatus, EndWrite, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
-from .transcript_store import ClaimStatus, ConversationKey, EndClaim
+from .transcript_store import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,14 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(orjson.dumps(list(parts), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    late: bool = False  # the service ended it (or is ending it): this end is late
+    claimed: bool = False  # this end claimed the transcript (or had claimed it): it finishes it
+    #: The transcript expired: a conflicting record is the service's end's (never a 409 for that).
+    expired_transcript: bool = False
+
+
 class ConversationService:
     def __init__(
         self, store: Store, memory: MemoryService, analytics: AnalyticsService, clock: Clock
@@ -138,29 +146,11 @@ class ConversationService:
             channel,
             *([end_reason] if end_reason is not None else []),
         )
-        claimed = False
+        verdict = _Verdict()
         if project.conversation.enabled:
-            claim = await self._store.claim_end(
-                EndClaim(
-                    key,
-                    "explicit",
-                    end_reason or "",
-                    None,
-                    now + END_LEASE_MS,
-                    orjson.dumps([outcome.qa, outcome.handoff_reason, outcome.handoff_to]),
-                ),
-                now,
-            )
-            header = claim.header
-            if header is not None and header.subject != who.subject:
-                header = None  # another caller's transcript: this end is judged by its record alone
-            elif (
-                claim.status is ClaimStatus.ALREADY
-                and header is not None
-                and header.ended_by not in ("", "explicit")
-            ):
+            verdict = await self._judge(key, who.subject, end_reason, outcome, now)
+            if verdict.late:
                 return await self._late_end(project, ref, conversation_id, changes, made_at, digest)
-            claimed = header is not None and claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY)
         result = await self.persist(
             project,
             ref,
@@ -172,6 +162,11 @@ class ConversationService:
             analytics_outcome=outcome,
             now=now,
         )
+        if result.status is EndStatus.CONFLICT and verdict.expired_transcript:
+            # The transcript expired and the record was written by another end: the service's (an inactivity
+            # end keeps the record longer than the transcript). Never a 409 for that: a late end, which is
+            # itself a 409 if a different late end came first.
+            return await self._late_end(project, ref, conversation_id, changes, made_at, digest)
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
@@ -194,7 +189,7 @@ class ConversationService:
                 end_reason=end_reason,
             )
             repeat_caller = metrics(entry.first)
-        if claimed:
+        if verdict.claimed:
             await self._store.finish_end(key, self._clock.now_ms())
         return ConversationEnd(
             conversation_id=conversation_id,
@@ -204,6 +199,35 @@ class ConversationService:
             repeat_caller=repeat_caller,
             replayed=result.status is EndStatus.REPLAYED,
         )
+
+    async def _judge(
+        self, key: ConversationKey, subject: str, end_reason: str | None, outcome: Outcome, now: int
+    ) -> _Verdict:
+        """How an explicit end relates to the conversation's transcript. It is looked at first: an end
+        naming another caller must not claim this caller's transcript, and an end the service already made
+        (or is making) makes this one late, whatever its claim says."""
+        header, _ = await self._store.read_conversation(key, now)
+        if header is None or header.subject not in (subject, ""):
+            return _Verdict()
+        if header.expired(now):
+            return _Verdict(expired_transcript=True)
+        if header.status is not TranscriptStatus.OPEN and header.ended_by not in ("", "explicit"):
+            return _Verdict(late=True)
+        claim = await self._store.claim_end(
+            EndClaim(
+                key,
+                "explicit",
+                end_reason or "",
+                None,
+                now + END_LEASE_MS,
+                orjson.dumps([outcome.qa, outcome.handoff_reason, outcome.handoff_to]),
+            ),
+            now,
+        )
+        after = claim.header
+        if claim.status is ClaimStatus.ALREADY and after is not None and after.ended_by != "explicit":
+            return _Verdict(late=True)
+        return _Verdict(claimed=claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY))
 
     async def _late_end(
         self,

@@ -84,7 +84,7 @@ def _depth_exceeds(document: Any, limit: int) -> bool:
     level = [document]
     depth = 1
     while level:
-        nested = []
+        nested: list[Any] = []
         for value in level:
             if isinstance(value, dict):
                 nested.extend(v for v in value.values() if isinstance(v, dict | list))

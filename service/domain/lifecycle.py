@@ -53,6 +53,8 @@ from .transcript_store import (
 from .transcript_views import PlatformMessage, Resume, Started
 from .transcripts import Message
 
+#: The suffix of the record under which the service finishes a crashed explicit end (ids cannot hold '#').
+TAKEOVER_SUFFIX = "#takeover"
 #: The lease the inactivity runner takes, so that replicas do not run the same due ends at once.
 INACTIVITY_LEASE = "inactivity"
 
@@ -187,13 +189,16 @@ class Lifecycle:
         another end has it (or it is not due)."""
         now = self._clock.now_ms()
         cc = project.conversation
+        # Taking over a crashed end (ENDING, lease lapsed) keeps what that end said about itself.
+        takeover = header.status is TranscriptStatus.ENDING
         claim = await self._store.claim_end(
             EndClaim(
                 header.key,
                 ended_by,
-                "",
-                now - cc.end_after_inactivity_ms if ended_by == "inactivity" else None,
+                header.end_reason if takeover else "",
+                now - cc.end_after_inactivity_ms if ended_by == "inactivity" and not takeover else None,
                 now + END_LEASE_MS,
+                header.end_data if takeover else b"",
             ),
             now,
         )
@@ -209,11 +214,15 @@ class Lifecycle:
         written_at = claimed.checkpoint_at or claimed.last_activity
         digest = fingerprint(claimed.subject, state, "service end")
         made_at = claimed.last_activity
-        outcome = Outcome()
+        # What a crashed explicit end said about the call (its outcome), when this takes it over.
+        outcome = Outcome(*orjson.loads(claimed.end_data)) if claimed.end_data else Outcome()
+        # A crashed explicit end is the client's: its retry (from the SDK's outbox) must still be applied
+        # under the conversation's own record, so the service's end of it is kept under another.
+        record_id = claimed.key.conversation_id + (TAKEOVER_SUFFIX if ended_by == "explicit" else "")
         result = await self._conversations.persist(
             project,
             ref,
-            claimed.key.conversation_id,
+            record_id,
             digest,
             changes,
             made_at=made_at,
@@ -232,7 +241,7 @@ class Lifecycle:
                 made_at=made_at,
                 now=now,
                 ended_by=claimed.ended_by,
-                end_reason=None,
+                end_reason=claimed.end_reason or None,
             )
         # CONFLICT: an explicit end of this id was applied already (its transcript claim was lost): done.
         return await self._store.finish_end(claimed.key, self._clock.now_ms())
