@@ -54,7 +54,8 @@ def greet(conv: Conversation) -> str:
     visits = memory.get("visit_count", 0)
     conv.state["visit_count"] = visits + 1
     resume = conv.resume
-    if resume is not None and "booking_day" in resume.state and "caller_name" in memory:
+    # A dropped call that never got as far as a checkpoint has no state (None).
+    if resume is not None and resume.state and "booking_day" in resume.state and "caller_name" in memory:
         # The dropped call's checkpoint: what it was about to book.
         conv.state["pending_cheese"] = resume.state.get("cheese_type", "cheese")
         conv.state["pending_day"] = resume.state["booking_day"]

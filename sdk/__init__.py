@@ -32,6 +32,7 @@ from .errors import (
     PreconditionFailedError,
     ServiceError,
     ServiceUnavailableError,
+    TranscriptsFullError,
 )
 from .memory import Memory
 from .outbox import FlushReport, Outbox, OutboxEntry, default_outbox_path
@@ -80,6 +81,7 @@ __all__ = [
     "TranscriptError",
     "TranscriptInfo",
     "TranscriptMessage",
+    "TranscriptsFullError",
     "default_outbox_path",
 ]
 

@@ -318,12 +318,12 @@ class TranscriptBuffer:
         return self._batch(items, state)
 
     def _batch(self, items: list[_Item], state: bytes | None, sent_at: int | None = None) -> _Batch:
-        document: dict[str, Any] = {}
         starts = not self._started
-        if starts:
-            document |= {"caller": self._caller, "channel": self._channel}
-            if self._agent is not None:
-                document["agent"] = self._agent
+        # The caller goes with every batch, not only the first: the service redacts the caller's own number
+        # written in their country's national format only when it knows the caller.
+        document: dict[str, Any] = {"caller": self._caller, "channel": self._channel}
+        if self._agent is not None:
+            document["agent"] = self._agent
         document["messages"] = [orjson.Fragment(item.encoded) for item in items]
         if state is not None:
             document["state"] = orjson.Fragment(state)

@@ -11,6 +11,8 @@
     │   ├── ConflictError            409: a conversation id reused with a different request, a conversation
     │   │                            that has ended, a message id reused with another message
     │   ├── PreconditionFailedError  412: If-Match did not match
+    │   ├── TranscriptsFullError     507: the project's transcripts are at max_transcript_bytes; messages
+    │   │                            are dropped (ends are still taken), retrying does not help soon
     │   └── InvalidRequestError      400, 413, 415, 422: the request itself is wrong; fix it, do not retry
     ├── ServiceUnavailableError      the service could not be reached, timed out, answered 5xx/429/408,
     │                                redirected, or sent something that is not its documented answer;
@@ -76,6 +78,12 @@ class PreconditionFailedError(ServiceError):
     pass
 
 
+class TranscriptsFullError(ServiceError):
+    """507: the project's transcripts are at their bound (``max_transcript_bytes``). Messages are dropped
+    and reported, never kept for later: holding them would hold back the ends queued behind them, and the
+    bound lifts only as transcripts expire."""
+
+
 class InvalidRequestError(ServiceError, ValueError):
     """The request was refused as invalid; ``errors`` names the offending fields."""
 
@@ -113,6 +121,7 @@ _BY_STATUS: dict[int, type[ServiceError]] = {
     413: InvalidRequestError,
     415: InvalidRequestError,
     422: InvalidRequestError,
+    507: TranscriptsFullError,
 }
 
 
@@ -137,7 +146,7 @@ def error_for(status: int, body: Any, retry_after: str | None = None) -> CallerM
     everything else (5xx, 408, 429, redirects, and answers that are not the service's problem documents,
     e.g. from a proxy) is ServiceUnavailableError. What the server wrote is masked before it is quoted."""
     document = problem(status, body)
-    if document is not None and is_client_error(status):
+    if document is not None and (is_client_error(status) or status == 507):
         return _BY_STATUS.get(status, ServiceError)(status, document)
     detail = mask(str(document.get("detail", ""))) if document else "(not the service's answer)"
     return ServiceUnavailableError(f"the service answered {status}: {detail}", status, _seconds(retry_after))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
@@ -124,6 +125,7 @@ def redact(text: str, regions: Sequence[str | None], masked: Callable[[str], boo
     return text
 
 
+@lru_cache(maxsize=65536)
 def region_of(e164: str) -> str | None:
     try:
         return phonenumbers.region_code_for_number(phonenumbers.parse(e164, None))
