@@ -300,7 +300,14 @@ class TranscriptService:
                 messages = whole
                 next_after = whole[-1].turn_id
             else:
-                next_after = last
+                # One turn fills the page: pages go by turn (after_turn), so this one holds the whole turn,
+                # however long, rather than lose its end between two pages.
+                _, rest = await self._store.read_conversation(
+                    header.key, now, TranscriptQuery(after_turn=after_turn, limit=MAX_MESSAGES + 1)
+                )
+                turn = [Message(m.body) for m in rest if m.turn_id == last]
+                more = len(rest) > len(turn)
+                messages, next_after = turn, (last if more else None)
         visible = [m for m in messages if m.visible_to(reader.agent)]
         if openai:
             chat: OpenAIHistory = {"messages": [m.openai() for m in visible if m.role != "tool"]}
@@ -337,6 +344,8 @@ class TranscriptService:
         through = summary["through_turn"] if summary else -1
         profile = await self._profile(project, header, int(max_tokens * PROFILE_SHARE), now)
         summarised = summary_section(summary)
+        if summarised is not None and summarised["tokens"] > max_tokens - profile["tokens"]:
+            summarised = None  # a summary longer than the budget is left out: the context stays within it
         left = max_tokens - profile["tokens"] - (summarised["tokens"] if summarised else 0)
         turns: dict[int, list[Message]] = {}
         for m in messages:

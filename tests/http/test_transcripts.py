@@ -204,6 +204,11 @@ async def test_after_turn_and_pages_of_whole_turns(agent: As) -> None:
         if after is None:
             break
     assert pages == [[1], [2, 2], [3, 3], [4]]  # a page ends on a whole turn
+    # A turn longer than the page comes whole, rather than lose its end between two pages.
+    first = await agent.history("call-1", "?limit=1&after_turn=1")
+    assert [m["turn_id"] for m in first["contents"]] == [2, 2] and first["next_after_turn"] == 2
+    last = await agent.history("call-1", "?limit=1&after_turn=3")
+    assert [m["turn_id"] for m in last["contents"]] == [4] and last["next_after_turn"] is None
 
 
 async def test_tool_messages_are_kept_but_not_in_the_openai_layout(agent: As) -> None:
@@ -681,3 +686,12 @@ async def test_an_inactivity_end_must_come_before_the_transcript_expires(api: Ap
     reply = await api.call("PUT", f"/v1/projects/{PROJECT}", token=OPERATOR_TOKEN, json=document)
     assert_problem(reply, 422)
     assert reply.body["errors"][0]["field"] == "memory.conversation.end_after_inactivity"
+
+
+async def test_a_summary_longer_than_the_budget_is_left_out_of_the_context(agent: As) -> None:
+    await agent.begin("call-1", [message(1, "hello"), message(1, "Hi!", "assistant")])
+    await agent.ok("PUT", "call-1", "summary", {"text": "a long summary", "through_turn": 0, "tokens": 500})
+    context = await agent.ok("GET", "call-1", "context?max_tokens=100")
+    assert context["sections"]["summary"] is None and context["tokens"] <= 100
+    fits = await agent.ok("GET", "call-1", "context?max_tokens=1000")
+    assert fits["sections"]["summary"]["tokens"] == 500 and fits["tokens"] <= 1000
