@@ -348,3 +348,21 @@ async def test_an_explicit_end_after_the_transcript_expired_is_late_not_a_confli
     )
     assert late.late and late.persisted == ["booking_day"]
     assert (await memory(services, shop))["booking_day"] == "Monday"
+
+
+async def test_a_conversation_started_by_its_first_append_supersedes_like_a_start(
+    services: Services, clock: FakeClock
+) -> None:
+    shop = await project(services)
+    await dropped_call(services, shop, "call-1")
+    clock.advance(60)
+    # The callback's start failed (the SDK then starts the conversation with its first batch).
+    await services.transcripts.append(
+        shop, "call-2", {"caller": CALLER, "channel": "phone", "messages": [user("hello again", 0)]}
+    )
+    status = await services.transcripts.status(shop, "call-1")
+    assert (status["status"], status["ended_by"]) == ("ended", "superseded")
+    assert await memory(services, shop) == {"cheese": "gouda", "booking_day": "Friday"}
+    # A later append to the callback supersedes nothing more (and an append elsewhere nothing at all).
+    await services.transcripts.append(shop, "call-2", {"caller": CALLER, "channel": "phone", "messages": []})
+    assert [e.conversation_id for e in await listed(services)] == ["call-1"]

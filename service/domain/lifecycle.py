@@ -73,6 +73,7 @@ class Lifecycle:
         self._conversations = conversations
         self._analytics = analytics
         self._clock = clock
+        transcripts.on_started = self._started_by_append
 
     # Start, supersession, resume ---------------------------------------------------------------------------
 
@@ -97,20 +98,7 @@ class Lifecycle:
             return {"conversation": None, "stored": False, "reason": reason, "resume": None, "superseded": []}
         now = self._clock.now_ms()
         ref = CallerRef(project.project_id, caller.subject)
-        cc = project.conversation
-        superseded: list[str] = []
-        candidates: list[Header] = []
-        for header in await self._store.caller_conversations(ref, now):
-            if header.key.conversation_id == conversation_id or header.expired(now):
-                continue
-            if not cc.cross_channel and header.channel != body.channel:
-                continue
-            if header.status is TranscriptStatus.OPEN:
-                ended = await self.end_by_service(project, header, "superseded")
-                if ended is not None:
-                    superseded.append(header.key.conversation_id)
-                    header = ended
-            candidates.append(header)
+        superseded, candidates = await self.supersede(project, ref, body.channel, conversation_id, now)
         key = ConversationKey(project.project_id, conversation_id)
         write = self._transcripts.write(
             project, key, caller, caller.subject, body.channel, body.agent or "", [], None, now, now
@@ -134,6 +122,34 @@ class Lifecycle:
             "resume": resume,
             "superseded": superseded,
         }
+
+    async def supersede(
+        self, project: Project, ref: CallerRef, channel: str, conversation_id: str, now: int
+    ) -> tuple[list[str], list[Header]]:
+        """End the caller's other conversations still open on ``channel`` (any channel with
+        ``cross_channel``) as ``superseded``; returns their ids, and the headers of the caller's other
+        conversations there (the resume candidates)."""
+        cc = project.conversation
+        superseded: list[str] = []
+        candidates: list[Header] = []
+        for header in await self._store.caller_conversations(ref, now):
+            if header.key.conversation_id == conversation_id or header.expired(now):
+                continue
+            if not cc.cross_channel and header.channel != channel:
+                continue
+            if header.status is TranscriptStatus.OPEN:
+                ended = await self.end_by_service(project, header, "superseded")
+                if ended is not None:
+                    superseded.append(header.key.conversation_id)
+                    header = ended
+            candidates.append(header)
+        return superseded, candidates
+
+    async def _started_by_append(self, project: Project, header: Header) -> None:
+        """A conversation started by its first append (no start: the SDK's start failed, or a client that
+        does not use it) supersedes like a start."""
+        ref = CallerRef(project.project_id, header.subject)
+        await self.supersede(project, ref, header.channel, header.key.conversation_id, self._clock.now_ms())
 
     async def _resume(
         self, project: Project, candidates: list[Header], now: int, reader: Reader

@@ -10,7 +10,7 @@ state and its time as the write time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -221,6 +221,8 @@ class TranscriptService:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._bytes_cache: dict[str, tuple[int, int]] = {}
+        #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
+        self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
 
     # Views ------------------------------------------------------------------------------------------------
 
@@ -567,6 +569,9 @@ class TranscriptService:
         refuse(status, conversation_id, result.detail)
         header = result.header
         assert header is not None  # every accepted append has one
+        created = caller is not None and header.started_at == now and header.messages == result.added
+        if created and self.on_started is not None:
+            await self.on_started(project, header)
         if result.added:
             cached = self._bytes_cache.get(project.project_id)
             if cached is not None:
