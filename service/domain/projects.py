@@ -22,12 +22,14 @@ from pydantic import (
 from .errors import InvalidConfiguration, InvalidIdentifier, InvalidInput
 from .identifiers import PSEUDONYM_RE, Pseudonymizer, normalize
 from .limits import (
+    CONVERSATION_ID_PATTERN,
     FIELD_NAME_PATTERN,
     MAX_BLACKLIST,
     MAX_STATE_KEYS,
     MAX_TTL_SECONDS,
     MIN_TTL_SECONDS,
 )
+from .transcripts import NAME_PATTERN
 
 FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]
 PSEUDONYM_PREFIX = "pseudonym:"
@@ -146,6 +148,40 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
+#: Patterns named in words rather than quoted (a regular expression is no message for a newcomer).
+_PATTERN_WORDS = {
+    FIELD_NAME_PATTERN: "field names are a letter or '_' then letters, digits or '_', 64 characters at most",
+    NAME_PATTERN: "must be 1-64 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+    CONVERSATION_ID_PATTERN: (
+        "must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+    ),
+}
+
+
+def _message(err: Any, where: str) -> str:
+    """pydantic's message in the service's words. Bounds are written with separators: a bare long number
+    would be masked in the answer as if it were a phone number."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_WORDS:
+        return _PATTERN_WORDS[ctx["pattern"]]
+    bounds = {
+        "less_than_equal": ("must be at most", "le"),
+        "greater_than_equal": ("must be at least", "ge"),
+        "less_than": ("must be less than", "lt"),
+        "greater_than": ("must be more than", "gt"),
+    }
+    if kind in bounds and isinstance(ctx.get(bounds[kind][1]), int):
+        words, key = bounds[kind]
+        return f"{words} {ctx[key]:,}"
+    if kind == "too_long" and isinstance(ctx.get("max_length"), int):
+        return f"at most {ctx['max_length']:,} items in one request"
+    if kind == "string_too_long" and isinstance(ctx.get("max_length"), int):
+        return f"at most {ctx['max_length']:,} characters"
+    if kind == "literal_error" and where.endswith("role"):
+        return f"must be {ctx.get('expected', 'one of the roles')} (system prompts are never stored)"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
 def validation_problem(
     exc: ValidationError, *, what: str = "configuration", error: type[InvalidInput] = InvalidConfiguration
 ) -> InvalidInput:
@@ -153,12 +189,7 @@ def validation_problem(
     errors = []
     for err in exc.errors(include_input=False, include_url=False):
         where = _location(tuple(err["loc"]))
-        message = err["msg"].removeprefix("Value error, ")
-        if (
-            err["type"] == "string_pattern_mismatch"
-            and (err.get("ctx") or {}).get("pattern") == FIELD_NAME_PATTERN
-        ):
-            message = "field names are a letter or '_' then letters, digits or '_', 64 characters at most"
+        message = _message(err, where)
         field = where or "body"
         errors.append({"field": field, "message": message})
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)

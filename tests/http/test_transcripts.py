@@ -695,3 +695,17 @@ async def test_a_summary_longer_than_the_budget_is_left_out_of_the_context(agent
     assert context["sections"]["summary"] is None and context["tokens"] <= 100
     fits = await agent.ok("GET", "call-1", "context?max_tokens=1000")
     assert fits["sections"]["summary"]["tokens"] == 500 and fits["tokens"] <= 1000
+
+
+async def test_errors_say_what_is_wrong_in_words(agent: As) -> None:
+    too_big = await agent("GET", "call-1", "context?max_tokens=99999999")
+    assert_problem(too_big, 422)
+    assert "at most 1,000,000" in too_big.body["detail"]
+    system = await agent("POST", "call-1", "messages", {
+        "caller": CALLER, "channel": "voice", "messages": [message(0, "You are a bot", "system")]})  # fmt: skip
+    assert "system prompts are never stored" in system.body["detail"]
+    many = await agent("POST", "call-1", "messages", {
+        "caller": CALLER, "channel": "voice", "messages": [message(0, "x")] * 101})  # fmt: skip
+    assert "at most 100 items in one request" in many.body["detail"]
+    channel = await agent("POST", "call-1", "start", {"caller": CALLER, "channel": "no spaces"})
+    assert "letters, digits" in channel.body["detail"] and "^" not in channel.body["detail"]
