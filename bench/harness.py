@@ -334,3 +334,27 @@ def redis_info(server: RedisServer, section: str = "memory") -> dict[str, Any]:
         return info
     finally:
         client.close()
+
+
+def run_loadgen(
+    command: list[str], spec: dict[str, Any], cpus: set[int] | None, server: str, kind: str
+) -> dict[str, Any]:
+    """One load-generator process (``command``, fed ``spec`` on stdin, pinned to ``cpus``): its result,
+    labelled with the server and scenario, and the server's requests per CPU-second when it was watched."""
+    proc = subprocess.run(
+        command,
+        input=json.dumps(spec).encode(),
+        capture_output=True,
+        timeout=spec["warmup"] + spec["duration"] + 120,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed against {server}: {proc.stderr.decode()[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    result["server"] = server
+    result["scenario"] = kind
+    cpu = result.get("watched_cpu_share", {})
+    if cpu.get("server"):
+        result["requests_per_server_cpu_s"] = result["achieved_rate"] / cpu["server"]
+    return result

@@ -238,24 +238,9 @@ class Bench:
             "scenario": {"type": "static"} if server == "static" else self.scenario(server, kind),
             "watch": watch,
         }
-        cpus = self.aux_cpus
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--loadgen"],
-            input=json.dumps(spec).encode(),
-            capture_output=True,
-            timeout=spec["warmup"] + spec["duration"] + 120,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None,
-            check=False,
+        return h.run_loadgen(
+            [sys.executable, str(Path(__file__).resolve()), "--loadgen"], spec, self.aux_cpus, server, kind
         )
-        if proc.returncode != 0:
-            raise RuntimeError(f"load generator failed against {server}: {proc.stderr.decode()[-3000:]}")
-        result: dict[str, Any] = json.loads(proc.stdout)
-        result["server"] = server
-        result["scenario"] = kind
-        cpu = result.get("watched_cpu_share", {})
-        if cpu.get("server"):
-            result["requests_per_server_cpu_s"] = result["achieved_rate"] / cpu["server"]
-        return result
 
 
 # Set-up ---------------------------------------------------------------------------------------------------
