@@ -72,6 +72,7 @@ from .transcripts import (
     check_batch_order,
     encode_message,
     estimate_tokens,
+    may_hold_number,
     redact,
     region_of,
 )
@@ -194,6 +195,11 @@ def summary_section(summary: dict[str, Any] | None) -> SummarySection | None:
 
 def ended_by_of(header: Header) -> EndedBy | None:
     return cast("EndedBy", header.ended_by) if header.ended_by else None
+
+
+def _may_hold_number(message: MessageIn) -> bool:
+    original = message.metadata.original
+    return may_hold_number(message.content) or (original is not None and may_hold_number(original))
 
 
 def _token_source(messages: Sequence[Message]) -> Any:
@@ -541,8 +547,13 @@ class TranscriptService:
         made_at = min(received_at or now, body.sent_at or now)
         key = ConversationKey(project.project_id, conversation_id)
         subject = ""
-        if caller is None and not project.conversation.redact_phone_numbers and body.messages:
-            # The caller's own number is removed whatever the option says: find out who they are.
+        if (
+            caller is None
+            and not project.conversation.redact_phone_numbers
+            and any(_may_hold_number(m) for m in body.messages)
+        ):
+            # The caller's own number is removed whatever the option says: find out who they are (text
+            # without digits enough for a number is left as it is whoever they are: no read for it).
             header, _ = await self._store.read_conversation(key, now)
             subject = header.subject if header is not None else ""
         # A message without its timestamp gets the batch's first attempt time (stable across retries, so a

@@ -109,6 +109,11 @@ def check_batch_order(messages: Sequence[MessageIn]) -> str | None:
 _ENOUGH_DIGITS = re.compile(r"(?:\D*\d){5}")
 
 
+def may_hold_number(text: str) -> bool:
+    """Whether ``text`` has digits enough for a phone number (else :func:`redact` leaves it as it is)."""
+    return _ENOUGH_DIGITS.match(text) is not None
+
+
 def redact(text: str, regions: Sequence[str | None], masked: Callable[[str], bool]) -> str:
     """``text`` with the phone numbers libphonenumber's matcher finds (reading it with each of ``regions``)
     replaced by ``[phone]`` where ``masked(e164)`` says so."""
