@@ -24,7 +24,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # store.py defines CallerRef and the Store that inherits this interface
     from .store import CallerRef
@@ -57,8 +57,10 @@ class NewMessage:
     tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
+class StoredMessage(NamedTuple):
+    """One stored message as a read returns it. A named tuple: immutable like the other records, and built
+    in a fifth of a frozen dataclass's time (reads build one per message: 50 to 2,000 per request)."""
+
     #: Position in the transcript: 0, 1, 2, ... in append order.
     seq: int
     turn_id: int

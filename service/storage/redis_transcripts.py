@@ -63,6 +63,7 @@ over-count, which is the safe side for a bound.
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 from collections.abc import Awaitable, Sequence
 from typing import Any, cast
@@ -115,6 +116,14 @@ _ERASE_CHUNK = 32
 _MARKERS = (TranscriptStatus.ERASED, TranscriptStatus.DELETED)
 
 
+@functools.lru_cache(maxsize=8192)
+def _keys_of(project: str, conversation_id: str) -> tuple[str, str, str, str]:
+    """:func:`.keys.transcript_keys`, kept for the conversations in use: each costs four SHA-1s and four
+    formats, on every request of a conversation."""
+    header, messages, ids, data = keys.transcript_keys(project, conversation_id)
+    return header, messages, ids, data
+
+
 def _header(key: ConversationKey, flat: Any, data: Any, now_ms: int) -> Header | None:
     """A header from its hash (HGETALL, flat or a dict) and ``[checkpoint, summary]``; None when there is none
     or it is forgotten. A marker, or a header whose transcript expired, keeps only its status and expiries."""
@@ -163,12 +172,13 @@ def _messages(first: int, records: bytes, elements: Sequence[bytes]) -> list[Sto
     """Messages from position ``first``: their index records (turn id, digest) and list elements."""
     try:
         out = []
-        for i, element in enumerate(elements):
-            (turn, _) = _RECORD.unpack_from(records, i * _RECORD.size)
+        seq = first
+        for (turn, _), element in zip(_RECORD.iter_unpack(records), elements, strict=True):
             message_id, _, body = element.partition(b"\n")
-            out.append(StoredMessage(first + i, int(turn), body, message_id.decode() or None))
+            out.append(StoredMessage(seq, int(turn), body, message_id.decode() or None))
+            seq += 1
         return out
-    except (struct.error, UnicodeDecodeError) as exc:
+    except (struct.error, ValueError) as exc:  # UnicodeDecodeError is a ValueError; so is a count mismatch
         raise StoreCorrupt("a stored transcript message cannot be read") from exc
 
 
@@ -249,7 +259,7 @@ class RedisTranscripts:
 
     async def _append(self, write: AppendWrite, now_ms: int, horizon: str, prior: str | bytes) -> list[Any]:
         key = write.key
-        script_keys = keys.transcript_keys(key.project, key.conversation_id)
+        script_keys = [*_keys_of(key.project, key.conversation_id)]
         tally = ""
         if not self._cluster:
             script_keys.append(keys.transcript_volume_key(key.project))
@@ -332,7 +342,7 @@ class RedisTranscripts:
     async def read_conversation(
         self, key: ConversationKey, now_ms: int, query: TranscriptQuery | None = None
     ) -> tuple[Header | None, list[StoredMessage]]:
-        script_keys = keys.transcript_keys(key.project, key.conversation_id)
+        script_keys = _keys_of(key.project, key.conversation_id)
         async with Call("read_conversation", self._timeout):
             # One script in the conversation's slot: header and messages of the same moment.
             reply = await self._script(
@@ -379,7 +389,7 @@ class RedisTranscripts:
     # Summaries and the lifecycle -------------------------------------------------------------------------------
 
     async def _update(self, key: ConversationKey, args: Sequence[str | bytes | int]) -> list[Any]:
-        header_key, _, _, data_key = keys.transcript_keys(key.project, key.conversation_id)
+        header_key, _, _, data_key = _keys_of(key.project, key.conversation_id)
         return cast("list[Any]", await self._script("transcript_update", [header_key, data_key], args))
 
     async def put_summary(self, key: ConversationKey, summary: bytes, now_ms: int) -> Header | None:
