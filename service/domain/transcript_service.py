@@ -277,7 +277,7 @@ class TranscriptService:
             raise NotFound(f"conversation '{conversation_id}' has no transcript")
         if header.status is TranscriptStatus.ERASED or header.expired(now):
             raise Gone(f"the transcript of conversation '{conversation_id}' expired or was erased")
-        return header, [Message(m.body) for m in stored], now
+        return header, Message.decode_all([m.body for m in stored]), now
 
     async def status(self, project: Project, conversation_id: str) -> ConversationStatus:
         header, _, now = await self._live(project, conversation_id)
@@ -313,7 +313,7 @@ class TranscriptService:
                 _, rest = await self._store.read_conversation(
                     header.key, now, TranscriptQuery(after_turn=after_turn, limit=MAX_MESSAGES + 1)
                 )
-                turn = [Message(m.body) for m in rest if m.turn_id == last]
+                turn = Message.decode_all([m.body for m in rest if m.turn_id == last])
                 more = len(rest) > len(turn)
                 messages, next_after = turn, (last if more else None)
         visible = [m for m in messages if m.visible_to(reader.agent)]
