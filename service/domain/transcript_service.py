@@ -355,23 +355,36 @@ class TranscriptService:
         if summarised is not None and summarised["tokens"] > max_tokens - profile["tokens"]:
             summarised = None  # a summary longer than the budget is left out: the context stays within it
         left = max_tokens - profile["tokens"] - (summarised["tokens"] if summarised else 0)
+        agent = reader.agent
+        # Each turn's messages and token cost, counted once (a read of 2,000 messages counts each once).
         turns: dict[int, list[Message]] = {}
+        costs: dict[int, int] = {}
         for m in messages:
-            if m.turn_id > through and m.role != "tool" and m.visible_to(reader.agent):
-                turns.setdefault(m.turn_id, []).append(m)
-        unsummarized = sum(m.token_count for group in turns.values() for m in group)
+            turn = m.turn_id
+            if turn > through and m.role != "tool" and (agent is None or m.visible_to(agent)):
+                cost = m.token_count
+                group = turns.get(turn)
+                if group is None:
+                    turns[turn] = [m]
+                    costs[turn] = cost
+                else:
+                    group.append(m)
+                    costs[turn] += cost
+        unsummarized = sum(costs.values())
         chosen: list[list[Message]] = []
+        recent_tokens = 0
         for turn in sorted(turns, reverse=True):  # newest first: older turns are dropped first
-            cost = sum(m.token_count for m in turns[turn])
+            cost = costs[turn]
             if cost > left:
                 break
             left -= cost
+            recent_tokens += cost
             chosen.append(turns[turn])
         chosen.reverse()
         kept = [m for group in chosen for m in group]
         recent: RecentTurnsSection = {
             "provenance": "transcript",
-            "tokens": sum(m.token_count for m in kept),
+            "tokens": recent_tokens,
             "token_source": _token_source(kept),
             "from_turn": kept[0].turn_id if kept else None,
             "to_turn": kept[-1].turn_id if kept else None,
