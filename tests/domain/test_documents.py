@@ -3,11 +3,15 @@ tests/http/test_bad_input.py sends the same kinds of body to a real server on ev
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from caller_memory.service.domain import documents
 from caller_memory.service.domain.documents import MAX_DEPTH, MAX_EXACT_INT, parse_document
 from caller_memory.service.domain.errors import InvalidInput, MalformedRequest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize(
@@ -101,3 +105,63 @@ def test_a_long_path_is_cut() -> None:
     with pytest.raises(InvalidInput) as refused:
         parse_document(body)
     assert len(refused.value.field) <= 60 and refused.value.field.endswith("...")
+
+
+# The fast path ------------------------------------------------------------------------------------------
+# parse_document takes orjson's reading as it is when it can prove the stdlib's second pass would return the
+# same (no float, no integer past 2^53 - 1, no deep nesting, and no duplicate member by counting ':' bytes).
+# This compares it with the second pass itself on generated bodies built to break that proof: duplicate
+# names, ':' in names and strings, written plainly and as \u escapes, floats, big integers, nesting.
+
+_TEXT = st.lists(st.sampled_from(["a", "b", ":", "é", " ", "\\u003a", "\\u0061", '\\"']), max_size=4).map(
+    "".join
+)
+_SCALAR = st.one_of(
+    st.sampled_from(["null", "true", "false"]),
+    st.integers(-(2**65), 2**65).map(str),
+    st.sampled_from(["1.5", "0.1", "1e-400", "1e400", "-0", "2.0", "0.10000000000000000001"]),
+    _TEXT.map(lambda t: f'"{t}"'),
+)
+
+
+def _object(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    members = st.lists(st.tuples(_TEXT, children), max_size=4)
+    duplicate = st.booleans()
+    return st.builds(
+        lambda pairs, dup: (
+            "{" + ",".join(f'"{k}":{v}' for k, v in (pairs + pairs[:1] if dup else pairs)) + "}"
+        ),
+        members,
+        duplicate,
+    )
+
+
+_JSON = st.recursive(
+    _SCALAR, lambda children: st.one_of(st.lists(children, max_size=4).map(lambda v: "[" + ",".join(v) + "]"),
+                                       _object(children)),
+    max_leaves=12,
+)  # fmt: skip
+
+
+def _second_pass(text: str) -> tuple[bool, Any]:
+    """What the stdlib decoder with the I-JSON hooks makes of ``text``: (accepted, document)."""
+    try:
+        document = documents._DECODER.decode(text)
+    except ValueError:  # refused by a hook (duplicate, big integer, inexact number), or too deep to scan
+        return False, None
+    return documents._too_deep(document) is None, document
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON)
+def test_the_fast_path_returns_what_the_second_pass_returns(text: str) -> None:
+    try:
+        json.loads(text)
+    except ValueError:
+        return  # not JSON at all: both paths answer from orjson's error
+    accepted, document = _second_pass(text)
+    if accepted:
+        assert parse_document(text.encode()) == document
+    else:
+        with pytest.raises(InvalidInput):
+            parse_document(text.encode())
