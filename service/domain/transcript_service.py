@@ -34,6 +34,7 @@ from .errors import (
     PayloadTooLarge,
     TranscriptsFull,
 )
+from .fields import StoredField
 from .limits import MAX_STATE_ENTRIES, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .memory import Caller, MemoryService
 from .projects import Project, validation_problem
@@ -93,6 +94,8 @@ PROFILE_SHARE = 0.25
 SUMMARY_THRESHOLD = 0.75
 #: How long a project's transcript byte count is reused before it is asked again.
 BYTES_CACHE_MS = 1000
+#: How many conversations' callers a process remembers (a hint for reading a context in one store call).
+SUBJECT_CACHE = 8192
 INACTIVITY_LEASE = "inactivity"
 
 
@@ -227,6 +230,10 @@ class TranscriptService:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._bytes_cache: dict[str, tuple[int, int]] = {}
+        #: Conversation -> the caller's pseudonym, as last seen (appends, starts, reads): which caller's memory
+        #: a context reads with its transcript. Only a hint: the store and the domain check it against the
+        #: header. Bounded; the oldest entry goes first.
+        self._subjects: dict[ConversationKey, str] = {}
         #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
         self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
 
@@ -259,24 +266,42 @@ class TranscriptService:
 
     # Reading ----------------------------------------------------------------------------------------------
 
-    async def _live(
-        self, project: Project, conversation_id: str, query: TranscriptQuery | None = None
-    ) -> tuple[Header, list[Message], int]:
-        """The conversation's header and messages (decoded), or 404 / 410."""
+    def _remember(self, key: ConversationKey, subject: str) -> None:
+        """Keep ``subject`` as the caller of ``key`` (see ``_subjects``)."""
+        subjects = self._subjects
+        if subjects.get(key) != subject:
+            subjects[key] = subject
+            if len(subjects) > SUBJECT_CACHE:
+                del subjects[next(iter(subjects))]
+
+    @staticmethod
+    def _readable(project: Project, conversation_id: str) -> None:
         check_conversation_id(conversation_id)
         if not project.conversation.enabled:
             raise NotFound(
                 f"conversation memory is off for project '{project.project_id}' "
                 "(memory.conversation.enabled in its configuration)"
             )
-        now = self._clock.now_ms()
-        header, stored = await self._store.read_conversation(
-            ConversationKey(project.project_id, conversation_id), now, query
-        )
+
+    @staticmethod
+    def _found(header: Header | None, conversation_id: str, now: int) -> Header:
+        """``header`` if its transcript can be read, else 404 / 410."""
         if header is None or header.status is TranscriptStatus.DELETED:
             raise NotFound(f"conversation '{conversation_id}' has no transcript")
         if header.status is TranscriptStatus.ERASED or header.expired(now):
             raise Gone(f"the transcript of conversation '{conversation_id}' expired or was erased")
+        return header
+
+    async def _live(
+        self, project: Project, conversation_id: str, query: TranscriptQuery | None = None
+    ) -> tuple[Header, list[Message], int]:
+        """The conversation's header and messages (decoded), or 404 / 410."""
+        self._readable(project, conversation_id)
+        now = self._clock.now_ms()
+        header, stored = await self._store.read_conversation(
+            ConversationKey(project.project_id, conversation_id), now, query
+        )
+        header = self._found(header, conversation_id, now)
         return header, Message.decode_all([m.body for m in stored]), now
 
     async def status(self, project: Project, conversation_id: str) -> ConversationStatus:
@@ -345,12 +370,25 @@ class TranscriptService:
     async def context(
         self, project: Project, conversation_id: str, max_tokens: int, *, reader: Reader = EVERYONE
     ) -> ContextView:
-        header, messages, now = await self._live(
-            project, conversation_id, TranscriptQuery(last=CONTEXT_WINDOW)
+        self._readable(project, conversation_id)
+        now = self._clock.now_ms()
+        key = ConversationKey(project.project_id, conversation_id)
+        hint = self._subjects.get(key)
+        if hint is not None and hint in project.blacklist:
+            hint = None  # a blacklisted caller's memory is not shown: nothing to read
+        # The transcript and (when the hint is right) the caller's memory in one store call.
+        found, stored, fields = await self._store.read_context(
+            key, hint, now, TranscriptQuery(last=CONTEXT_WINDOW)
         )
+        header = self._found(found, conversation_id, now)
+        if header.subject:
+            self._remember(key, header.subject)
+        if hint != header.subject:
+            fields = None  # read for another caller than the conversation's: never shown
+        messages = Message.decode_all([m.body for m in stored])
         summary = summary_of(header)
         through = summary["through_turn"] if summary else -1
-        profile = await self._profile(project, header, int(max_tokens * PROFILE_SHARE), now)
+        profile = await self._profile(project, header, int(max_tokens * PROFILE_SHARE), now, fields)
         summarised = summary_section(summary)
         if summarised is not None and summarised["tokens"] > max_tokens - profile["tokens"]:
             summarised = None  # a summary longer than the budget is left out: the context stays within it
@@ -403,14 +441,24 @@ class TranscriptService:
             "sections": sections,
         }
 
-    async def _profile(self, project: Project, header: Header, cap: int, now: int) -> ProfileSection:
+    async def _profile(
+        self,
+        project: Project,
+        header: Header,
+        cap: int,
+        now: int,
+        read: dict[str, StoredField] | None = None,
+    ) -> ProfileSection:
         """The caller's memory (live fields under the current TTLs), within ``cap`` tokens: fields in name
-        order until the next would pass it."""
+        order until the next would pass it. ``read``: the fields of ``header.subject`` already read with the
+        transcript (None: read them here)."""
         fields: dict[str, Any] = {}
         omitted: list[str] = []
         tokens = 0
         if header.subject and header.subject not in project.blacklist:
-            stored = await self._store.read_fields(CallerRef(project.project_id, header.subject), now)
+            stored = read
+            if stored is None:
+                stored = await self._store.read_fields(CallerRef(project.project_id, header.subject), now)
             for name in sorted(stored):
                 f = stored[name]
                 if now >= min(f.expires_at, f.written_at + project.ttl_ms.get(name, 0)):
@@ -502,6 +550,8 @@ class TranscriptService:
     ) -> AppendWrite:
         cc = project.conversation
         expires_at = now + cc.transcript_retention_ms
+        if subject:  # appends that name the caller, and starts
+            self._remember(key, subject)
         return AppendWrite(
             key=key,
             caller=CallerRef(project.project_id, subject),
@@ -593,6 +643,8 @@ class TranscriptService:
         refuse(status, conversation_id, result.detail)
         header = result.header
         assert header is not None  # every accepted append has one
+        if caller is None and header.subject:
+            self._remember(key, header.subject)
         created = caller is not None and header.started_at == now and header.messages == result.added
         if created and self.on_started is not None:
             await self.on_started(project, header)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # store.py defines CallerRef and the Store that inherits this interface
+    from .fields import StoredField
     from .store import CallerRef
 
 
@@ -237,6 +238,19 @@ class TranscriptStore(ABC):
     ) -> tuple[Header | None, list[StoredMessage]]:
         """The header (None if the conversation was never stored or is forgotten) and, with ``query`` and a
         transcript that has not expired, its messages (:class:`TranscriptQuery`). One round trip."""
+
+    @abstractmethod
+    async def read_context(
+        self, key: ConversationKey, subject: str | None, now_ms: int, query: TranscriptQuery | None = None
+    ) -> tuple[Header | None, list[StoredMessage], dict[str, StoredField] | None]:
+        """:meth:`read_conversation` and, with ``subject`` (the caller the domain believes the conversation
+        is of), that caller's live memory fields (as ``Store.read_fields`` returns them), read together
+        where the backend can (one round trip on one Redis server, two concurrent calls on a cluster, one
+        read on SQLite). The fields are returned only when the header's ``subject`` is ``subject``; they
+        are None when no subject was given, the hint was wrong, there is no header or it is a marker:
+        one caller's memory is never returned with another's conversation (the domain reads the right
+        caller's fields itself then). The fields may be of a moment a little apart from the transcript's
+        (the two are not read atomically on a cluster)."""
 
     @abstractmethod
     async def put_summary(self, key: ConversationKey, summary: bytes, now_ms: int) -> Header | None:

@@ -72,6 +72,7 @@ from redis.exceptions import NoScriptError
 
 from ..domain.clock import HOUR_MS
 from ..domain.errors import StoreCorrupt
+from ..domain.fields import StoredField
 from ..domain.store import CallerRef
 from ..domain.transcript_store import (
     AppendResult,
@@ -180,6 +181,22 @@ def _messages(first: int, records: bytes, elements: Sequence[bytes]) -> list[Sto
         return out
     except (struct.error, ValueError) as exc:  # UnicodeDecodeError is a ValueError; so is a count mismatch
         raise StoreCorrupt("a stored transcript message cannot be read") from exc
+
+
+def _fields(data: Any, now_ms: int) -> dict[str, StoredField]:
+    """A memory hash's live fields, as :meth:`.redis.RedisStore.read_fields` decodes them (expired ones are
+    skipped before anything is built for them; RESP3 gives a dict, RESP2 a flat list)."""
+    fields: dict[str, StoredField] = {}
+    try:
+        pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
+        for name, packed in pairs:
+            expires, written, value = packed.split(b"|", 2)
+            expires_at = int(expires)
+            if expires_at > now_ms:
+                fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
+    except ValueError as exc:
+        raise StoreCorrupt("a stored memory field cannot be read") from exc
+    return fields
 
 
 def _query_args(query: TranscriptQuery | None) -> list[str | bytes | int]:
@@ -352,6 +369,43 @@ class RedisTranscripts:
         if header is None:
             return None, []
         return header, _messages(int(reply[2]), reply[3], reply[4])
+
+    async def read_context(
+        self, key: ConversationKey, subject: str | None, now_ms: int, query: TranscriptQuery | None = None
+    ) -> tuple[Header | None, list[StoredMessage], dict[str, StoredField] | None]:
+        if not subject:
+            header, messages = await self.read_conversation(key, now_ms, query)
+            return header, messages, None
+        script_keys = _keys_of(key.project, key.conversation_id)
+        args = [now_ms, *_query_args(query)]
+        memory = ("HGETALL", keys.memory_key(key.project, subject))
+        transport = self._transport
+        async with Call("read_context", self._timeout):
+            if self._cluster:
+                # The caller's memory is in another slot: both calls at once, one round trip of waiting.
+                reply, data = await _all(
+                    self._script("transcript_read", script_keys, args, replicate=False),
+                    self._memory(memory),
+                )
+            else:
+                # One write on one connection: the read script and the HGETALL, as a hand-made pipeline
+                # would send them (each call costs more in the driver than in Redis).
+                try:
+                    command = transport.script_command("transcript_read", script_keys, args)
+                    reply, data = await transport.run(command, memory, replicate=False)
+                except NoScriptError:
+                    text = cast("str", transport.scripts["transcript_read"].script)
+                    command = ("EVAL", text, len(script_keys), *script_keys, *args)
+                    reply, data = await transport.run(command, memory, replicate=False)
+        header = _header(key, reply[0], reply[1], now_ms)
+        if header is None:
+            return None, [], None
+        fields = _fields(data, now_ms) if header.subject == subject else None
+        return header, _messages(int(reply[2]), reply[3], reply[4]), fields
+
+    async def _memory(self, command: Command) -> Any:
+        (data,) = await self._transport.run(command, replicate=False)
+        return data
 
     async def caller_conversations(self, caller: CallerRef, now_ms: int) -> list[Header]:
         index = keys.caller_transcripts_key(caller.project, caller.subject)

@@ -32,6 +32,7 @@ from ..domain.transcript_store import (
 )
 
 if TYPE_CHECKING:
+    from ..domain.fields import StoredField
     from ..domain.store import CallerRef
 
 T = TypeVar("T")
@@ -423,6 +424,11 @@ class SQLiteTranscripts:
 
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
+        @staticmethod
+        def _fields(
+            conn: sqlite3.Connection, project: str, subject: str, now_ms: int
+        ) -> dict[str, StoredField]: ...
+
     async def append_messages(self, write: AppendWrite, now_ms: int) -> AppendResult:
         return await self._write(lambda conn: _append(conn, write, now_ms))
 
@@ -438,6 +444,30 @@ class SQLiteTranscripts:
                     return None, []
                 live = query is not None and not row.marker and row.expires_at > now_ms
                 return row.header(now_ms), _messages(conn, row.id, query) if live and query else []
+            finally:
+                conn.execute("COMMIT")
+
+        return await self._read(run)
+
+    async def read_context(
+        self, key: ConversationKey, subject: str | None, now_ms: int, query: TranscriptQuery | None = None
+    ) -> tuple[Header | None, list[StoredMessage], dict[str, StoredField] | None]:
+        def run(
+            conn: sqlite3.Connection,
+        ) -> tuple[Header | None, list[StoredMessage], dict[str, StoredField] | None]:
+            # One read transaction: header, messages and the caller's memory of one moment.
+            conn.execute("BEGIN")
+            try:
+                row = _load(conn, key, now_ms)
+                if row is None:
+                    return None, [], None
+                header = row.header(now_ms)
+                live = not row.marker and row.expires_at > now_ms
+                messages = _messages(conn, row.id, query) if live and query else []
+                fields = None
+                if subject and live and header.subject == subject:
+                    fields = self._fields(conn, key.project, subject, now_ms)
+                return header, messages, fields
             finally:
                 conn.execute("COMMIT")
 

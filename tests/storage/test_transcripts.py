@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import orjson
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
+from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.domain.store import CallerRef, Store
 from caller_memory.service.domain.transcript_store import (
     AppendResult,
@@ -601,6 +602,60 @@ async def test_a_summary_is_kept_but_is_not_activity(store: Store) -> None:
     assert await everything(store, new_key(), t) == (None, [])
     # Nor once the transcript expired.
     assert await store.put_summary(key, summary, t + RETENTION) is None
+
+
+# Contexts ---------------------------------------------------------------------------------------------------
+
+
+async def test_a_context_read_brings_the_memory_of_the_conversations_caller_only(store: Store) -> None:
+    caller, other, key, t = new_caller(), new_caller(), new_key(), now_ms()
+    await append(store, key, caller, platform_call(t), t)
+    later = t + 2 * MINUTE_MS
+    gouda = StoredField(b'"gouda"', t + DAY_MS, t)
+    await store.patch_fields(caller, {"cheese_type": gouda, "mood": StoredField(b'"ok"', later, t)}, [], t)
+    await store.patch_fields(other, {"cheese_type": StoredField(b'"brie"', t + DAY_MS, t)}, [], t)
+    query = TranscriptQuery(last=2)
+    header, messages = await store.read_conversation(key, t, query)
+    assert header is not None and len(messages) == 2
+
+    # The hint is right: the transcript and that caller's live fields (the expired one left out).
+    assert await store.read_context(key, caller.subject, t, query) == (
+        header,
+        messages,
+        await store.read_fields(caller, t),
+    )
+    assert await store.read_context(key, caller.subject, later, query) == (
+        header,
+        messages,
+        {"cheese_type": gouda},
+    )
+    assert await store.read_context(key, caller.subject, t) == (
+        header,
+        [],
+        await store.read_fields(caller, t),
+    )
+    # The hint is another caller's, or there is none: the transcript alone, never the other caller's memory.
+    assert await store.read_context(key, other.subject, t, query) == (header, messages, None)
+    assert await store.read_context(key, None, t, query) == (header, messages, None)
+    assert await store.read_context(key, "", t, query) == (header, messages, None)
+    # A caller without memory has none (not None: nothing is to be read again).
+    quiet, key2 = new_caller(), new_key()
+    await append(store, key2, quiet, platform_call(t), t)
+    assert (await store.read_context(key2, quiet.subject, t, query))[2] == {}
+
+    # No such conversation (here, or in another project under the same id): nothing.
+    assert await store.read_context(new_key(), caller.subject, t, query) == (None, [], None)
+    elsewhere = ConversationKey("bakery", key.conversation_id)
+    assert await store.read_context(elsewhere, caller.subject, t, query) == (None, [], None)
+    # An expired transcript, or a deleted one (a marker): its header, no messages, no memory.
+    expires = t + RETENTION
+    header, messages, fields = await store.read_context(key, caller.subject, expires, query)
+    assert header is not None and header.expired(expires) and (messages, fields) == ([], None)
+    assert await store.delete_conversation(key, t) is not None
+    header, messages, fields = await store.read_context(key, caller.subject, t, query)
+    assert (
+        header is not None and header.status is TranscriptStatus.DELETED and (messages, fields) == ([], None)
+    )
 
 
 # Concurrency --------------------------------------------------------------------------------------------------
