@@ -27,13 +27,10 @@ from .conversations import (
 from .projects import Project
 from .registry import ProjectRegistry
 from .store import CallerRef, EndStatus, Store
-from .transcript_service import (
+from .transcript_bodies import (
     EVERYONE,
-    RESUME_MESSAGES,
-    RESUME_TURNS,
     Reader,
     StartBody,
-    TranscriptService,
     check_agent,
     ended_by_of,
     parse_body,
@@ -41,6 +38,7 @@ from .transcript_service import (
     summary_of,
     summary_section,
 )
+from .transcript_service import RESUME_MESSAGES, RESUME_TURNS, TranscriptService
 from .transcript_store import (
     AppendStatus,
     ClaimStatus,

@@ -1,6 +1,6 @@
 """``components.schemas`` of the OpenAPI document, generated from the typed definitions of the bodies: the
 request models (schemas.py, the configuration in domain/projects.py, conversation memory's in
-domain/transcript_service.py) and the response TypedDicts (bodies.py, the report in domain/reports.py,
+domain/transcript_bodies.py) and the response TypedDicts (bodies.py, the report in domain/reports.py,
 conversation memory's views in domain/transcript_views.py). A new body adds a model there, not a schema here.
 """
 
@@ -16,7 +16,7 @@ from ..domain import transcript_views as views
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
-from ..domain.transcript_service import AppendBody, StartBody, SummaryBody
+from ..domain.transcript_bodies import AppendBody, StartBody, SummaryBody
 from ..domain.transcripts import DEFAULT_SOURCE, SOURCES
 from . import bodies
 from .schemas import EndRequest, MemoryPatch, TokenCreate

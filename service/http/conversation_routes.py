@@ -9,7 +9,8 @@ from aiohttp import web
 from ..domain.fields import entity_tags
 from ..domain.projects import Project
 from ..domain.tokens import Principal, Role
-from ..domain.transcript_service import EVERYONE, Reader, TranscriptService
+from ..domain.transcript_bodies import EVERYONE, Reader
+from ..domain.transcript_service import TranscriptService
 from .keys import SERVICES, Services
 from .queries import ContextQuery, HistoryQuery, parse_query
 from .responses import json_response
