@@ -6,8 +6,12 @@ Storage details, kept out of the domain's Store interface (:mod:`caller_memory.s
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
+from ..domain.errors import StoreCorrupt
+from ..domain.fields import StoredField
 from ..domain.store import BUCKET_KINDS, AuditEntry, ConversationEntry, EndAnalytics, FirstInteraction
 
 #: The stored analytics of a conversation ended with analytics off.
@@ -87,3 +91,20 @@ def decode_end_analytics(data: bytes) -> EndAnalytics | None:
         ),
         new_buckets=tuple(kind for kind in BUCKET_KINDS if kind in new),
     )
+
+
+def memory_fields(data: Any, now_ms: int) -> dict[str, StoredField]:
+    """A Redis memory hash's fields whose stored expiry is after ``now_ms`` (expired ones are skipped before
+    anything is built for them: this runs for every field of every read). RESP3 gives a dict, RESP2 a flat
+    list."""
+    fields: dict[str, StoredField] = {}
+    try:
+        pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
+        for name, packed in pairs:
+            expires, written, value = packed.split(b"|", 2)
+            expires_at = int(expires)
+            if expires_at > now_ms:
+                fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
+    except ValueError as exc:
+        raise StoreCorrupt("a stored memory field cannot be read") from exc
+    return fields

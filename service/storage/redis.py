@@ -40,7 +40,7 @@ from ..domain.store import (
     TokenRecord,
 )
 from . import keys
-from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry
+from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry, memory_fields
 from .redis_cluster import ClusterTransport, is_cluster_url
 from .redis_retention import RedisRetention, split_listed
 from .redis_transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
@@ -209,19 +209,7 @@ class RedisStore(RedisRetention, RedisTranscripts, Store):
     async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
         async with Call("read_fields", self._timeout):
             (data,) = await self._transport.run(("HGETALL", keys.memory_key(caller.project, caller.subject)))
-        # Inline StoredField.unpack (this runs for every field of every read): expired fields are skipped
-        # before anything is built for them. (A hash arrives as a dict in RESP3, redis-py 8's default, as a flat list in RESP2.)
-        fields: dict[str, StoredField] = {}
-        try:
-            pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
-            for name, packed in pairs:
-                expires, written, value = packed.split(b"|", 2)
-                expires_at = int(expires)
-                if expires_at > now_ms:
-                    fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
-        except ValueError as exc:
-            raise StoreCorrupt("a stored memory field cannot be read") from exc
-        return fields
+        return memory_fields(data, now_ms)
 
     async def patch_fields(
         self,

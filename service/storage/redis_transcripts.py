@@ -88,6 +88,7 @@ from ..domain.transcript_store import (
     TranscriptStatus,
 )
 from . import keys
+from .codec import memory_fields
 from .redis_transport import Call, Command, RedisTransport, hash_reply
 
 #: One message's record in a conversation's index: its turn id (exact as a double up to 2**53) and the first 4
@@ -181,22 +182,6 @@ def _messages(first: int, records: bytes, elements: Sequence[bytes]) -> list[Sto
         return out
     except (struct.error, ValueError) as exc:  # UnicodeDecodeError is a ValueError; so is a count mismatch
         raise StoreCorrupt("a stored transcript message cannot be read") from exc
-
-
-def _fields(data: Any, now_ms: int) -> dict[str, StoredField]:
-    """A memory hash's live fields, as :meth:`.redis.RedisStore.read_fields` decodes them (expired ones are
-    skipped before anything is built for them; RESP3 gives a dict, RESP2 a flat list)."""
-    fields: dict[str, StoredField] = {}
-    try:
-        pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
-        for name, packed in pairs:
-            expires, written, value = packed.split(b"|", 2)
-            expires_at = int(expires)
-            if expires_at > now_ms:
-                fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
-    except ValueError as exc:
-        raise StoreCorrupt("a stored memory field cannot be read") from exc
-    return fields
 
 
 def _query_args(query: TranscriptQuery | None) -> list[str | bytes | int]:
@@ -400,7 +385,7 @@ class RedisTranscripts:
         header = _header(key, reply[0], reply[1], now_ms)
         if header is None:
             return None, [], None
-        fields = _fields(data, now_ms) if header.subject == subject else None
+        fields = memory_fields(data, now_ms) if header.subject == subject else None
         return header, _messages(int(reply[2]), reply[3], reply[4]), fields
 
     async def _memory(self, command: Command) -> Any:
