@@ -452,6 +452,8 @@ class Conversation:
         body: dict[str, Any] = {
             "text": text,
             "through_turn": check_integer(through_turn, "through_turn", 0, MAX_INT),
+            # So that the service also finds the caller's own number written in their national format.
+            "caller": self.caller,
         }
         if tokens is not None:
             body["tokens"] = check_integer(tokens, "tokens", 0, MAX_TOKENS)

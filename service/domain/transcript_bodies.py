@@ -63,6 +63,9 @@ class SummaryBody(BaseModel):
     text: str = Field(max_length=MAX_SUMMARY_CHARS)
     through_turn: int = Field(ge=0, le=2**53 - 1)
     tokens: int | None = Field(default=None, ge=0, le=1_000_000)
+    #: The conversation's caller, if the client has it: the caller's own number written in their country's
+    #: national format is then found in the text too (the SDK sends it).
+    caller: str | None = Field(default=None, max_length=64)
 
 
 def check_agent(given: str | None, writer: str, where: str) -> None:

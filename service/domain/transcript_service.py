@@ -24,6 +24,7 @@ from .conversations import (
     split_state,
 )
 from .errors import (
+    Conflict,
     Gone,
     InvalidIdentifier,
     InvalidInput,
@@ -575,7 +576,10 @@ class TranscriptService:
                 "through_turn is beyond the conversation's latest turn (GET the conversation for its turn_id)",
                 field="through_turn",
             )
-        text = self._redact(project, None, header.subject)(body.text)
+        caller = self.caller(project, body.caller) if body.caller is not None else None
+        if caller is not None and caller.subject != header.subject:
+            raise Conflict(f"conversation '{conversation_id}' belongs to another caller")
+        text = self._redact(project, caller, header.subject)(body.text)
         summary = orjson.dumps({"text": text, "through_turn": body.through_turn, "tokens": body.tokens})
         updated = await self._store.put_summary(header.key, summary, now)
         if updated is None:

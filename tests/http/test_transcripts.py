@@ -709,3 +709,24 @@ async def test_errors_say_what_is_wrong_in_words(agent: As) -> None:
     assert "at most 100 items in one request" in many.body["detail"]
     channel = await agent("POST", "call-1", "start", {"caller": CALLER, "channel": "no spaces"})
     assert "letters, digits" in channel.body["detail"] and "^" not in channel.body["detail"]
+
+
+async def test_a_summary_naming_its_caller_masks_their_number_written_in_their_own_country(api: Api) -> None:
+    # The project reads numbers as GB ones and masks only the caller's own; this caller is American and
+    # their number is written the US way (read as a GB number it would be another one).
+    tokens = await configure(api, redact_phone_numbers=False)
+    agent = As(api, tokens["agent"])
+    american = "+14155550123"
+    await agent.ok("POST", "call-1", "messages", {
+        "caller": american, "channel": "voice", "messages": [message(0, "hi")]})  # fmt: skip
+    summary = {"text": "Call back on (415) 555-0123 after six", "through_turn": 0}
+    await agent.ok("PUT", "call-1", "summary", summary | {"caller": american})
+    stored = (await agent.ok("GET", "call-1", "context"))["sections"]["summary"]["text"]
+    assert stored == "Call back on [phone] after six"
+    await agent.ok(
+        "PUT", "call-1", "summary", {"text": "Or on 020 7946 0018", "through_turn": 0, "caller": american}
+    )
+    kept = (await agent.ok("GET", "call-1", "context"))["sections"]["summary"]["text"]
+    assert kept == "Or on 020 7946 0018"  # another number, left as it is with redact_phone_numbers off
+    other = await agent("PUT", "call-1", "summary", summary | {"caller": CALLER})
+    assert_problem(other, 409)
