@@ -97,25 +97,32 @@ class Model:
 # Over the HTTP API ---------------------------------------------------------------------------------------
 
 
-class ServiceMachine(RuleBasedStateMachine):
+class ApiMachine(RuleBasedStateMachine):
+    """A state machine over the service's HTTP API on a real store (``store_url``), with a fake clock, and a
+    rule that restarts the service and its store (``restart_store``). Subclasses add the model and rules."""
+
     store_url: str
     restart_store: Any = None
+    #: Settings of the service under test (beyond the store's URL).
+    settings: dict[str, Any] = {  # noqa: RUF012 - read only
+        # A generous store timeout: this checks what the service answers, not how fast. Redis with the
+        # shipped config fsyncs every write, and while the rest of the suite loads the disk an fsync now and
+        # then outlasts the default 0.5 s (a 503, which is right, but not what this tests).
+        "sweep_interval": 0,
+        "store_timeout": 5.0,
+    }
 
     def __init__(self) -> None:
         super().__init__()
         self.runner = LoopThread()
         self.clock = FakeClock()
-        self.model = Model(self.clock)
         self.stack: contextlib.AsyncExitStack | None = None
         self.api: Api | None = None
 
     async def _start(self) -> None:
         self.stack = contextlib.AsyncExitStack()
         self.api = await self.stack.enter_async_context(
-            # A generous store timeout: this checks what the service answers, not how fast. Redis with the
-            # shipped config fsyncs every write, and while the rest of the suite loads the disk an fsync
-            # now and then outlasts the default 0.5 s (a 503, which is right, but not what this tests).
-            running_api(self.store_url, self.clock, sweep_interval=0, store_timeout=5.0)
+            running_api(self.store_url, self.clock, **self.settings)
         )
 
     async def _stop(self) -> None:
@@ -127,6 +134,24 @@ class ServiceMachine(RuleBasedStateMachine):
         reply = self.runner.run(self.api.call(method, path, token=OPERATOR_TOKEN, json=body))
         assert reply.status < 500, (method, path, reply.status, reply.body)
         return reply
+
+    def teardown(self) -> None:
+        if self.stack is not None:
+            self.runner.run(self._stop())
+        self.runner.close()
+
+    @rule()
+    def restart(self) -> None:
+        self.runner.run(self._stop())
+        if self.restart_store is not None:
+            self.restart_store()
+        self.runner.run(self._start())
+
+
+class ServiceMachine(ApiMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Model(self.clock)
 
     def configure(self) -> None:
         config = {
@@ -144,11 +169,6 @@ class ServiceMachine(RuleBasedStateMachine):
     def start(self) -> None:
         self.runner.run(self._start())
         self.configure()
-
-    def teardown(self) -> None:
-        if self.stack is not None:
-            self.runner.run(self._stop())
-        self.runner.close()
 
     @rule(caller=st.sampled_from(CALLERS), name=st.sampled_from(NAMES), value=st.none() | st.integers(0, 9))
     def patch(self, caller: str, name: str, value: int | None) -> None:
@@ -183,13 +203,6 @@ class ServiceMachine(RuleBasedStateMachine):
     @rule()
     def sweep(self) -> None:
         assert self.call("POST", "/v1/admin/sweeps").status == 200
-
-    @rule()
-    def restart(self) -> None:
-        self.runner.run(self._stop())
-        if self.restart_store is not None:
-            self.restart_store()
-        self.runner.run(self._start())
 
     @invariant()
     def agrees_with_the_model(self) -> None:

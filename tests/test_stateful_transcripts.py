@@ -8,21 +8,18 @@ field (an older checkpoint never overwrites a later write).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from caller_memory.service.domain.clock import FakeClock
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from tests.conftest import OPERATOR_TOKEN, Api, running_api
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer
-from tests.test_stateful import LoopThread
+from tests.test_stateful import ApiMachine
 
 CALLERS = ["+14155550100", "+447700900123"]
 DAYS = ["Monday", "Friday", "Sunday"]
@@ -81,36 +78,13 @@ class Model:
         self.current.pop(call.caller, None)
 
 
-class TranscriptMachine(RuleBasedStateMachine):
-    store_url: str
-    restart_store: Any = None
+class TranscriptMachine(ApiMachine):
+    settings = {**ApiMachine.settings, "inactivity_interval": 0}  # noqa: RUF012 - the sweep rule runs them
 
     def __init__(self) -> None:
         super().__init__()
-        self.runner = LoopThread()
-        self.clock = FakeClock()
         self.model = Model()
         self.ids = itertools.count(1)
-        self.stack: contextlib.AsyncExitStack | None = None
-        self.api: Api | None = None
-
-    async def _start(self) -> None:
-        self.stack = contextlib.AsyncExitStack()
-        self.api = await self.stack.enter_async_context(
-            running_api(
-                self.store_url, self.clock, sweep_interval=0, inactivity_interval=0, store_timeout=5.0
-            )
-        )
-
-    async def _stop(self) -> None:
-        assert self.stack is not None
-        await self.stack.aclose()
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        assert self.api is not None
-        reply = self.runner.run(self.api.call(method, path, token=OPERATOR_TOKEN, json=body))
-        assert reply.status < 500, (method, path, reply.status, reply.body)
-        return reply
 
     def now(self) -> float:
         return self.clock.now_ms() / 1000
@@ -119,11 +93,6 @@ class TranscriptMachine(RuleBasedStateMachine):
     def start(self) -> None:
         self.runner.run(self._start())
         assert self.call("PUT", "/v1/projects/shop", CONFIG).status in (200, 201)
-
-    def teardown(self) -> None:
-        if self.stack is not None:
-            self.runner.run(self._stop())
-        self.runner.close()
 
     def _open_call(self, caller: str) -> Call:
         conversation_id = self.model.current.get(caller)
@@ -252,13 +221,6 @@ class TranscriptMachine(RuleBasedStateMachine):
         self.model.current.pop(caller, None)
         self.model.memory.pop(caller, None)
         self.clock.advance(1)  # what is made at the erasure's millisecond counts as made before it
-
-    @rule()
-    def restart(self) -> None:
-        self.runner.run(self._stop())
-        if self.restart_store is not None:
-            self.restart_store()
-        self.runner.run(self._start())
 
     @invariant()
     def agrees_with_the_model(self) -> None:
