@@ -507,21 +507,29 @@ def redis_benchmark(bench: Bench) -> None:
     }
 
 
+def open_runs(bench: Any, servers: list[str], kind: str, rate: int) -> dict[str, list[dict[str, Any]]]:
+    """``bench.plan.open_runs`` open-loop runs of ``kind`` at ``rate`` per server, alternating between the
+    servers (so that a change in the machine's load hits them alike), each reported as it ends."""
+    runs: dict[str, list[dict[str, Any]]] = {server: [] for server in servers}
+    width = max(len(server) for server in servers)
+    for i in range(bench.plan.open_runs):
+        for server in servers:
+            result = bench.load(server, kind, mode="open", rate=rate, seconds=bench.plan.open_s)
+            runs[server].append(result)
+            lat = result["latency_ms"]
+            say(
+                f"  run {i + 1}/{bench.plan.open_runs} {server:{width}} achieved {result['achieved_rate']:7.0f}/{rate}"
+                f"  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}  p99.9 {lat['p99_9']:.2f}  max {lat['max']:.2f} ms"
+                f"  errors {result['errors']}  load-generator stall {result['loadgen_stall_ms_max']:.1f} ms"
+            )
+    return runs
+
+
 def open_reads(bench: Bench) -> None:
     peak = bench.results["read_peak"]["service-redis"]["rate"]
     rate = round(peak * 0.5)
     say(f"open-loop memory reads at 50% of service-redis peak: {rate} req/s (service-redis and baseline)")
-    runs: dict[str, list[dict[str, Any]]] = {"service-redis": [], "baseline": []}
-    for i in range(bench.plan.open_runs):
-        for server in runs:
-            result = bench.load(server, "read", mode="open", rate=rate, seconds=bench.plan.open_s)
-            runs[server].append(result)
-            lat = result["latency_ms"]
-            say(
-                f"  run {i + 1}/{bench.plan.open_runs} {server:14} achieved {result['achieved_rate']:7.0f}/{rate}"
-                f"  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}  p99.9 {lat['p99_9']:.2f}  max {lat['max']:.2f} ms"
-                f"  errors {result['errors']}  load-generator stall {result['loadgen_stall_ms_max']:.1f} ms"
-            )
+    runs = open_runs(bench, ["service-redis", "baseline"], "read", rate)
     bench.results["read_open_50"] = {s: summarise(r) | {"all": r} for s, r in runs.items()}
     for server, server_runs in runs.items():
         quiet = [r for r in server_runs if (r.get("other_processes_cpu") or 0.0) < QUIET_OTHER_CPU]

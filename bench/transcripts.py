@@ -479,17 +479,7 @@ def peaks(bench: Bench) -> None:
 def open_context(bench: Bench) -> None:
     rate = max(1, round(bench.results["peak"]["context"]["service"]["rate"] * 0.5))
     say(f"open-loop context reads at 50% of the service's peak: {rate} req/s (service and baseline)")
-    runs: dict[str, list[dict[str, Any]]] = {"service": [], "baseline": []}
-    for i in range(bench.plan.open_runs):
-        for server in runs:
-            result = bench.load(server, "context", mode="open", rate=rate, seconds=bench.plan.open_s)
-            runs[server].append(result)
-            lat = result["latency_ms"]
-            say(
-                f"  run {i + 1}/{bench.plan.open_runs} {server:8} achieved {result['achieved_rate']:6.0f}/{rate}"
-                f"  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}  p99.9 {lat['p99_9']:.2f}  max {lat['max']:.2f} ms"
-                f"  errors {result['errors']}  load-generator stall {result['loadgen_stall_ms_max']:.1f} ms"
-            )
+    runs = bench_run.open_runs(bench, ["service", "baseline"], "context", rate)
     out = {server: bench_run.summarise(r) | {"all": r} for server, r in runs.items()}
     for server, server_runs in runs.items():
         quiet = [r for r in server_runs if (r.get("other_processes_cpu") or 0.0) < bench_run.QUIET_OTHER_CPU]
