@@ -4,8 +4,9 @@ OpenAPI document), who reads a transcript, and the small views and refusals the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import orjson
@@ -18,12 +19,16 @@ from .transcript_store import AppendStatus, Header, TranscriptStatus
 from .transcript_views import EndedBy, Status, SummarySection
 from .transcripts import (
     MAX_BATCH,
+    MAX_INT,
     MAX_MESSAGES,
     MAX_TRANSCRIPT_BYTES,
     NAME_PATTERN,
+    Incoming,
     Message,
     MessageIn,
     estimate_tokens,
+    fast_messages,
+    incoming,
     may_hold_number,
 )
 
@@ -68,6 +73,65 @@ class SummaryBody(BaseModel):
     caller: str | None = Field(default=None, max_length=64)
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """An append body, validated (what :func:`parse_append` returns)."""
+
+    caller: str | None
+    channel: str | None
+    agent: str | None
+    messages: list[Incoming]
+    state: dict[str, Any] | None
+    sent_at: int | None
+
+
+_APPEND_MEMBERS = frozenset(AppendBody.model_fields)
+_NAME = re.compile(NAME_PATTERN).fullmatch
+
+
+def _fast_batch(document: Any) -> Batch | None:
+    """:func:`parse_append` without pydantic, for a valid body (None for anything else)."""
+    if type(document) is not dict or not _APPEND_MEMBERS.issuperset(document):
+        return None
+    get = document.get
+    caller, channel, agent, state, sent_at = (
+        get("caller"),
+        get("channel"),
+        get("agent"),
+        get("state"),
+        get("sent_at"),
+    )
+    if (
+        (caller is not None and (type(caller) is not str or len(caller) > 64))
+        or (channel is not None and (type(channel) is not str or not _NAME(channel)))
+        or (agent is not None and (type(agent) is not str or not _NAME(agent)))
+        or (state is not None and (type(state) is not dict or len(state) > MAX_STATE_ENTRIES))
+        or (sent_at is not None and (type(sent_at) is not int or not 0 <= sent_at <= MAX_INT))
+    ):
+        return None
+    messages = fast_messages(document.get("messages", []))
+    if messages is None:
+        return None
+    return Batch(caller, channel, agent, messages, state, sent_at)
+
+
+def parse_append(document: Any) -> Batch:
+    """The append body in ``document``, or :class:`InvalidInput` naming what is wrong (pydantic's reading
+    of :class:`AppendBody`, which only a body the fast reading does not accept takes)."""
+    batch = _fast_batch(document)
+    if batch is not None:
+        return batch
+    body: AppendBody = parse_body(AppendBody, document, "messages")
+    return Batch(
+        body.caller,
+        body.channel,
+        body.agent,
+        [incoming(message) for message in body.messages],
+        body.state,
+        body.sent_at,
+    )
+
+
 def check_agent(given: str | None, writer: str, where: str) -> None:
     if given is not None and given != writer:
         raise InvalidInput(
@@ -75,18 +139,17 @@ def check_agent(given: str | None, writer: str, where: str) -> None:
         )
 
 
-def attributed(body: AppendBody, writer: str) -> AppendBody:
+def attributed(body: Batch, writer: str) -> Batch:
     """The body with its agent's messages attributed to ``writer`` (the token's agent)."""
     check_agent(body.agent, writer, "agent")
     messages = []
     for index, message in enumerate(body.messages):
         if message.role != "user":
-            check_agent(message.metadata.agent, writer, f"messages[{index}].metadata.agent")
-            if message.metadata.agent is None:
-                metadata = message.metadata.model_copy(update={"agent": writer})
-                message = message.model_copy(update={"metadata": metadata})
+            check_agent(message.agent, writer, f"messages[{index}].metadata.agent")
+            if message.agent is None:
+                message = message._replace(agent=writer)
         messages.append(message)
-    return body.model_copy(update={"messages": messages, "agent": writer})
+    return replace(body, messages=messages, agent=writer)
 
 
 def parse_body(model: type[BaseModel], document: Any, what: str) -> Any:
@@ -135,8 +198,8 @@ def ended_by_of(header: Header) -> EndedBy | None:
     return cast("EndedBy", header.ended_by) if header.ended_by else None
 
 
-def message_may_hold_number(message: MessageIn) -> bool:
-    original = message.metadata.original
+def message_may_hold_number(message: Incoming) -> bool:
+    original = message.original
     return may_hold_number(message.content) or (original is not None and may_hold_number(original))
 
 

@@ -39,12 +39,12 @@ from .projects import Project
 from .store import CallerRef, Store
 from .transcript_bodies import (
     EVERYONE,
-    AppendBody,
     Reader,
     SummaryBody,
     attributed,
     ended_by_of,
     message_may_hold_number,
+    parse_append,
     parse_body,
     refuse,
     status_of,
@@ -76,8 +76,8 @@ from .transcripts import (
     MAX_MESSAGE_BYTES,
     MAX_MESSAGES,
     MAX_TRANSCRIPT_BYTES,
+    Incoming,
     Message,
-    MessageIn,
     check_batch_order,
     encode_message,
     estimate_tokens,
@@ -395,12 +395,12 @@ class TranscriptService:
         masked = self._masker(project, caller, subject)
         return lambda text: redact(text, regions, masked)
 
-    def _encode(self, messages: Sequence[MessageIn], redactor: Any, now: int) -> list[NewMessage]:
+    def _encode(self, messages: Sequence[Incoming], redactor: Any, now: int) -> list[NewMessage]:
         """Redact and encode; each message within MAX_MESSAGE_BYTES (413 naming it)."""
         out: list[NewMessage] = []
         for index, message in enumerate(messages):
             content = redactor(message.content)
-            original = message.metadata.original
+            original = message.original
             if original is not None:
                 original = redactor(original)
             body = encode_message(message, content, original, message.timestamp or now)
@@ -474,7 +474,7 @@ class TranscriptService:
         """``writer``: the agent the token acts as (an agent token minted for one), which the messages it
         writes are attributed to (a message naming another agent is refused)."""
         check_conversation_id(conversation_id)
-        body: AppendBody = parse_body(AppendBody, document, "messages")
+        body = parse_append(document)
         if writer is not None:
             body = attributed(body, writer)
         problem = check_batch_order(body.messages)

@@ -17,6 +17,7 @@ from caller_memory.service.domain.transcripts import (
     MessageIn,
     check_batch_order,
     encode_message,
+    incoming,
     redact,
 )
 from pydantic import ValidationError
@@ -42,7 +43,9 @@ EXAMPLE: list[dict[str, Any]] = [
 
 def _round_trip(document: dict[str, Any]) -> dict[str, Any]:
     message = MessageIn.model_validate(document)
-    body = encode_message(message, message.content, message.metadata.original, message.timestamp or 0)
+    body = encode_message(
+        incoming(message), message.content, message.metadata.original, message.timestamp or 0
+    )
     return dict(Message(body).platform())
 
 
@@ -53,7 +56,7 @@ def test_the_platform_example_round_trips_exactly(document: dict[str, Any]) -> N
 
 def test_after_the_end_times_are_offsets_from_the_start() -> None:
     message = MessageIn.model_validate(EXAMPLE[2])
-    body = encode_message(message, message.content, message.metadata.original, 1678901236000)
+    body = encode_message(incoming(message), message.content, message.metadata.original, 1678901236000)
     shown = Message(body).platform(offset_from=1678901234000)
     assert shown["timestamp"] == 2000
     assert shown["metadata"]["interrupt_timestamp"] == 3000
@@ -61,7 +64,7 @@ def test_after_the_end_times_are_offsets_from_the_start() -> None:
 
 def test_openai_layout_carries_what_was_spoken() -> None:
     message = MessageIn.model_validate(EXAMPLE[2])
-    body = encode_message(message, message.content, message.metadata.original, 0)
+    body = encode_message(incoming(message), message.content, message.metadata.original, 0)
     assert Message(body).openai() == {"role": "assistant", "content": "Why did the scarecrow "}
 
 

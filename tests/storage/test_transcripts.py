@@ -41,6 +41,7 @@ from caller_memory.service.domain.transcripts import (
     MessageMetadata,
     encode_message,
     estimate_tokens,
+    incoming,
 )
 
 PROJECT = "shop"
@@ -79,9 +80,9 @@ def message(
     metadata = MessageMetadata(
         source=parts.pop("source", None), interrupted=original is not None, original=original
     )
-    incoming = MessageIn(role=role, content=content, turn_id=turn, timestamp=at, metadata=metadata, **parts)
-    tokens = incoming.tokens if incoming.tokens is not None else estimate_tokens(content)
-    return NewMessage(turn, encode_message(incoming, content, original, at), incoming.message_id, tokens)
+    given = MessageIn(role=role, content=content, turn_id=turn, timestamp=at, metadata=metadata, **parts)
+    tokens = given.tokens if given.tokens is not None else estimate_tokens(content)
+    return NewMessage(turn, encode_message(incoming(given), content, original, at), given.message_id, tokens)
 
 
 def platform_call(at: int) -> list[NewMessage]:
