@@ -40,15 +40,18 @@ from ..domain.store import (
 from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .sqlite_retention import SQLiteRetention
 from .sqlite_transcripts import SQLiteTranscripts, erase_transcripts
+from .sqlite_webhooks import SQLiteWebhooks
 
 T = TypeVar("T")
 
 #: The ``subject`` of a conversation record whose caller was erased (a pseudonym is never empty).
 ERASED_SUBJECT = ""
 
-#: 2: conversation memory (the transcript tables) and tokens.agent. A file is marked with the version that
-#: last opened it, so that an earlier release, which would neither sweep nor erase transcripts, refuses it.
-SCHEMA_VERSION = 2
+#: 2: conversation memory (the transcript tables) and tokens.agent; 3: webhooks (the endpoint and delivery
+#: tables, created when missing like the transcript tables). A file is marked with the version that last
+#: opened it, so that an earlier release, which would neither sweep nor erase what it does not know (a
+#: transcript, a queued delivery), refuses it.
+SCHEMA_VERSION = 3
 
 #: The tables and indexes (``sqlite_schema.sql``, package data), created by every open if missing.
 _SCHEMA = resources.files(__package__).joinpath("sqlite_schema.sql").read_text(encoding="utf-8")
@@ -91,9 +94,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
     )
 
 
-class SQLiteStore(SQLiteRetention, SQLiteTranscripts, Store):
+class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, Store):
     """:class:`Store` on one SQLite file (retention: :class:`.sqlite_retention.SQLiteRetention`; conversation
-    memory: :class:`.sqlite_transcripts.SQLiteTranscripts`)."""
+    memory: :class:`.sqlite_transcripts.SQLiteTranscripts`; webhooks:
+    :class:`.sqlite_webhooks.SQLiteWebhooks`)."""
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)

@@ -1,8 +1,8 @@
 -- The SQLite backend's schema, run by SQLiteStore.open on every open (each statement is idempotent).
 -- Columns added after the first release (first_interactions.created_at, the recorded_at columns,
 -- tokens.agent) are in these tables already; sqlite.py's _ADDED_COLUMNS adds them to files of earlier
--- releases, with the indexes on them. Tables added later (the transcript tables at the end) are simply created
--- when missing.
+-- releases, with the indexes on them. Tables added later (the transcript tables, then the webhook tables, at
+-- the end) are simply created when missing.
 -- Times are integer milliseconds since the Unix epoch; subject is a caller pseudonym, never a phone number.
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS projects (
@@ -153,3 +153,52 @@ CREATE TABLE IF NOT EXISTS transcript_volume (
     PRIMARY KEY (project, hour)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS transcript_volume_by_expiry ON transcript_volume (expires_at);
+-- Webhooks (schema version 3): a project's endpoints and the durable queue of their deliveries
+-- (sqlite_webhooks.py). events is a JSON array of event types; secrets are encrypted by the domain.
+CREATE TABLE IF NOT EXISTS webhook_endpoints (
+    project TEXT NOT NULL,
+    endpoint_id TEXT NOT NULL,
+    url TEXT NOT NULL,
+    events TEXT NOT NULL,
+    include_history INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    secret BLOB NOT NULL,
+    previous_secret BLOB NOT NULL,
+    previous_until INTEGER NOT NULL,
+    description TEXT NOT NULL,
+    PRIMARY KEY (project, endpoint_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS webhook_endpoints_by_created ON webhook_endpoints (project, created_at, endpoint_id);
+CREATE INDEX IF NOT EXISTS webhook_endpoints_by_created_all ON webhook_endpoints (created_at, endpoint_id, project);
+-- A rowid table: a payload may carry a whole conversation, too big for the B-tree of a WITHOUT ROWID table.
+-- status is queued or failed; lease_owner is NULL and lease_until 0 when no worker holds the delivery.
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    id INTEGER PRIMARY KEY,
+    project TEXT NOT NULL,
+    delivery_id TEXT NOT NULL,
+    endpoint_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    subject TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    next_attempt_at INTEGER NOT NULL,
+    last_attempt_at INTEGER NOT NULL,
+    last_error TEXT NOT NULL,
+    lease_owner TEXT,
+    lease_until INTEGER NOT NULL,
+    UNIQUE (project, delivery_id)
+);
+-- What is due for one endpoint, in claim order; its (project, endpoint_id) prefix serves an endpoint's deletion.
+CREATE INDEX IF NOT EXISTS webhook_deliveries_due
+    ON webhook_deliveries (project, endpoint_id, status, next_attempt_at, delivery_id);
+-- Failed deliveries in listing order, per project and per endpoint (partial: queued ones never touch them).
+CREATE INDEX IF NOT EXISTS webhook_deliveries_failed
+    ON webhook_deliveries (project, last_attempt_at DESC, delivery_id) WHERE status = 'failed';
+CREATE INDEX IF NOT EXISTS webhook_deliveries_failed_by_endpoint
+    ON webhook_deliveries (project, endpoint_id, last_attempt_at DESC, delivery_id) WHERE status = 'failed';
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_subject ON webhook_deliveries (project, subject);
+-- By expiry for purges; status and created_at make it cover the queue's statistics too.
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_expiry ON webhook_deliveries (expires_at, status, created_at);
