@@ -248,3 +248,75 @@ def lease_key(name: str) -> str:
 def audit_key(project: str) -> str:
     """The project's audit stream."""
     return f"{_PREFIX}p:{project}:audit"
+
+
+# Webhooks (WebhookStore; layout in redis_webhooks.py) -------------------------------------------------------
+#
+#   cm:{wp:<project>}:we                  hash      the project's endpoints: endpoint_id -> JSON
+#   cm:{wp:<project>}:wi                  hash      where each delivery is: delivery_id -> endpoint_id
+#   cm:{wp:<project>}:wj                  zset      the same ids by expires_at (forgotten once passed)
+#   cm:{wp:<project>}:wk                  zset      endpoints with deliveries, by their latest expires_at
+#   cm:{wq:<project>:<endpoint_id>}:q|l|f|x|o  zset  one endpoint's queue: due, leased, failed, by expiry,
+#                                                    queued by creation (one slot per endpoint)
+#   cm:{wq:<project>:<endpoint_id>}:d:<delivery_id>  hash  one delivery, until its expires_at
+#   cm:{<bucket>}:wc:<project>:<subject>  zset      the caller's deliveries (delivery_id -> expires_at), in
+#                                                    the caller's slot, so that erasure finds them
+#   cm:wprojects                          set       every project that registered an endpoint
+#   cm:wwork                              zset      "<project>:<endpoint_id>" of endpoints with deliveries,
+#                                                    by their latest expires_at (queue_stats walks it)
+
+
+def _webhook_project(project: str) -> str:
+    # One hash tag per project for its endpoints and its delivery index (another tag than its analytics, so
+    # that webhook traffic does not land on the analytics' slot).
+    return f"{_PREFIX}{{wp:{project}}}"
+
+
+def webhook_endpoints_key(project: str) -> str:
+    """The project's webhook endpoints: a hash of endpoint id -> the endpoint's JSON."""
+    return f"{_webhook_project(project)}:we"
+
+
+def webhook_index_keys(project: str) -> list[str]:
+    """The project's delivery index (the KEYS of ``webhook_index.lua``): delivery id -> endpoint id, the same
+    ids by expiry, and the endpoints that have deliveries; all in the project's slot."""
+    return [f"{_webhook_project(project)}:{kind}" for kind in ("wi", "wj", "wk")]
+
+
+def _webhook_queue(project: str, endpoint_id: str) -> str:
+    # Every key of one endpoint's queue shares this tag (its own slot): a claim or a settlement is one script.
+    # An id holding "}" shortens the tag, still the same for every key of that endpoint.
+    return f"{_PREFIX}{{wq:{project}:{endpoint_id}}}"
+
+
+def webhook_queue_keys(project: str, endpoint_id: str) -> list[str]:
+    """One endpoint's queue (the KEYS of ``webhook_queue.lua``): due (queued, not leased, by next attempt),
+    leased (by lease end), failed (by minus the last attempt), every delivery by expiry, queued by creation."""
+    tag = _webhook_queue(project, endpoint_id)
+    return [f"{tag}:{kind}" for kind in ("q", "l", "f", "x", "o")]
+
+
+def webhook_delivery_prefix(project: str, endpoint_id: str) -> str:
+    """The name of a delivery's hash without its id (the queue script completes it), in the queue's slot."""
+    return f"{_webhook_queue(project, endpoint_id)}:d:"
+
+
+def webhook_delivery_key(project: str, endpoint_id: str, delivery_id: str) -> str:
+    """One delivery's hash."""
+    return webhook_delivery_prefix(project, endpoint_id) + delivery_id
+
+
+def caller_webhooks_key(project: str, subject: str) -> str:
+    """The ids of the deliveries about a caller, in the caller's slot, so that erasure finds them."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:wc:{project}:{subject}"
+
+
+#: Every project that registered a webhook endpoint (the delivery worker's list of every endpoint).
+WEBHOOK_PROJECTS = f"{_PREFIX}wprojects"
+#: Endpoints with deliveries, over every project (queue_stats walks it), by their latest expiry.
+WEBHOOK_WORK = f"{_PREFIX}wwork"
+
+
+def webhook_work_member(project: str, endpoint_id: str) -> str:
+    """An endpoint's member in :data:`WEBHOOK_WORK` (project ids hold no ``:``)."""
+    return f"{project}:{endpoint_id}"

@@ -53,6 +53,7 @@ from .redis_transport import (
     hash_reply,
     load_script,
 )
+from .redis_webhooks import RedisWebhooks
 
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
@@ -98,7 +99,7 @@ _COUNTER_META = (b"_expires_at", b"_recorded_at")
 _RECORDED = {0: RecordStatus.DUPLICATE, 1: RecordStatus.RECORDED, 2: RecordStatus.ERASED}
 
 
-class RedisStore(RedisRetention, RedisTranscripts, Store):
+class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, Store):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
     Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`.redis_cluster.parse_cluster_url`).
     Retention (sweeps, leases, sweep reports, the audit log): :class:`.redis_retention.RedisRetention`;

@@ -36,7 +36,17 @@ from ..domain.errors import StoreCorrupt, StoreUnavailable
 SCHEMES = ("redis", "rediss", "unix")
 MIN_SERVER_VERSION = (7, 0)
 #: The Lua scripts in ``lua/``.
-SCRIPTS = ("patch", "erase", "record", "unlist", "sweep_bucket", "lease")
+SCRIPTS = (
+    "patch",
+    "erase",
+    "record",
+    "unlist",
+    "sweep_bucket",
+    "lease",
+    "webhook_register",
+    "webhook_index",
+    "webhook_queue",
+)
 
 #: A command and its arguments, as the Redis backend builds them.
 Command = Sequence[str | bytes | int]

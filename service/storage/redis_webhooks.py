@@ -1,0 +1,570 @@
+"""Redis backend, webhooks (SPEC section 11): a project's endpoints and the durable queue of their deliveries.
+
+:class:`RedisWebhooks` is a mixin of :class:`.redis.RedisStore`; it sends its commands through the store's
+transport, as every other operation does. Key names are in :mod:`.keys`, scripts in ``lua/webhook_*.lua``.
+
+Layout. Three kinds of slot (hash tags), so that each step is one script in one slot:
+
+- the endpoint's queue (``{wq:<project>:<endpoint_id>}``): a hash per delivery and five sorted sets of its
+  ids: due (queued and not leased, by ``next_attempt_at``), leased (by the lease's end), failed (by minus
+  ``last_attempt_at``), every delivery by ``expires_at``, and queued ones by ``created_at``. A claim is one
+  script (``webhook_queue.lua``): leases that ran out go back to due at their own due time, then one
+  ``ZRANGE ... BYSCORE LIMIT`` of due takes the earliest, and each is moved to leased with its owner. Two
+  claims cannot take one delivery: the script is atomic in its slot, and a claim is acknowledged (on a
+  cluster, once a replica has it) before its deliveries are sent;
+- the project (``{wp:<project>}``): its endpoints (a hash of JSON documents), and the delivery index, which
+  says for which endpoint each delivery id is queued (``webhook_index.lua``): what finds a delivery by its id
+  alone, and what keeps an id queued once in its project (an id that lives for another endpoint is left as
+  it is). With it, the endpoints that have deliveries, by their latest expiry (a project's failed listing
+  reads those endpoints' queues only);
+- the caller (their bucket, ``{<bucket>}``, with their memory and tombstone): the ids of the deliveries about
+  them, so that an erasure finds them (``webhook_register.lua``, which refuses when the caller was erased at
+  or after what is queued was made, as ends are refused).
+
+An enqueue lists the deliveries in their caller's slot and indexes them in the project's (both at once), and
+only then writes them in their endpoints' queues: an id is never in a queue without its index entry and its
+caller's listing. An erasure (its tombstone first, then :meth:`RedisWebhooks.delete_caller_deliveries`) that
+falls in between must not miss what is written after it read the listing: on one server the queue script
+reads the caller's tombstone itself (any key is reachable there) and writes nothing once it is there; on a
+cluster the tombstone is in another slot, so the enqueue reads it again after writing and takes back what it
+wrote if the caller was erased meanwhile (the erasure wrote its tombstone before reading the listing, so one
+of the two always sees the other).
+
+Expiry. Each delivery's hash expires (``PEXPIREAT``) at its ``expires_at``, each set at the latest
+``expires_at`` it holds, so nothing outlives its deliveries even if nothing reads it again. Reads filter by the
+service's clock, and every queue script first deletes a bounded batch of expired deliveries of its endpoint.
+
+Statistics do not scan: :data:`.keys.WEBHOOK_WORK` is one sorted set of every endpoint that has deliveries
+(by their latest expiry), updated with one ``ZADD GT`` per enqueue (one slot on a cluster: one command per
+enqueue, on every enqueue, which is the price of not scanning), and :meth:`RedisWebhooks.queue_stats` asks
+each of those endpoints' queues for its counts (one write per primary). Endpoints are configuration, not
+deliveries: they do not expire. :data:`.keys.WEBHOOK_PROJECTS` lists every project that ever registered one
+(the delivery worker's list); a project is not taken off it when its last endpoint goes, since an endpoint
+registered at that moment would be hidden.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..domain.errors import StoreCorrupt
+from ..domain.webhook_store import (
+    Delivery,
+    DeliveryStatus,
+    QueueStats,
+    Settlement,
+    WebhookEndpoint,
+    WebhookStore,
+)
+from . import keys
+from .redis_transcripts import _all
+from .redis_transport import Call, RedisTransport, hash_reply
+
+if TYPE_CHECKING:
+    from ..domain.store import CallerRef
+
+#: Deliveries an erasure or an endpoint's deletion deletes per round (each round a few bounded calls).
+BATCH = 500
+#: Endpoints queue_stats asks at once, and endpoints of one project a failed listing reads at most.
+ENDPOINTS_AT_ONCE = 500
+
+
+def _encode_endpoint(endpoint: WebhookEndpoint) -> bytes:
+    return orjson.dumps(
+        {
+            "url": endpoint.url,
+            "events": list(endpoint.events),
+            "include_history": endpoint.include_history,
+            "created_at": endpoint.created_at,
+            "secret": base64.b64encode(endpoint.secret).decode(),
+            "previous_secret": base64.b64encode(endpoint.previous_secret).decode(),
+            "previous_until": endpoint.previous_until,
+            "description": endpoint.description,
+        }
+    )
+
+
+def _decode_endpoint(project: str, endpoint_id: str, data: bytes) -> WebhookEndpoint:
+    try:
+        doc = orjson.loads(data)
+        return WebhookEndpoint(
+            project=project,
+            endpoint_id=endpoint_id,
+            url=doc["url"],
+            events=tuple(doc["events"]),
+            include_history=bool(doc["include_history"]),
+            created_at=int(doc["created_at"]),
+            secret=base64.b64decode(doc["secret"]),
+            previous_secret=base64.b64decode(doc["previous_secret"]),
+            previous_until=int(doc["previous_until"]),
+            description=doc["description"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:  # orjson's and binascii's errors are ValueErrors
+        raise StoreCorrupt(f"webhook endpoint {endpoint_id} cannot be read") from exc
+
+
+def _sorted_endpoints(endpoints: Iterable[WebhookEndpoint]) -> list[WebhookEndpoint]:
+    return sorted(endpoints, key=lambda e: (e.created_at, e.endpoint_id, e.project))
+
+
+def _delivery(project: str, endpoint_id: str, delivery_id: bytes | str, flat: Any) -> Delivery:
+    """A delivery from its hash (a flat list from a script, or HGETALL's reply)."""
+    raw = hash_reply(flat)
+    try:
+        return Delivery(
+            project=project,
+            delivery_id=delivery_id.decode() if isinstance(delivery_id, bytes) else delivery_id,
+            endpoint_id=endpoint_id,
+            event=raw[b"event"].decode(),
+            payload=raw[b"payload"],
+            subject=raw[b"subject"].decode(),
+            created_at=int(raw[b"created_at"]),
+            expires_at=int(raw[b"expires_at"]),
+            status=DeliveryStatus(raw[b"status"].decode()),
+            attempts=int(raw[b"attempts"]),
+            next_attempt_at=int(raw[b"next_attempt_at"]),
+            last_attempt_at=int(raw[b"last_attempt_at"]),
+            last_error=raw[b"last_error"].decode(),
+        )
+    except (KeyError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise StoreCorrupt("a stored webhook delivery cannot be read") from exc
+
+
+def _delivery_args(delivery: Delivery) -> list[str | bytes | int]:
+    """A delivery as the queue script's ``enqueue`` takes it."""
+    d = delivery
+    return [
+        d.delivery_id, d.event, d.payload, d.subject, d.created_at, d.expires_at, d.status.value,
+        d.attempts, d.next_attempt_at, d.last_attempt_at, d.last_error,
+    ]  # fmt: skip
+
+
+def _by_endpoint(deliveries: Iterable[Delivery]) -> dict[str, list[Delivery]]:
+    grouped: dict[str, list[Delivery]] = {}
+    for delivery in deliveries:
+        grouped.setdefault(delivery.endpoint_id, []).append(delivery)
+    return grouped
+
+
+class RedisWebhooks(WebhookStore):
+    """The webhook methods of the Store interface on Redis (standalone or Redis Cluster)."""
+
+    # Set by RedisStore.__init__ (service/storage/redis.py).
+    _transport: RedisTransport
+    _timeout: float
+    _bulk_timeout: float
+    _cluster: bool
+
+    def _queue(
+        self, project: str, endpoint_id: str, op: str, now_ms: int, *args: str | bytes | int
+    ) -> Awaitable[Any]:
+        """``webhook_queue.lua``'s operation ``op`` on the endpoint's queue."""
+        return self._transport.script(
+            "webhook_queue",
+            keys.webhook_queue_keys(project, endpoint_id),
+            [now_ms, keys.webhook_delivery_prefix(project, endpoint_id), op, *args],
+        )
+
+    async def _endpoint_of(self, project: str, delivery_id: str) -> str | None:
+        """The endpoint the delivery is queued for, by the project's index (None: no such delivery)."""
+        (endpoint,) = await self._transport.run(
+            ("HGET", keys.webhook_index_keys(project)[0], delivery_id), replicate=False
+        )
+        return None if endpoint is None else str(endpoint.decode())
+
+    async def _forget(self, project: str, gone: Sequence[tuple[str, str, str]]) -> None:
+        """Take ``(delivery id, endpoint id, subject)`` of deleted deliveries off the project's index and their
+        callers' listings (after the deliveries themselves, so that nothing live is ever unindexed)."""
+        if not gone:
+            return
+        calls: list[Awaitable[Any]] = [
+            self._transport.script(
+                "webhook_index",
+                keys.webhook_index_keys(project),
+                [
+                    0,
+                    "remove",
+                    *(part for delivery_id, endpoint, _ in gone for part in (delivery_id, endpoint)),
+                ],
+            )
+        ]
+        by_subject: dict[str, list[str]] = {}
+        for delivery_id, _, subject in gone:
+            if subject:
+                by_subject.setdefault(subject, []).append(delivery_id)
+        calls += [
+            self._transport.run(("ZREM", keys.caller_webhooks_key(project, subject), *ids))
+            for subject, ids in by_subject.items()
+        ]
+        await _all(*calls)
+
+    async def _erased_since(self, caller: CallerRef, made_at: int, now_ms: int) -> bool:
+        """Whether the caller was erased at or after ``made_at`` (a live tombstone)."""
+        ((erased, expires),) = await self._transport.run(
+            ("HMGET", keys.tombstone_key(caller.project, caller.subject), "erased_at", "expires_at"),
+            replicate=False,
+        )
+        return erased is not None and expires is not None and int(expires) > now_ms and int(erased) >= made_at
+
+    # Endpoints ----------------------------------------------------------------------------------------------
+
+    async def put_endpoint(self, endpoint: WebhookEndpoint) -> None:
+        async with Call("put_endpoint", self._timeout):
+            # The project is listed first: an endpoint is never there without the delivery worker seeing it.
+            await self._transport.in_order(
+                ("SADD", keys.WEBHOOK_PROJECTS, endpoint.project),
+                (
+                    "HSET",
+                    keys.webhook_endpoints_key(endpoint.project),
+                    endpoint.endpoint_id,
+                    _encode_endpoint(endpoint),
+                ),
+            )
+
+    async def get_endpoint(self, project: str, endpoint_id: str) -> WebhookEndpoint | None:
+        async with Call("get_endpoint", self._timeout):
+            (data,) = await self._transport.run(("HGET", keys.webhook_endpoints_key(project), endpoint_id))
+        return None if data is None else _decode_endpoint(project, endpoint_id, data)
+
+    async def list_endpoints(self, project: str | None = None) -> list[WebhookEndpoint]:
+        # Unbounded by design (the port has no page): endpoints are few, registered by people.
+        async with Call("list_endpoints", self._timeout):
+            if project is not None:
+                projects = [project]
+            else:
+                (members,) = await self._transport.run(("SMEMBERS", keys.WEBHOOK_PROJECTS))
+                projects = sorted(m.decode() for m in members)
+            # Each project's endpoints are in a slot of its own.
+            replies = await self._transport.each(
+                [("HGETALL", keys.webhook_endpoints_key(p)) for p in projects], replicate=False
+            )
+        return _sorted_endpoints(
+            _decode_endpoint(p, endpoint_id.decode(), data)
+            for p, reply in zip(projects, replies, strict=True)
+            for endpoint_id, data in hash_reply(reply).items()
+        )
+
+    async def delete_endpoint(self, project: str, endpoint_id: str) -> bool:
+        index = keys.webhook_index_keys(project)
+        async with Call("delete_endpoint", self._bulk_timeout):
+            # Its deliveries first, batch after batch, then the endpoint: a deletion cut short leaves the
+            # endpoint, and its retry finishes the work. Their callers' listings (each in its caller's slot)
+            # keep the ids until they expire: an erasure finds no index entry for them and drops them.
+            while True:
+                ids = await self._queue(project, endpoint_id, "drop", 0, BATCH)
+                if ids:
+                    pairs = (part for delivery_id in ids for part in (delivery_id, endpoint_id))
+                    await self._transport.script("webhook_index", index, [0, "remove", *pairs])
+                if len(ids) < BATCH:
+                    break
+            (deleted,) = await self._transport.run(("HDEL", keys.webhook_endpoints_key(project), endpoint_id))
+            await self._transport.each(
+                [
+                    ("ZREM", index[2], endpoint_id),
+                    ("ZREM", keys.WEBHOOK_WORK, keys.webhook_work_member(project, endpoint_id)),
+                ]
+            )
+        return int(deleted) > 0
+
+    # The queue ----------------------------------------------------------------------------------------------
+
+    async def enqueue_deliveries(
+        self, deliveries: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> bool:
+        projects = {d.project for d in deliveries} | ({caller.project} if caller is not None else set())
+        if len(projects) > 1:
+            raise ValueError(f"deliveries of one project are queued at a time, not of {sorted(projects)}")
+        live = [d for d in deliveries if d.expires_at > now_ms]
+        async with Call("enqueue_deliveries", self._timeout):
+            if not live:
+                return caller is None or not await self._erased_since(caller, made_at, now_ms)
+            project = live[0].project
+            # 1. Listed in their callers' slots and indexed in the project's, at once.
+            flags = await self._list(project, live, caller, made_at, now_ms)
+            if flags is None:
+                return False
+            queues = _by_endpoint(d for d, flag in zip(live, flags, strict=True) if int(flag))
+            if not queues:
+                return True  # every id lives already, for another endpoint
+            # 2. Written in their endpoints' queues (one slot each), and the endpoints marked as having work.
+            written = await _all(
+                *(self._write(project, e, ds, caller, made_at, now_ms) for e, ds in queues.items()),
+                self._mark_work(project, queues),
+            )
+            if not all(int(w) for w in written[: len(queues)]):
+                # The caller's tombstone, read by a queue script (one server): an erasure came in between.
+                # What another queue wrote before it is the erasure's to delete (it was listed first).
+                return False
+            # 3. On a cluster, the tombstone again (see the module docstring).
+            if self._cluster and caller is not None and await self._erased_since(caller, made_at, now_ms):
+                await self._take_back(project, queues)
+                return False
+        return True
+
+    async def _list(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> list[Any] | None:
+        """List ``live`` among their callers' deliveries and index them in the project; the index's flags (1:
+        the id is its endpoint's to write), or None when ``caller`` was erased at or after ``made_at``."""
+        by_subject: dict[str, list[Delivery]] = {}
+        if caller is not None:
+            by_subject[caller.subject] = []  # its tombstone is read even if no delivery names it
+        for d in live:
+            if d.subject:
+                by_subject.setdefault(d.subject, []).append(d)
+        registers = [
+            self._transport.script(
+                "webhook_register",
+                [keys.caller_webhooks_key(project, subject), keys.tombstone_key(project, subject)],
+                [
+                    now_ms,
+                    made_at if caller is not None and subject == caller.subject else "",
+                    *(part for d in ds for part in (d.delivery_id, d.expires_at)),
+                ],
+            )
+            for subject, ds in by_subject.items()
+        ]
+        triples = (part for d in live for part in (d.delivery_id, d.endpoint_id, d.expires_at))
+        index = self._transport.script(
+            "webhook_index", keys.webhook_index_keys(project), [now_ms, "add", *triples]
+        )
+        # Whatever the caller's listing answers, the index entries it made are harmless: an entry without a
+        # delivery is found by no claim, and goes at its expiry.
+        *listed, flags = await _all(*registers, index)
+        if not all(int(answer) for answer in listed):
+            return None
+        return list(flags)
+
+    def _write(
+        self,
+        project: str,
+        endpoint_id: str,
+        deliveries: Sequence[Delivery],
+        caller: CallerRef | None,
+        made_at: int,
+        now_ms: int,
+    ) -> Awaitable[Any]:
+        script_keys = keys.webhook_queue_keys(project, endpoint_id)
+        if caller is not None and not self._cluster:
+            # One server: the script reads the caller's tombstone itself, atomically with the write.
+            script_keys.append(keys.tombstone_key(project, caller.subject))
+        args: list[str | bytes | int] = [
+            now_ms,
+            keys.webhook_delivery_prefix(project, endpoint_id),
+            "enqueue",
+            made_at,
+        ]
+        for delivery in deliveries:
+            args += _delivery_args(delivery)
+        return self._transport.script("webhook_queue", script_keys, args)
+
+    async def _mark_work(self, project: str, queues: dict[str, list[Delivery]]) -> None:
+        """Mark the endpoints as having deliveries until their latest expiry (:data:`.keys.WEBHOOK_WORK`)."""
+        scores: list[str | bytes | int] = []
+        for endpoint_id, deliveries in queues.items():
+            scores += [max(d.expires_at for d in deliveries), keys.webhook_work_member(project, endpoint_id)]
+        latest = max(d.expires_at for ds in queues.values() for d in ds)
+        # NX gives a new key its expiry, GT only ever moves it later.
+        await self._transport.run(
+            ("ZADD", keys.WEBHOOK_WORK, "GT", *scores),
+            ("PEXPIREAT", keys.WEBHOOK_WORK, latest, "NX"),
+            ("PEXPIREAT", keys.WEBHOOK_WORK, latest, "GT"),
+        )
+
+    async def _take_back(self, project: str, queues: dict[str, list[Delivery]]) -> None:
+        """Delete what an enqueue wrote for a caller erased meanwhile (whoever else the deliveries name)."""
+        replies = await _all(
+            *(
+                self._queue(project, endpoint_id, "remove", 0, "", *(d.delivery_id for d in ds))
+                for endpoint_id, ds in queues.items()
+            )
+        )
+        await self._forget(project, self._removed(queues, replies))
+
+    @staticmethod
+    def _removed(endpoints: Iterable[str], replies: Sequence[Any]) -> list[tuple[str, str, str]]:
+        """``(delivery id, endpoint id, subject)`` from the queue script's ``remove`` replies, in order."""
+        return [
+            (reply[i].decode(), endpoint_id, reply[i + 1].decode())
+            for endpoint_id, reply in zip(endpoints, replies, strict=True)
+            for i in range(0, len(reply), 2)
+        ]
+
+    async def claim_deliveries(
+        self, project: str, endpoint_id: str, now_ms: int, limit: int, owner: str, lease_until: int
+    ) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        async with Call("claim_deliveries", self._timeout):
+            reply = await self._queue(project, endpoint_id, "claim", now_ms, limit, owner, lease_until)
+        return [_delivery(project, endpoint_id, delivery_id, flat) for delivery_id, flat in reply]
+
+    async def settle_delivery(
+        self,
+        project: str,
+        delivery_id: str,
+        owner: str,
+        outcome: Settlement,
+        now_ms: int,
+        *,
+        next_attempt_at: int = 0,
+        error: str = "",
+    ) -> bool:
+        async with Call("settle_delivery", self._timeout):
+            endpoint_id = await self._endpoint_of(project, delivery_id)
+            if endpoint_id is None:
+                return False
+            settled, subject = await self._queue(
+                project,
+                endpoint_id,
+                "settle",
+                now_ms,
+                delivery_id,
+                owner,
+                outcome.value,
+                next_attempt_at,
+                error,
+            )
+            if not int(settled):
+                return False
+            if outcome is Settlement.DELIVERED:
+                await self._forget(project, [(delivery_id, endpoint_id, subject.decode())])
+        return True
+
+    async def failed_deliveries(
+        self, project: str, now_ms: int, endpoint_id: str | None = None, limit: int = 100
+    ) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        async with Call("failed_deliveries", self._timeout):
+            if endpoint_id is not None:
+                endpoints = [endpoint_id]
+            else:
+                work = keys.webhook_index_keys(project)[2]
+                (members,) = await self._transport.run(
+                    ("ZRANGE", work, f"({now_ms}", "+inf", "BYSCORE", "LIMIT", 0, ENDPOINTS_AT_ONCE)
+                )
+                endpoints = [m.decode() for m in members]
+            # Each endpoint's queue is in a slot of its own: one write per primary (no replica waited for:
+            # a listing writes only the deletion of expired deliveries).
+            replies = await self._transport.run_scripts(
+                "webhook_queue",
+                [
+                    (
+                        keys.webhook_queue_keys(project, e),
+                        [now_ms, keys.webhook_delivery_prefix(project, e), "failed", limit],
+                    )
+                    for e in endpoints
+                ],
+            )
+        found = [
+            _delivery(project, e, delivery_id, flat)
+            for e, reply in zip(endpoints, replies, strict=True)
+            for delivery_id, flat in reply
+        ]
+        found.sort(key=lambda d: (-d.last_attempt_at, d.delivery_id))
+        return found[:limit]
+
+    async def get_delivery(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
+        async with Call("get_delivery", self._timeout):
+            endpoint_id = await self._endpoint_of(project, delivery_id)
+            if endpoint_id is None:
+                return None
+            (flat,) = await self._transport.run(
+                ("HGETALL", keys.webhook_delivery_key(project, endpoint_id, delivery_id))
+            )
+        if not flat:
+            return None
+        delivery = _delivery(project, endpoint_id, delivery_id, flat)
+        return delivery if delivery.expires_at > now_ms else None
+
+    async def redeliver(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
+        async with Call("redeliver", self._timeout):
+            endpoint_id = await self._endpoint_of(project, delivery_id)
+            if endpoint_id is None:
+                return None
+            reply = await self._queue(project, endpoint_id, "redeliver", now_ms, delivery_id)
+        return _delivery(project, endpoint_id, reply[0], reply[1]) if reply else None
+
+    async def delete_delivery(self, project: str, delivery_id: str) -> bool:
+        async with Call("delete_delivery", self._timeout):
+            endpoint_id = await self._endpoint_of(project, delivery_id)
+            if endpoint_id is None:
+                return False
+            reply = await self._queue(project, endpoint_id, "remove", 0, "", delivery_id)
+            gone = self._removed([endpoint_id], [reply])
+            await self._forget(project, gone)
+        return bool(gone)
+
+    async def delete_caller_deliveries(self, caller: CallerRef) -> int:
+        project, subject = caller.project, caller.subject
+        listing = keys.caller_webhooks_key(project, subject)
+        ids_key = keys.webhook_index_keys(project)[0]
+        removed = 0
+        async with Call("delete_caller_deliveries", self._timeout):
+            while True:
+                (listed,) = await self._transport.run(("ZRANGE", listing, 0, BATCH - 1))
+                if not listed:
+                    break
+                ids = [i.decode() for i in listed]
+                (where,) = await self._transport.run(("HMGET", ids_key, *ids))
+                queues: dict[str, list[str]] = {}
+                for delivery_id, endpoint in zip(ids, where, strict=True):
+                    if endpoint is not None:  # else never written, or deleted already
+                        queues.setdefault(endpoint.decode(), []).append(delivery_id)
+                replies = await _all(
+                    *(self._queue(project, e, "remove", 0, subject, *ds) for e, ds in queues.items())
+                )
+                gone = self._removed(queues, replies)
+                removed += len(gone)
+                await self._forget(project, gone)
+                # Taken off the listing last: an erasure cut short is finished by its retry.
+                await self._transport.run(("ZREM", listing, *ids))
+                if len(listed) < BATCH:
+                    break
+        return removed
+
+    async def queue_stats(self, now_ms: int) -> QueueStats:
+        queued = failed = 0
+        oldest: int | None = None
+        async with Call("queue_stats", self._timeout):
+            # Endpoints whose deliveries all expired leave the index (a write that need not be replicated).
+            await self._transport.run(
+                ("ZREMRANGEBYSCORE", keys.WEBHOOK_WORK, "-inf", now_ms), replicate=False
+            )
+            offset = 0
+            while True:
+                (members,) = await self._transport.run(
+                    (
+                        "ZRANGE",
+                        keys.WEBHOOK_WORK,
+                        f"({now_ms}",
+                        "+inf",
+                        "BYSCORE",
+                        "LIMIT",
+                        offset,
+                        ENDPOINTS_AT_ONCE,
+                    )
+                )
+                endpoints = [keys.parse_index_member(m) for m in members]
+                replies = await self._transport.run_scripts(
+                    "webhook_queue",
+                    [
+                        (keys.webhook_queue_keys(p, e), [now_ms, keys.webhook_delivery_prefix(p, e), "stats"])
+                        for p, e in endpoints
+                    ],
+                )
+                for count, failures, first in replies:
+                    queued += int(count)
+                    failed += int(failures)
+                    at = int(float(first))
+                    if at >= 0 and (oldest is None or at < oldest):
+                        oldest = at
+                if len(members) < ENDPOINTS_AT_ONCE:
+                    break
+                offset += ENDPOINTS_AT_ONCE
+        return QueueStats(queued=queued, failed=failed, oldest_queued_at=oldest or 0)

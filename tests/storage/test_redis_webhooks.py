@@ -1,0 +1,289 @@
+"""What only the Redis backend's webhook queue has (service/storage/redis_webhooks.py), on a standalone server
+and on a Redis Cluster: the key layout and its slots, expiry by PEXPIREAT, the caller's listing that an erasure
+follows (also when it falls between an enqueue's steps), claims racing from several stores, and index entries
+whose delivery Redis expired first. The behaviour itself is the contract suite's (test_webhooks.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+import redis.asyncio
+from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
+from caller_memory.service.domain.store import CallerRef
+from caller_memory.service.domain.webhook_store import Delivery, Settlement
+from caller_memory.service.storage import keys
+from caller_memory.service.storage.redis import RedisStore
+from caller_memory.service.storage.redis_webhooks import BATCH
+from redis.crc import key_slot
+
+from tests.storage.test_webhooks import LEASE, P, delivery, endpoint, ids, new_caller, now_ms
+
+Client = redis.asyncio.Redis | redis.asyncio.RedisCluster
+
+
+def slot(key: str | bytes) -> int:
+    return key_slot(key if isinstance(key, bytes) else key.encode())
+
+
+async def all_keys(client: Client) -> set[str]:
+    return {k.decode() for k in await client.keys("*")}
+
+
+def queue_keys(endpoint_id: str, *delivery_ids: str) -> set[str]:
+    """Every key of an endpoint's queue holding these deliveries."""
+    hashes = {keys.webhook_delivery_key(P, endpoint_id, i) for i in delivery_ids}
+    return {*keys.webhook_queue_keys(P, endpoint_id), *hashes}
+
+
+async def test_a_queue_is_one_slot_its_index_the_projects_and_its_listing_the_callers(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t, caller = now_ms(), new_caller()
+    e = endpoint(t)
+    await redis_store.put_endpoint(e)
+    d = delivery(t, e.endpoint_id, subject=caller.subject)
+    assert await redis_store.enqueue_deliveries([d], caller, t, t)
+    assert await redis_store.claim_deliveries(P, e.endpoint_id, t, 10, "w", t + LEASE) == [d]
+    assert await redis_store.settle_delivery(P, d.delivery_id, "w", Settlement.FAILED, t + 1, error="x")
+
+    queue = queue_keys(e.endpoint_id, d.delivery_id)
+    due, leased, _, _, created = keys.webhook_queue_keys(P, e.endpoint_id)
+    index = keys.webhook_index_keys(P)
+    listing = keys.caller_webhooks_key(P, caller.subject)
+    assert len({slot(k) for k in queue}) == 1
+    assert {slot(k) for k in index} == {slot(keys.webhook_endpoints_key(P))}
+    # The caller's listing is with their tombstone and memory (erasure reads it there), not with the queue.
+    assert slot(listing) == slot(keys.tombstone_key(P, caller.subject))
+    assert slot(listing) == slot(keys.memory_key(P, caller.subject))
+    expected = {
+        # Empty sets are no keys: a failed delivery is in the failed set and the expiry index only.
+        *(queue - {due, leased, created}),
+        *index,
+        listing,
+        keys.webhook_endpoints_key(P),
+        keys.WEBHOOK_PROJECTS,
+        keys.WEBHOOK_WORK,
+    }
+    assert await all_keys(redis_client) == expected
+    # The pseudonym is in the delivery (whom it is about) and in its listing's name; nowhere else.
+    for name in expected - {listing, keys.webhook_delivery_key(P, e.endpoint_id, d.delivery_id)}:
+        assert caller.subject not in name
+        assert caller.subject.encode() not in await contents(redis_client, name)
+
+
+async def contents(client: Client, name: str) -> bytes:
+    """Everything a key holds, whatever its type."""
+    kind = await client.type(name)
+    if kind == b"set":
+        return b"".join(await client.smembers(name))
+    if kind == b"hash":
+        return b"".join(k + v for k, v in (await client.hgetall(name)).items())
+    assert kind == b"zset", kind
+    return b"".join(await client.zrange(name, 0, -1))
+
+
+async def test_every_key_expires_at_the_latest_expiry_it_holds(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t, caller = now_ms(), new_caller()
+    short = delivery(t, "wh_1", subject=caller.subject, expires_at=t + HOUR_MS)
+    long = delivery(t, "wh_1", subject=caller.subject, expires_at=t + DAY_MS)
+    other = delivery(t, "wh_2", expires_at=t + 2 * HOUR_MS)
+    assert await redis_store.enqueue_deliveries([short, long, other], caller, t, t)
+    # The failed set is made by a settlement: it gets its expiry then.
+    assert len(await redis_store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE)) == 2
+    assert await redis_store.settle_delivery(P, short.delivery_id, "w", Settlement.FAILED, t + 1)
+
+    for name in keys.webhook_queue_keys(P, "wh_1"):
+        if await redis_client.exists(name):
+            assert await redis_client.pexpiretime(name) == t + DAY_MS, name
+    assert await redis_client.exists(keys.webhook_queue_keys(P, "wh_1")[2])  # failed
+    assert await redis_client.pexpiretime(keys.webhook_queue_keys(P, "wh_2")[0]) == t + 2 * HOUR_MS
+    for d in (short, long, other):
+        assert await redis_client.pexpiretime(keys.webhook_delivery_key(P, d.endpoint_id, d.delivery_id)) == (
+            d.expires_at
+        )
+    for name in (*keys.webhook_index_keys(P), keys.caller_webhooks_key(P, caller.subject), keys.WEBHOOK_WORK):
+        assert await redis_client.pexpiretime(name) == t + DAY_MS, name
+    # Configuration does not expire.
+    await redis_store.put_endpoint(endpoint(t))
+    assert await redis_client.pttl(keys.webhook_endpoints_key(P)) == -1
+    assert await redis_client.pttl(keys.WEBHOOK_PROJECTS) == -1
+
+
+async def test_an_erasure_leaves_no_delivery_of_the_caller(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t, caller, other = now_ms(), new_caller(), new_caller()
+    mine = [delivery(t, f"wh_{i}", subject=caller.subject) for i in range(3)]
+    theirs = [delivery(t, "wh_0", subject=other.subject), delivery(t, "wh_1", event="caller.erased")]
+    assert await redis_store.enqueue_deliveries(mine, caller, t, t)
+    assert await redis_store.enqueue_deliveries(theirs, None, t, t)
+    assert len(await redis_store.claim_deliveries(P, "wh_0", t, 10, "w", t + LEASE)) == 2  # leased
+    assert mine[1] in await redis_store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE)
+    assert await redis_store.settle_delivery(P, mine[1].delivery_id, "w", Settlement.FAILED, t + 1)
+
+    await redis_store.erase_caller(caller, t + 2, t + DAY_MS)
+    assert await redis_store.delete_caller_deliveries(caller) == 3
+    left = await all_keys(redis_client)
+    assert not any(caller.subject in name for name in left if ":t:" not in name)  # but the tombstone
+    for d in mine:
+        assert keys.webhook_delivery_key(P, d.endpoint_id, d.delivery_id) not in left
+        assert not await redis_client.hexists(keys.webhook_index_keys(P)[0], d.delivery_id)
+        for name in keys.webhook_queue_keys(P, d.endpoint_id):
+            assert await redis_client.zscore(name, d.delivery_id) is None
+    for d in theirs:
+        assert keys.webhook_delivery_key(P, d.endpoint_id, d.delivery_id) in left
+        assert await redis_store.get_delivery(P, d.delivery_id, t + 2) == d
+
+
+class ErasedMidway(RedisStore):
+    """A store whose enqueue is overtaken by a whole erasure of ``victim`` (by another store) right after the
+    deliveries were listed and indexed, before they are written to their queues."""
+
+    victim: CallerRef
+    eraser: RedisStore
+
+    async def _list(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> list[object] | None:
+        flags = await super()._list(project, live, caller, made_at, now_ms)
+        await self.eraser.erase_caller(self.victim, now_ms + 1, now_ms + DAY_MS)
+        assert await self.eraser.delete_caller_deliveries(self.victim) == 0  # nothing written yet
+        return flags
+
+
+async def test_an_erasure_between_listing_and_writing_wins(
+    redis_url: str, redis_store: RedisStore, redis_client: Client
+) -> None:
+    t, caller = now_ms(), new_caller()
+    store = ErasedMidway(redis_url)
+    store.victim, store.eraser = caller, redis_store
+    await store.open()
+    try:
+        about = [delivery(t, f"wh_{i}", subject=caller.subject) for i in range(2)]
+        # On one server the queue script sees the tombstone; on a cluster the enqueue reads it afterwards
+        # and takes back what it wrote.
+        assert not await store.enqueue_deliveries(about, caller, t, t)
+    finally:
+        await store.close()
+    left = await all_keys(redis_client)
+    for d in about:
+        assert keys.webhook_delivery_key(P, d.endpoint_id, d.delivery_id) not in left
+        assert await redis_store.get_delivery(P, d.delivery_id, t) is None
+        assert await redis_store.claim_deliveries(P, d.endpoint_id, t, 10, "w", t + LEASE) == []
+
+
+async def test_claims_racing_from_several_stores_lease_each_delivery_once(
+    redis_url: str, redis_store: RedisStore
+) -> None:
+    t = now_ms()
+    queued = [delivery(t, "wh_1", next_attempt_at=t - i % 7) for i in range(150)]
+    assert await redis_store.enqueue_deliveries(queued, None, t, t)
+    stores = [redis_store]
+    for _ in range(2):
+        stores.append(RedisStore(redis_url, socket_timeout=5.0))
+        await stores[-1].open()
+    try:
+        claimed: list[str] = []
+        while True:
+            rounds = await asyncio.gather(
+                *(s.claim_deliveries(P, "wh_1", t, 4, f"w{i}", t + LEASE) for i in range(12) for s in stores)
+            )
+            got = [d.delivery_id for batch in rounds for d in batch]
+            if not got:
+                break
+            claimed += got
+        assert sorted(claimed) == sorted(ids(queued))
+        # Once every lease ran out, they are claimed again, each once still.
+        later = t + LEASE
+        rounds = await asyncio.gather(
+            *(s.claim_deliveries(P, "wh_1", later, 200, f"v{i}", later + LEASE) for i, s in enumerate(stores))
+        )
+        again = [d.delivery_id for batch in rounds for d in batch]
+        assert sorted(again) == sorted(ids(queued))
+    finally:
+        for s in stores[1:]:
+            await s.close()
+
+
+async def test_a_lease_that_ran_out_is_claimed_in_due_order(redis_store: RedisStore) -> None:
+    # A leased delivery waits in another set, scored by its lease's end; once that passed it is due again at
+    # its own due time, before a delivery due after it though before the lease's end.
+    t = now_ms()
+    first, second = delivery(t, "wh_1", delivery_id="msg_b"), delivery(t + 1, "wh_1", next_attempt_at=t + 1)
+    assert await redis_store.enqueue_deliveries([first], None, t, t)
+    assert await redis_store.claim_deliveries(P, "wh_1", t, 1, "w1", t + 10) == [first]
+    assert await redis_store.enqueue_deliveries([second], None, t + 1, t + 1)
+    assert await redis_store.claim_deliveries(P, "wh_1", t + 20, 1, "w2", t + LEASE) == [first]
+    assert await redis_store.claim_deliveries(P, "wh_1", t + 20, 1, "w2", t + LEASE) == [second]
+
+
+async def test_an_index_entry_whose_delivery_redis_expired_first_is_dropped(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    # Redis expires a delivery's hash at its expires_at by its own clock, which may run ahead of the
+    # service's: the queue's entries for it are then dropped where they are met.
+    t = now_ms()
+    gone, kept = delivery(t, "wh_1", delivery_id="msg_a"), delivery(t, "wh_1", delivery_id="msg_b")
+    failed = delivery(t, "wh_1", delivery_id="msg_c")
+    assert await redis_store.enqueue_deliveries([gone, kept, failed], None, t, t)
+    assert await redis_store.claim_deliveries(P, "wh_1", t, 3, "w", t + 1) == [gone, kept, failed]
+    assert await redis_store.settle_delivery(P, failed.delivery_id, "w", Settlement.FAILED, t)
+    for d in (gone, failed):
+        await redis_client.delete(keys.webhook_delivery_key(P, "wh_1", d.delivery_id))
+    assert await redis_store.failed_deliveries(P, t) == []
+    assert await redis_store.claim_deliveries(P, "wh_1", t + 1, 3, "w", t + LEASE) == [kept]
+    for name in keys.webhook_queue_keys(P, "wh_1"):
+        for d in (gone, failed):
+            assert await redis_client.zscore(name, d.delivery_id) is None
+    assert await redis_store.get_delivery(P, gone.delivery_id, t) is None
+    assert not await redis_store.settle_delivery(P, gone.delivery_id, "w", Settlement.DELIVERED, t + 2)
+    assert (await redis_store.queue_stats(t + 2)).queued == 1
+
+
+async def test_an_id_living_for_another_endpoint_is_left_as_it_is(redis_store: RedisStore) -> None:
+    t = now_ms()
+    d = delivery(t, "wh_1")
+    elsewhere = dataclasses.replace(d, endpoint_id="wh_2", payload=b"{}")
+    assert await redis_store.enqueue_deliveries([d], None, t, t)
+    assert await redis_store.enqueue_deliveries([elsewhere], None, t, t)
+    assert await redis_store.get_delivery(P, d.delivery_id, t) == d
+    assert await redis_store.claim_deliveries(P, "wh_2", t, 10, "w", t + LEASE) == []
+    # Once it is gone, the id is free for any endpoint.
+    assert await redis_store.delete_delivery(P, d.delivery_id)
+    assert await redis_store.enqueue_deliveries([elsewhere], None, t, t)
+    assert await redis_store.get_delivery(P, d.delivery_id, t) == elsewhere
+
+
+async def test_deleting_an_endpoint_with_many_deliveries_leaves_nothing_of_its_queue(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t = now_ms()
+    e = endpoint(t)
+    await redis_store.put_endpoint(e)
+    many = [delivery(t, e.endpoint_id) for _ in range(2 * BATCH + 7)]
+    assert await redis_store.enqueue_deliveries(many, None, t, t)
+    kept = delivery(t, "wh_other")
+    assert await redis_store.enqueue_deliveries([kept], None, t, t)
+    assert await redis_store.delete_endpoint(P, e.endpoint_id)
+    tag = keys.webhook_queue_keys(P, e.endpoint_id)[0].rpartition(":")[0]
+    assert not [name for name in await all_keys(redis_client) if name.startswith(tag)]
+    assert await redis_client.hkeys(keys.webhook_index_keys(P)[0]) == [kept.delivery_id.encode()]
+    assert await redis_client.zscore(keys.webhook_index_keys(P)[2], e.endpoint_id) is None
+    work = keys.webhook_work_member(P, e.endpoint_id)
+    assert await redis_client.zscore(keys.WEBHOOK_WORK, work) is None
+    assert (await redis_store.queue_stats(t)).queued == 1
+
+
+async def test_endpoints_whose_deliveries_all_expired_leave_the_statistics_index(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t = now_ms()
+    assert await redis_store.enqueue_deliveries([delivery(t, "wh_1", expires_at=t + HOUR_MS)], None, t, t)
+    assert await redis_store.enqueue_deliveries([delivery(t, "wh_2")], None, t, t)
+    assert (await redis_store.queue_stats(t + HOUR_MS)).queued == 1
+    members = await redis_client.zrange(keys.WEBHOOK_WORK, 0, -1)
+    assert members == [keys.webhook_work_member(P, "wh_2").encode()]
