@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -23,15 +26,21 @@ from .domain.retention import AuditLog, Sweeper
 from .domain.store import Store
 from .domain.tokens import TokenService
 from .domain.transcript_service import TranscriptService
+from .domain.webhook_delivery import Deliverer
+from .domain.webhook_policy import WebhookPolicy
+from .domain.webhook_secrets import SecretBox
+from .domain.webhooks import WebhookService
 from .http.admin_routes import record_sweep_metrics
 from .http.admin_routes import routes as admin_routes
 from .http.analytics_routes import routes as analytics_routes
 from .http.conversation_routes import routes as conversation_routes
 from .http.dashboard import routes as dashboard_routes
-from .http.keys import METRICS, SERVICES, Services
+from .http.keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.routes import routes
+from .http.webhook_routes import routes as webhook_routes
+from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
 from .storage import open_store
 
@@ -83,6 +92,7 @@ def create_app(
     services = build_services(settings, clock=clock, store=store)
     app[SERVICES] = services
     app[METRICS] = metrics
+    app[WEBHOOKS] = webhooks = build_webhooks(settings, services, metrics)
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
@@ -119,14 +129,94 @@ def create_app(
         if scheduler.running:
             scheduler.shutdown(wait=False)
 
+    async def delivery_worker(app: web.Application) -> AsyncIterator[None]:
+        task = None
+        if settings.webhook_interval > 0:
+            task = asyncio.create_task(run_deliveries(app, settings.webhook_interval))
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await webhooks.sender.close()
+
     app.cleanup_ctx.append(store_lifecycle)
     app.cleanup_ctx.append(sweep_schedule)
+    app.cleanup_ctx.append(delivery_worker)
     app.add_routes(routes)
     app.add_routes(admin_routes)
     app.add_routes(analytics_routes)
     app.add_routes(conversation_routes)
     app.add_routes(dashboard_routes)
+    app.add_routes(webhook_routes)
     return app
+
+
+def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> Webhooks:
+    """The webhook side, hooked into the use cases that make events (ends, erasures)."""
+    policy = WebhookPolicy.allowing(settings.webhook_allow_hosts)
+    service = WebhookService(
+        services.store,
+        SecretBox(settings.secret_key),
+        policy,
+        services.clock,
+        history_allowed=settings.webhook_history,
+    )
+    sender = HttpSender(policy)
+    holder: list[Webhooks] = []
+
+    def observe(event: str, outcome: str, seconds: float) -> None:
+        metrics.webhook_attempts.labels(event, outcome).inc()
+        metrics.webhook_attempt_seconds.observe(seconds)
+        holder[0].wake()  # a slot is free again
+
+    deliverer = Deliverer(
+        service,
+        sender,
+        services.clock,
+        owner=services.sweeper.holder,
+        concurrency=settings.webhook_concurrency,
+        timeout=settings.webhook_timeout,
+        observe=observe,
+    )
+    webhooks = Webhooks(service, deliverer, sender)
+    holder.append(webhooks)
+    service.wake = webhooks.wake
+    services.conversations.on_ended = service.conversation_ended
+    services.memory.on_erasing = service.erase_caller_deliveries
+    services.memory.on_erased = service.caller_erased
+    return webhooks
+
+
+#: Seconds between refreshes of the queue's gauges.
+QUEUE_STATS_S = 10.0
+
+
+async def run_deliveries(app: web.Application, interval: float) -> None:
+    """The delivery worker: claims what is due, at once when this process queued something (or an attempt
+    ended), else every ``interval`` seconds; the queue's gauges every ten seconds."""
+    webhooks, metrics = app[WEBHOOKS], app[METRICS]
+    stats_at = float("-inf")
+    while True:
+        webhooks.event.clear()
+        started = 0
+        try:
+            started = await webhooks.deliverer.run_once()
+            if time.monotonic() - stats_at >= QUEUE_STATS_S:
+                stats = await webhooks.service.store.queue_stats(app[SERVICES].clock.now_ms())
+                metrics.webhook_queue.labels("queued").set(stats.queued)
+                metrics.webhook_queue.labels("failed").set(stats.failed)
+                now_ms = app[SERVICES].clock.now_ms()
+                age = (now_ms - stats.oldest_queued_at) / 1000 if stats.oldest_queued_at else 0.0
+                metrics.webhook_queue_age.set(max(0.0, age))
+                stats_at = time.monotonic()
+        except CallerMemoryError as exc:
+            log.warning("webhook deliveries: %s", exc.detail)
+        if started:
+            await asyncio.sleep(0)  # more may be due: look again, after letting requests run
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(webhooks.event.wait(), interval)
 
 
 async def scheduled_sweep(app: web.Application) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import os
 from collections.abc import Mapping
@@ -29,18 +31,22 @@ _SECONDS = (
     ("CALLER_MEMORY_TOKEN_CACHE_SECONDS", "token_cache_seconds"),
     ("CALLER_MEMORY_HEADER_TIMEOUT", "header_timeout"),
     ("CALLER_MEMORY_BODY_TIMEOUT", "body_timeout"),
+    ("CALLER_MEMORY_WEBHOOK_TIMEOUT", "webhook_timeout"),
+    ("CALLER_MEMORY_WEBHOOK_INTERVAL", "webhook_interval"),
 )
 #: Of those, the ones that must be more than 0 (0 would fail every call, or every request, at once).
 _POSITIVE = {
     "store_timeout": "CALLER_MEMORY_STORE_TIMEOUT",
     "header_timeout": "CALLER_MEMORY_HEADER_TIMEOUT",
     "body_timeout": "CALLER_MEMORY_BODY_TIMEOUT",
+    "webhook_timeout": "CALLER_MEMORY_WEBHOOK_TIMEOUT",
 }
 #: Environment variables holding a whole number, the setting each one sets, and its least allowed value.
 _WHOLE = (
     ("CALLER_MEMORY_MAX_IN_FLIGHT", "max_in_flight", 1),
     ("CALLER_MEMORY_MAX_IN_FLIGHT_PER_PROJECT", "max_in_flight_per_project", 1),
     ("CALLER_MEMORY_MAX_CONNECTIONS", "max_connections", 1),
+    ("CALLER_MEMORY_WEBHOOK_CONCURRENCY", "webhook_concurrency", 1),
 )
 
 
@@ -56,6 +62,31 @@ def parse_workers(text: str, source: str = "CALLER_MEMORY_WORKERS") -> int:
     if not 1 <= workers <= MAX_WORKERS:
         raise SettingsError(f"{source} must be a whole number from 1 to {MAX_WORKERS}, not {text!r}")
     return workers
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "0").strip().lower()
+    if text not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
+        raise SettingsError(f"{name} must be 1 or 0")
+    return text in ("1", "true", "yes", "on")
+
+
+def parse_secret_key(text: str) -> bytes:
+    """``CALLER_MEMORY_SECRET_KEY``: 32 bytes in base64 (standard or URL-safe, padding optional)."""
+    cleaned = text.strip()
+    try:
+        key = base64.urlsafe_b64decode(
+            cleaned.replace("+", "-").replace("/", "_") + "=" * (-len(cleaned) % 4)
+        )
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise SettingsError(
+            "CALLER_MEMORY_SECRET_KEY must be 32 random bytes in base64 (e.g. `python -c 'import secrets, "
+            "base64; print(base64.b64encode(secrets.token_bytes(32)).decode())'`). It encrypts webhook "
+            "signing secrets: keep it safe, and keep it when you upgrade or move the service."
+        )
+    return key
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float:
@@ -127,6 +158,22 @@ class Settings:
     #: Log one line per request (route template, status, time). Off by default: /metrics counts requests,
     #: and a log line per request costs a sixth of the service's throughput.
     access_log: bool = False
+    #: ``CALLER_MEMORY_SECRET_KEY`` (32 bytes): encrypts webhook signing secrets at rest. None: webhooks
+    #: cannot be registered, and registered ones are not sent (logged).
+    secret_key: bytes | None = None
+    #: ``CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS``: hosts (exact names or IP literals) webhooks may reach whatever
+    #: they resolve to, over http:// too (development and tests); everything else must be public https.
+    webhook_allow_hosts: tuple[str, ...] = ()
+    #: ``CALLER_MEMORY_WEBHOOK_HISTORY``: ``conversation.ended`` payloads may carry summary and history
+    #: (for endpoints that ask for it).
+    webhook_history: bool = False
+    #: Seconds one webhook attempt may take (``CALLER_MEMORY_WEBHOOK_TIMEOUT``).
+    webhook_timeout: float = 10.0
+    #: Attempts in flight at once per endpoint, per process (``CALLER_MEMORY_WEBHOOK_CONCURRENCY``).
+    webhook_concurrency: int = 4
+    #: Seconds between looks at the queue when nothing woke the worker (``CALLER_MEMORY_WEBHOOK_INTERVAL``;
+    #: 0: no delivery worker in this process). An event queued by this process wakes it at once.
+    webhook_interval: float = 1.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -159,10 +206,12 @@ class Settings:
         for name, attribute, least in _WHOLE:
             if name in env:
                 seconds[attribute] = _whole(env, name, least)
-        access_log = env.get("CALLER_MEMORY_ACCESS_LOG", "0").strip().lower()
-        if access_log not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
-            raise SettingsError("CALLER_MEMORY_ACCESS_LOG must be 1 or 0")
-        seconds["access_log"] = access_log in ("1", "true", "yes", "on")
+        seconds["access_log"] = _flag(env, "CALLER_MEMORY_ACCESS_LOG")
+        seconds["webhook_history"] = _flag(env, "CALLER_MEMORY_WEBHOOK_HISTORY")
+        if env.get("CALLER_MEMORY_SECRET_KEY", "").strip():
+            seconds["secret_key"] = parse_secret_key(env["CALLER_MEMORY_SECRET_KEY"])
+        hosts = env.get("CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS", "")
+        seconds["webhook_allow_hosts"] = tuple(h.strip() for h in hosts.split(",") if h.strip())
         settings = replace(settings, **seconds)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from .reports import RepeatCallerMetrics
 from .store import CallerRef, EndResult, EndStatus, EndWrite, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
 from .transcript_store import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
+from .webhooks import EndedEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,10 @@ def split_state(project: Project, state: dict[str, Any], *, where: str = "state"
     return StateChanges(sets, deletes, sorted(ignored))
 
 
+def outcome_body(outcome: Outcome) -> dict[str, Any]:
+    return {"qa": outcome.qa, "handoff_reason": outcome.handoff_reason, "handoff_to": outcome.handoff_to}
+
+
 def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(orjson.dumps(list(parts), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -92,6 +98,9 @@ class _Verdict:
     claimed: bool = False  # this end claimed the transcript (or had claimed it): it finishes it
     #: The transcript expired: a conflicting record is the service's end's (never a 409 for that).
     expired_transcript: bool = False
+    #: The conversation's start and its transcript's expiry, when it has one (for the webhook event).
+    started_at: int = 0
+    expires_at: int = 0
 
 
 class ConversationService:
@@ -102,6 +111,13 @@ class ConversationService:
         self._memory = memory
         self._analytics = analytics
         self._clock = clock
+        #: Called by every end's processing before it reports success (the webhooks queue their events):
+        #: explicit ends here, the service's ends from :class:`~.lifecycle.Lifecycle`.
+        self.on_ended: Callable[[Project, EndedEvent], Awaitable[None]] | None = None
+
+    async def announce(self, project: Project, event: EndedEvent) -> None:
+        if self.on_ended is not None:
+            await self.on_ended(project, event)
 
     async def end(
         self,
@@ -150,7 +166,9 @@ class ConversationService:
         if project.conversation.enabled:
             verdict = await self._judge(key, who.subject, end_reason, outcome, now)
             if verdict.late:
-                return await self._late_end(project, ref, conversation_id, changes, made_at, digest)
+                return await self._late_end(
+                    project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
+                )
         result = await self.persist(
             project,
             ref,
@@ -166,7 +184,9 @@ class ConversationService:
             # The transcript expired and the record was written by another end: the service's (an inactivity
             # end keeps the record longer than the transcript). Never a 409 for that: a late end, which is
             # itself a 409 if a different late end came first.
-            return await self._late_end(project, ref, conversation_id, changes, made_at, digest)
+            return await self._late_end(
+                project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
+            )
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
                 f"conversation '{conversation_id}' was already ended with a different request; "
@@ -189,6 +209,22 @@ class ConversationService:
                 end_reason=end_reason,
             )
             repeat_caller = metrics(entry.first)
+        await self.announce(
+            project,
+            EndedEvent(
+                key=key,
+                subject=who.subject,
+                channel=channel,
+                ended_by="explicit",
+                end_reason=end_reason,
+                outcome=outcome_body(outcome),
+                persisted=changes.persisted,
+                repeat_caller=dict(repeat_caller),
+                made_at=made_at,
+                started_at=verdict.started_at,
+                expires_at=verdict.expires_at,
+            ),
+        )
         if verdict.claimed:
             await self._store.finish_end(key, self._clock.now_ms())
         return ConversationEnd(
@@ -227,7 +263,11 @@ class ConversationService:
         after = claim.header
         if claim.status is ClaimStatus.ALREADY and after is not None and after.ended_by != "explicit":
             return _Verdict(late=True)
-        return _Verdict(claimed=claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY))
+        return _Verdict(
+            claimed=claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY),
+            started_at=header.started_at,
+            expires_at=header.expires_at,
+        )
 
     async def _late_end(
         self,
@@ -237,6 +277,9 @@ class ConversationService:
         changes: StateChanges,
         made_at: int,
         digest: str,
+        channel: str | None,
+        end_reason: str | None,
+        outcome: Outcome,
     ) -> ConversationEnd:
         now = self._clock.now_ms()
         result = await self.persist(
@@ -258,6 +301,21 @@ class ConversationService:
         if result.status is EndStatus.ERASED:
             ignored = sorted([*changes.persisted, *changes.ignored])
             return ConversationEnd(conversation_id, [], ignored, False, {}, False, erased=True, late=True)
+        await self.announce(
+            project,
+            EndedEvent(
+                key=ConversationKey(project.project_id, conversation_id),
+                subject=ref.subject,
+                channel=channel,
+                ended_by="explicit",
+                end_reason=end_reason,
+                outcome=outcome_body(outcome),
+                persisted=changes.persisted,
+                repeat_caller={},
+                made_at=made_at,
+                late=True,
+            ),
+        )
         return ConversationEnd(
             conversation_id=conversation_id,
             persisted=changes.persisted,

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .analytics import AnalyticsService
+from .analytics import AnalyticsService, metrics
 from .clock import Clock, floor_hour_ms, iso_utc
 from .conversations import (
     END_LEASE_MS,
@@ -22,6 +22,7 @@ from .conversations import (
     Outcome,
     check_conversation_id,
     fingerprint,
+    outcome_body,
     split_state,
 )
 from .projects import Project
@@ -50,6 +51,7 @@ from .transcript_store import (
 )
 from .transcript_views import PlatformMessage, Resume, Started
 from .transcripts import Message
+from .webhooks import EndedEvent
 
 #: The suffix of the record under which the service finishes a crashed explicit end (ids cannot hold '#').
 TAKEOVER_SUFFIX = "#takeover"
@@ -244,8 +246,9 @@ class Lifecycle:
             analytics_outcome=outcome,
             now=now,
         )
+        repeat_caller: dict[str, Any] = {}
         if result.status in (EndStatus.APPLIED, EndStatus.REPLAYED) and result.analytics is not None:
-            await self._analytics.record(
+            entry = await self._analytics.record(
                 project,
                 ref,
                 claimed.key.conversation_id,
@@ -256,6 +259,24 @@ class Lifecycle:
                 now=now,
                 ended_by=claimed.ended_by,
                 end_reason=claimed.end_reason or None,
+            )
+            repeat_caller = dict(metrics(entry.first))
+        if result.status in (EndStatus.APPLIED, EndStatus.REPLAYED):
+            await self._conversations.announce(
+                project,
+                EndedEvent(
+                    key=claimed.key,
+                    subject=claimed.subject,
+                    channel=claimed.channel or None,
+                    ended_by=claimed.ended_by,
+                    end_reason=claimed.end_reason or None,
+                    outcome=outcome_body(outcome),
+                    persisted=changes.persisted,
+                    repeat_caller=repeat_caller,
+                    made_at=made_at,
+                    started_at=claimed.started_at,
+                    expires_at=claimed.expires_at,
+                ),
             )
         # CONFLICT: an explicit end of this id was applied already (its transcript claim was lost): done.
         return await self._store.finish_end(claimed.key, self._clock.now_ms())

@@ -6,7 +6,7 @@ Everything that reaches the store has been validated here first, so that bad inp
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,8 @@ class ErasureReceipt:
     blacklisted: bool = False
     #: Transcripts (with their checkpoints and summaries) removed.
     transcripts_removed: int = 0
+    #: Webhook deliveries about the caller (queued or failed) removed: none of them is sent.
+    deliveries_removed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,11 @@ class MemoryService:
         self._store = store
         self._pseudonymizer = pseudonymizer
         self._clock = clock
+        #: Set when webhooks are on (service/app.py): ``on_erasing(caller)`` deletes the caller's queued and
+        #: failed deliveries once the erasure's tombstone is down (so none can be queued after it) and says
+        #: how many; ``on_erased(project, receipt_id, conversation_ids)`` queues ``caller.erased``.
+        self.on_erasing: Callable[[CallerRef], Awaitable[int]] | None = None
+        self.on_erased: Callable[[Project, str, list[str]], Awaitable[None]] | None = None
 
     def caller(self, project: Project, raw_identifier: str) -> Caller:
         e164 = normalize(raw_identifier, project.default_region)
@@ -188,10 +195,15 @@ class MemoryService:
         write made before the erasure that arrives after it (an in-flight request, an SDK outbox entry)."""
         caller = self.caller(project, raw_identifier)
         now = self._clock.now_ms()
-        removed = await self._store.erase_caller(
-            CallerRef(project.project_id, caller.subject), now, now + RECALL_WINDOW_MS
-        )
-        return ErasureReceipt(
+        ref = CallerRef(project.project_id, caller.subject)
+        conversation_ids: list[str] = []
+        if self.on_erased is not None:  # the caller.erased event names the erased conversations
+            conversation_ids = [
+                h.key.conversation_id for h in await self._store.caller_conversations(ref, now)
+            ]
+        removed = await self._store.erase_caller(ref, now, now + RECALL_WINDOW_MS)
+        deliveries = await self.on_erasing(ref) if self.on_erasing is not None else 0
+        receipt = ErasureReceipt(
             receipt_id=uuid.uuid4().hex,
             project=project.project_id,
             erased_at=floor_hour_ms(now),
@@ -201,4 +213,8 @@ class MemoryService:
             analytics_entries_removed=removed.listed,
             blacklisted=caller.blacklisted,
             transcripts_removed=removed.transcripts,
+            deliveries_removed=deliveries,
         )
+        if self.on_erased is not None:
+            await self.on_erased(project, receipt.receipt_id, conversation_ids)
+        return receipt

@@ -23,6 +23,7 @@ from typing import Any
 
 from .fields import StoredField, WriteCondition
 from .transcript_store import TranscriptStore
+from .webhook_store import WebhookStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +249,9 @@ class PatchResult:
     fields: dict[str, StoredField]
 
 
-class Store(TranscriptStore, ABC):
-    """Persistent storage for projects, tokens, caller memory and conversation memory
-    (:class:`~.transcript_store.TranscriptStore`)."""
+class Store(TranscriptStore, WebhookStore, ABC):
+    """Persistent storage for projects, tokens, caller memory, conversation memory
+    (:class:`~.transcript_store.TranscriptStore`) and webhooks (:class:`~.webhook_store.WebhookStore`)."""
 
     @abstractmethod
     async def open(self) -> None:

@@ -138,6 +138,9 @@ class ErasureRemoved(TypedDict):
     transcripts: Annotated[
         Count, Field(description="Transcripts, with their summaries and state checkpoints.")
     ]
+    webhook_deliveries: Annotated[
+        Count, Field(description="Webhook deliveries about the caller, queued or failed, never sent now.")
+    ]
 
 
 @with_config(_CLOSED)

@@ -13,11 +13,13 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode
 from pydantic_core import CoreSchema
 
 from ..domain import transcript_views as views
+from ..domain import webhook_views as hooks
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
 from ..domain.transcript_bodies import AppendBody, StartBody, SummaryBody
 from ..domain.transcripts import DEFAULT_SOURCE, SOURCES
+from ..domain.webhooks import WebhookCreate, WebhookRotate
 from . import bodies
 from .schemas import EndRequest, MemoryPatch, TokenCreate
 
@@ -45,9 +47,24 @@ RESPONSES: tuple[Any, ...] = (
     views.History,
     views.OpenAIHistory,
     views.Started,
+    hooks.CallerErasedEvent,
+    hooks.ConversationEndedEvent,
+    hooks.Webhook,
+    hooks.WebhookDelivery,
+    hooks.WebhookDeliveryList,
+    hooks.WebhookList,
+    hooks.WebhookWithSecret,
 )
 #: Request bodies validated by pydantic. The configuration has its own pair (configuration_schemas).
-REQUESTS: tuple[type[BaseModel], ...] = (AppendBody, EndRequest, StartBody, SummaryBody, TokenCreate)
+REQUESTS: tuple[type[BaseModel], ...] = (
+    AppendBody,
+    EndRequest,
+    StartBody,
+    SummaryBody,
+    TokenCreate,
+    WebhookCreate,
+    WebhookRotate,
+)
 #: Request bodies that are typed aliases rather than classes, by the name the document gives them.
 NAMED_REQUESTS: dict[str, Any] = {"MemoryPatch": MemoryPatch}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -19,7 +19,10 @@ from ..domain.retention import AuditLog, Sweeper
 from ..domain.store import Store
 from ..domain.tokens import TokenService
 from ..domain.transcript_service import TranscriptService
+from ..domain.webhook_delivery import Deliverer
+from ..domain.webhooks import WebhookService
 from .metrics import Metrics
+from .webhook_sender import HttpSender
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,5 +49,25 @@ class Services:
             ) from exc
 
 
+@dataclass(slots=True)
+class Webhooks:
+    """The webhook side of one process: the use cases, the delivery worker and its HTTP client, and the
+    event that wakes the worker when something was queued here."""
+
+    service: WebhookService
+    deliverer: Deliverer
+    sender: HttpSender
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def changed(self) -> None:
+        """An endpoint was created, rotated or deleted by this process: the worker reads them again."""
+        self.deliverer.forget_endpoints()
+        self.wake()
+
+
 SERVICES = web.AppKey("services", Services)
+WEBHOOKS = web.AppKey("webhooks", Webhooks)
 METRICS = web.AppKey("metrics", Metrics)

@@ -75,6 +75,34 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.webhook_attempts = Counter(
+            "caller_memory_webhook_attempts",
+            "Webhook delivery attempts, by event and outcome (delivered; retry: failed, another attempt is "
+            "queued; failed: the last attempt failed, the delivery is listed as failed; dropped: deleted or "
+            "erased before it was sent; store_error: the store failed, the lease runs out and it is retried).",
+            ["event", "outcome"],
+            registry=self.registry,
+        )
+        self.webhook_attempt_seconds = Histogram(
+            "caller_memory_webhook_attempt_duration_seconds",
+            "Time one webhook attempt took (signing, sending, settling).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.webhook_queue = Gauge(
+            "caller_memory_webhook_deliveries",
+            "Webhook deliveries in the store's queue now, by status (queued, failed); every process reports "
+            "the same store-wide figure.",
+            ["status"],
+            multiprocess_mode="max",
+            registry=self.registry,
+        )
+        self.webhook_queue_age = Gauge(
+            "caller_memory_webhook_queue_age_seconds",
+            "Age of the oldest queued webhook delivery (0 when none is queued).",
+            multiprocess_mode="max",
+            registry=self.registry,
+        )
         self.swept = Counter(
             "caller_memory_swept_items",
             "Items removed by expiry sweeps, by kind.",

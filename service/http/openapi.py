@@ -36,6 +36,7 @@ from .openapi_parts import (
     shared_parameters,
     version,
 )
+from .openapi_webhooks import webhook_events, webhook_operations
 from .queries import (
     AuditQuery,
     ConversationsQuery,
@@ -281,6 +282,7 @@ def _operations() -> dict[tuple[str, str], Json]:
             "patch written at its time, analytics as recorded.",
         ),
         **conversation_operations(),
+        **webhook_operations(),
         ("get", "/v1/projects/{project}/analytics/conversations"): operation(
             "list_conversations",
             "analytics",
@@ -330,6 +332,8 @@ def _tag(path: str) -> str:
         return "analytics"
     if "/conversations" in path:
         return "conversation"
+    if "/webhooks" in path:
+        return "webhook"
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"
 
 
@@ -441,6 +445,11 @@ def build_openapi() -> dict[str, Any]:
                 "SDK sends them.",
             },
             {"name": "analytics", "description": "Repeat-caller analytics: conversations and the report."},
+            {
+                "name": "webhook",
+                "description": "Webhook endpoints (signed deliveries of conversation.ended, "
+                "conversation.updated and caller.erased; see `webhooks`) and their failed deliveries.",
+            },
             {"name": "operator", "description": "Expiry sweeps; the operator token only."},
             {"name": "audit", "description": "The project's audit log."},
             {
@@ -450,6 +459,7 @@ def build_openapi() -> dict[str, Any]:
         ],
         "security": [{"bearerAuth": []}],
         "paths": _paths(),
+        "webhooks": webhook_events(),
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "description": AUTH_TEXT}},
             "schemas": component_schemas(),

@@ -100,6 +100,14 @@ def shared_parameters() -> dict[str, Json]:
             "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
             {"type": "string", "pattern": CONVERSATION_ID_PATTERN, "examples": ["call-1"]},
         ),
+        "webhook_id": path(
+            "webhook_id", "A webhook endpoint's id.", {"type": "string", "pattern": "^wh_[0-9a-f]{16}$"}
+        ),
+        "delivery_id": path(
+            "delivery_id",
+            "A delivery's id (its webhook-id header).",
+            {"type": "string", "minLength": 1, "maxLength": 64},
+        ),
         "asset": path(
             "asset",
             "A file of the dashboard page; only these names exist.",
@@ -216,6 +224,13 @@ def dashboard_file(description: str, *media: str) -> Json:
 
 #: Request bodies as the README's walkthrough sends them (schemathesis' examples phase sends them too).
 BODY_EXAMPLES: dict[str, Json] = {
+    "WebhookCreate": {
+        "url": "https://crm.example.com/hooks/caller-memory",
+        "events": ["conversation.ended", "caller.erased"],
+        "include_history": False,
+        "description": "CRM",
+    },
+    "WebhookRotate": {"grace_seconds": 86400},
     "ProjectConfig": {
         "memory": {
             "repeat_caller": {

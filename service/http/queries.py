@@ -135,6 +135,15 @@ class AuditQuery(QueryModel):
     before: AuditId | None = Field(default=None, description="next_cursor of the previous page")
 
 
+class DeliveriesQuery(QueryModel):
+    """``GET /v1/projects/{project}/webhooks/deliveries``: the failed deliveries."""
+
+    webhook_id: str | None = Field(
+        default=None, max_length=64, description="only this webhook's (default: every webhook's)"
+    )
+    limit: Limit = _limit(100, 500)
+
+
 class SweepsQuery(QueryModel):
     """``GET /v1/admin/sweeps``."""
 

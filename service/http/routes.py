@@ -134,6 +134,7 @@ def receipt_body(receipt: ErasureReceipt) -> bodies.ErasureReceipt:
             "conversation_links": receipt.conversations_unlinked,
             "analytics_conversations": receipt.analytics_entries_removed,
             "transcripts": receipt.transcripts_removed,
+            "webhook_deliveries": receipt.deliveries_removed,
         },
         "blacklisted": receipt.blacklisted,
     }

@@ -606,6 +606,7 @@ async def test_erase_caller(api: Api, shop: dict[str, str]) -> None:
         "conversation_links": 0,
         "analytics_conversations": 0,
         "transcripts": 0,
+        "webhook_deliveries": 0,
     }
     assert receipt.body["erased_at"].endswith(":00:00Z")
     assert CALLER not in str(receipt.body) and "4155550100" not in str(receipt.body)

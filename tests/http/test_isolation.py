@@ -50,6 +50,8 @@ def concrete(path: str, token_id: str) -> str:
         "token_id": token_id,
         "conversation_id": "conv-1",
         "asset": "dashboard.js",
+        "webhook_id": "wh_0123456789abcdef",
+        "delivery_id": "msg_nothing",
     }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 

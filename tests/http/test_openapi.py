@@ -18,6 +18,7 @@ from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.limits import MAX_BODY_BYTES
 from caller_memory.service.domain.retention import SWEEP_LEASE
 from caller_memory.service.domain.tokens import FailureThrottle
+from caller_memory.service.domain.webhook_store import Delivery, Settlement
 from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
@@ -46,7 +47,14 @@ def doc() -> dict[str, Any]:
 def make_app(tmp_path: Path) -> web.Application:
     # A fake clock, which the walkthrough moves to see transcripts expire.
     return create_app(
-        Settings(pseudonym_key=b"x" * 32, store_url=f"sqlite:///{tmp_path}/t.db", operator_token=OPERATOR),
+        Settings(
+            pseudonym_key=b"x" * 32,
+            store_url=f"sqlite:///{tmp_path}/t.db",
+            operator_token=OPERATOR,
+            secret_key=b"k" * 32,
+            webhook_allow_hosts=("127.0.0.1",),
+            webhook_interval=0,  # no delivery worker: the walkthrough makes a failed delivery itself
+        ),
         clock=FakeClock(),
     )
 
@@ -204,6 +212,8 @@ PATH_VALUES = {
     "token_id": "0123456789ab",
     "conversation_id": "call-1",
     "asset": "dashboard.js",
+    "webhook_id": "wh_0123456789abcdef",
+    "delivery_id": "msg_nothing",
 }
 #: A body each operation that takes one accepts.
 BODIES: dict[str, Any] = {
@@ -214,6 +224,8 @@ BODIES: dict[str, Any] = {
     "start_conversation": {"caller": "+14155550100", "channel": "voice"},
     "append_messages": {"messages": []},
     "put_summary": {"text": "A summary.", "through_turn": 0},
+    "create_webhook": {"url": "http://127.0.0.1:9/hook", "events": ["caller.erased"]},
+    "rotate_webhook": {},
 }
 
 
@@ -346,6 +358,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     await check("GET", report, "/v1/projects/shop/analytics/repeat-callers?interval=year", 422)
 
     await transcript_walkthrough(check, client)
+    await webhook_walkthrough(check, client)
 
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
     records = await check("GET", audit, "/v1/projects/shop/audit?limit=1", 200)
@@ -453,6 +466,47 @@ async def transcript_walkthrough(check: Checker, client: TestClient[web.Request,
     )
 
 
+async def webhook_walkthrough(check: Checker, client: TestClient[web.Request, web.Application]) -> None:
+    """The webhook operations, each to its own outcomes (a failed delivery is made through the store: this
+    app runs no delivery worker)."""
+    hooks, one = "/v1/projects/{project}/webhooks", "/v1/projects/{project}/webhooks/{webhook_id}"
+    deliveries = hooks + "/deliveries"
+    redeliver = deliveries + "/{delivery_id}/redeliver"
+    base = "/v1/projects/shop/webhooks"
+    body = {"url": "http://127.0.0.1:9/hook", "events": ["conversation.ended"]}
+    created = await check("POST", hooks, base, 201, json=body)
+    await check("POST", hooks, base, 422, json={**body, "url": "https://169.254.169.254/"})
+    for n in range(9):
+        await check("POST", hooks, base, 201, json={**body, "description": f"n{n}"})
+    await check("POST", hooks, base, 409, json=body)
+    await check("GET", hooks, base, 200)
+    path = f"{base}/{created['webhook_id']}"
+    missing = f"{base}/wh_0000000000000000"
+    await check("GET", one, path, 200)
+    await check("GET", one, missing, 404)
+    await check("POST", one + "/rotate", path + "/rotate", 200, json={"grace_seconds": 60})
+    await check("POST", one + "/rotate", path + "/rotate", 422, json={"grace_seconds": -1})
+    await check("POST", one + "/rotate", missing + "/rotate", 404, json={})
+    services = client.app[SERVICES]
+    now = services.clock.now_ms()
+    delivery = Delivery(
+        "shop", "msg_walk", created["webhook_id"], "conversation.ended", b"{}", "", now, now + 60_000_000
+    )
+    assert await services.store.enqueue_deliveries([delivery], None, now, now)
+    [claimed] = await services.store.claim_deliveries("shop", created["webhook_id"], now, 1, "me", now + 1000)
+    await services.store.settle_delivery(
+        "shop", claimed.delivery_id, "me", Settlement.FAILED, now, error="HTTP 500"
+    )
+    listed = await check("GET", deliveries, base + "/deliveries", 200)
+    assert [d["delivery_id"] for d in listed["deliveries"]] == ["msg_walk"]
+    await check("GET", deliveries, base + "/deliveries?webhook_id=wh_0000000000000000", 404)
+    await check("GET", deliveries, base + "/deliveries?limit=0", 422)
+    await check("POST", redeliver, base + "/deliveries/msg_walk/redeliver", 202)
+    await check("POST", redeliver, base + "/deliveries/msg_none/redeliver", 404)
+    await check("DELETE", one, path, 204)
+    await check("DELETE", one, path, 404)
+
+
 #: Each operation's own outcomes (what the walkthrough above must reach); the answers every authenticated
 #: operation shares are checked on every operation by check_shared_answers and the overload tests.
 OWN: dict[str, set[str]] = {
@@ -486,6 +540,13 @@ OWN: dict[str, set[str]] = {
     "list_audit": {"200", "422"},
     "run_sweep": {"200", "409"},
     "list_sweeps": {"200", "422"},
+    "create_webhook": {"201", "409", "422"},
+    "list_webhooks": {"200"},
+    "get_webhook": {"200", "404"},
+    "rotate_webhook": {"200", "404", "422"},
+    "delete_webhook": {"204", "404"},
+    "list_failed_deliveries": {"200", "404", "422"},
+    "redeliver": {"202", "404"},
 }
 #: Which role a token needs to be refused (403) by an operation that requires a role.
 TOO_WEAK = {"operator": "admin", "admin": "agent", "agent": "analytics", "analytics": "agent"}
@@ -621,9 +682,9 @@ async def test_every_documented_query_range_is_what_the_api_accepts(
                     else:
                         assert resp.status == 422 and body["errors"][0]["field"] == parameter["name"], body
             probed += 1
-    # sweeps, audit and the conversation listing each have a limit; history a limit and after_turn; context
-    # max_tokens
-    assert probed == 6
+    # sweeps, audit, the conversation listing and the failed deliveries each have a limit; history a limit
+    # and after_turn; context max_tokens
+    assert probed == 7
 
 
 def test_response_headers_and_tags_are_declared(doc: dict[str, Any]) -> None:

@@ -1,0 +1,318 @@
+"""Webhooks (SPEC sections 11 and 14): a project's endpoints, and the events it queues for them.
+
+Endpoints are registered by an admin (the signing secret is shown once, like a token), listed, rotated (the
+old secret keeps signing for a grace period) and deleted. Events are queued in the store's durable queue
+(:mod:`.webhook_store`) by the use cases that make them, before those report success:
+
+- ``conversation.ended`` by every end's processing (explicit, inactivity, supersession), before the
+  conversation is marked ended, so that a crash half-way is redone with it (a retried end queues nothing twice:
+  the delivery id is derived from the endpoint, the event and the conversation);
+- ``conversation.updated`` by a late end (an explicit end of a conversation the service had ended);
+- ``caller.erased`` by an erasure, after the caller's queued and failed deliveries were deleted.
+
+Payloads never hold a phone number or a pseudonym: a conversation is named by its id, times after the end are
+offsets from the conversation's start, the start rounded to the hour. History and summary go into a
+``conversation.ended`` payload only where the operator allows it (``CALLER_MEMORY_WEBHOOK_HISTORY=1``) and the
+endpoint asks for it. :mod:`.webhook_delivery` sends what is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from .clock import Clock, floor_hour_ms, iso_utc
+from .errors import Conflict, InvalidInput, NotFound
+from .projects import Project
+from .store import CallerRef, Store
+from .transcript_store import ConversationKey, TranscriptQuery
+from .transcripts import MAX_MESSAGES, Message
+from .webhook_policy import RefusedAddress, WebhookPolicy
+from .webhook_secrets import SecretBox, new_secret
+from .webhook_store import Delivery, DeliveryStatus, WebhookEndpoint
+
+log = logging.getLogger("caller_memory.webhooks")
+
+ENDED = "conversation.ended"
+UPDATED = "conversation.updated"
+ERASED = "caller.erased"
+EVENTS = (ENDED, UPDATED, ERASED)
+EventType = Literal["conversation.ended", "conversation.updated", "caller.erased"]
+#: Endpoints one project may register (each event is queued once per endpoint).
+MAX_ENDPOINTS = 10
+#: How long the secret before a rotation keeps signing, unless the rotation says otherwise.
+DEFAULT_GRACE_S = 24 * 3600
+MAX_GRACE_S = 7 * 24 * 3600
+#: How long a delivery with no transcript to outlive (memory only, or ``caller.erased``) stays queued or
+#: failed: the attempt schedule's length and a day to redeliver it.
+NO_TRANSCRIPT_TTL_MS = 2 * 24 * 3600 * 1000
+
+Resolve = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def resolve_host(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to (the system resolver, in its thread pool)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=1)  # SOCK_STREAM
+    return [str(info[4][0]) for info in infos]
+
+
+class WebhookCreate(BaseModel):
+    """``POST /v1/projects/{project}/webhooks``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    url: str = Field(max_length=2048, description="https:// URL of the receiver")
+    events: list[EventType] = Field(min_length=1, max_length=len(EVENTS))
+    #: Summary and history in ``conversation.ended`` payloads (only where the operator allows it).
+    include_history: bool = False
+    description: str = Field(default="", max_length=200)
+
+
+class WebhookRotate(BaseModel):
+    """``POST /v1/projects/{project}/webhooks/{webhook_id}/rotate``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    #: Seconds the secret before this rotation keeps signing (0: it stops at once).
+    grace_seconds: int = Field(default=DEFAULT_GRACE_S, ge=0, le=MAX_GRACE_S)
+
+
+@dataclass(frozen=True, slots=True)
+class EndedEvent:
+    """What an end's processing tells the webhooks (no phone number, no pseudonym but ``subject``, which
+    only keys the queue entry for erasure)."""
+
+    key: ConversationKey
+    subject: str
+    channel: str | None
+    ended_by: str
+    end_reason: str | None
+    outcome: dict[str, Any]
+    persisted: list[str]
+    repeat_caller: dict[str, Any]
+    #: When the client or the service made the end (the tombstone check of the queue).
+    made_at: int
+    #: The conversation's start and its transcript's expiry (0 when there is no transcript).
+    started_at: int = 0
+    expires_at: int = 0
+    late: bool = False
+
+
+@dataclass(slots=True)
+class WebhookService:
+    store: Store
+    box: SecretBox
+    policy: WebhookPolicy
+    clock: Clock
+    #: ``CALLER_MEMORY_WEBHOOK_HISTORY``: history may go into payloads at all.
+    history_allowed: bool = False
+    resolve: Resolve = resolve_host
+    #: Called after something was queued (the delivery worker wakes up at once).
+    wake: Callable[[], None] | None = None
+    _ids: Callable[[], str] = field(default=lambda: "wh_" + secrets.token_hex(8))
+
+    # Endpoints ----------------------------------------------------------------------------------------------
+
+    async def check_destination(self, url: str) -> None:
+        """Refuse a URL the policy refuses now (its host resolved and every address checked)."""
+        parts = self.policy.check_url(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            addresses = await self.resolve(host, port)
+            self.policy.check_addresses(host, addresses)
+        except RefusedAddress as exc:
+            raise InvalidInput(f"url cannot be used: {exc}", field="url") from None
+        except OSError:
+            raise InvalidInput(f"url cannot be used: its host {host} does not resolve", field="url") from None
+
+    async def create(self, project: Project, body: WebhookCreate) -> tuple[WebhookEndpoint, str]:
+        if len(set(body.events)) != len(body.events):
+            raise InvalidInput("events: each event type once", field="events")
+        self.box.seal("", project.project_id, "-")  # 503 before anything else when no key is configured
+        await self.check_destination(body.url)
+        existing = await self.store.list_endpoints(project.project_id)
+        if len(existing) >= MAX_ENDPOINTS:
+            raise Conflict(
+                f"the project has {MAX_ENDPOINTS} webhooks, the most it may have; delete one first"
+            )
+        endpoint_id = self._ids()
+        secret = new_secret()
+        endpoint = WebhookEndpoint(
+            project=project.project_id,
+            endpoint_id=endpoint_id,
+            url=body.url,
+            events=tuple(e for e in EVENTS if e in body.events),
+            include_history=body.include_history,
+            created_at=self.clock.now_ms(),
+            secret=self.box.seal(secret, project.project_id, endpoint_id),
+            description=body.description,
+        )
+        await self.store.put_endpoint(endpoint)
+        return endpoint, secret
+
+    async def get(self, project: Project, endpoint_id: str) -> WebhookEndpoint:
+        endpoint = await self.store.get_endpoint(project.project_id, endpoint_id)
+        if endpoint is None:
+            raise NotFound(f"webhook '{endpoint_id[:40]}' does not exist")
+        return endpoint
+
+    async def rotate(
+        self, project: Project, endpoint_id: str, body: WebhookRotate
+    ) -> tuple[WebhookEndpoint, str]:
+        endpoint = await self.get(project, endpoint_id)
+        now = self.clock.now_ms()
+        secret = new_secret()
+        rotated = replace(
+            endpoint,
+            secret=self.box.seal(secret, project.project_id, endpoint_id),
+            previous_secret=endpoint.secret if body.grace_seconds else b"",
+            previous_until=now + body.grace_seconds * 1000 if body.grace_seconds else 0,
+        )
+        await self.store.put_endpoint(rotated)
+        return rotated, secret
+
+    async def delete(self, project: Project, endpoint_id: str) -> None:
+        if not await self.store.delete_endpoint(project.project_id, endpoint_id):
+            raise NotFound(f"webhook '{endpoint_id[:40]}' does not exist")
+
+    def secrets_in_force(self, endpoint: WebhookEndpoint, now: int) -> list[str]:
+        """The secrets each attempt is signed with: the current one, and the one before a rotation during
+        its grace period."""
+        found = [self.box.open(endpoint.secret, endpoint.project, endpoint.endpoint_id)]
+        if endpoint.previous_secret and now < endpoint.previous_until:
+            found.append(self.box.open(endpoint.previous_secret, endpoint.project, endpoint.endpoint_id))
+        return found
+
+    # Deliveries ---------------------------------------------------------------------------------------------
+
+    async def failed(self, project: Project, endpoint_id: str | None, limit: int) -> list[Delivery]:
+        if endpoint_id is not None:
+            await self.get(project, endpoint_id)
+        return await self.store.failed_deliveries(project.project_id, self.clock.now_ms(), endpoint_id, limit)
+
+    async def redeliver(self, project: Project, delivery_id: str) -> Delivery:
+        delivery = await self.store.redeliver(project.project_id, delivery_id, self.clock.now_ms())
+        if delivery is None:
+            raise NotFound(f"delivery '{delivery_id[:40]}' does not exist (delivered, expired or erased?)")
+        self._woken()
+        return delivery
+
+    # Events -------------------------------------------------------------------------------------------------
+
+    async def conversation_ended(self, project: Project, event: EndedEvent) -> None:
+        """Queue ``conversation.ended`` (``conversation.updated`` for a late end) for each endpoint that
+        takes it. Durable once this returns; nothing is queued for a caller erased since the end was made."""
+        kind = UPDATED if event.late else ENDED
+        endpoints = [e for e in await self.store.list_endpoints(project.project_id) if kind in e.events]
+        if not endpoints:
+            return
+        now = self.clock.now_ms()
+        data = self._ended_data(event)
+        history: dict[str, Any] | None = None
+        if kind == ENDED and self.history_allowed and any(e.include_history for e in endpoints):
+            history = await self._history(event, now)
+        expires_at = event.expires_at if event.expires_at > now else now + NO_TRANSCRIPT_TTL_MS
+        deliveries = []
+        for endpoint in endpoints:
+            payload = data if history is None or not endpoint.include_history else {**data, **history}
+            deliveries.append(
+                self._delivery(
+                    endpoint, kind, event.key.conversation_id, payload, event.subject, now, expires_at
+                )
+            )
+        queued = await self.store.enqueue_deliveries(
+            deliveries, CallerRef(project.project_id, event.subject), event.made_at, now
+        )
+        if queued:
+            self._woken()
+
+    async def caller_erased(self, project: Project, receipt_id: str, conversation_ids: Sequence[str]) -> None:
+        """Queue ``caller.erased`` (the receipt id and the caller's conversation ids, nothing else)."""
+        endpoints = [e for e in await self.store.list_endpoints(project.project_id) if ERASED in e.events]
+        if not endpoints:
+            return
+        now = self.clock.now_ms()
+        data = {"receipt_id": receipt_id, "conversation_ids": sorted(conversation_ids)}
+        deliveries = [
+            self._delivery(e, ERASED, receipt_id, data, "", now, now + NO_TRANSCRIPT_TTL_MS)
+            for e in endpoints
+        ]
+        await self.store.enqueue_deliveries(deliveries, None, now, now)
+        self._woken()
+
+    async def erase_caller_deliveries(self, caller: CallerRef) -> int:
+        return await self.store.delete_caller_deliveries(caller)
+
+    def _woken(self) -> None:
+        if self.wake is not None:
+            self.wake()
+
+    def _delivery(
+        self,
+        endpoint: WebhookEndpoint,
+        kind: str,
+        about: str,
+        data: dict[str, Any],
+        subject: str,
+        now: int,
+        expires_at: int,
+    ) -> Delivery:
+        delivery_id = delivery_id_of(endpoint, kind, about)
+        envelope = {"type": kind, "id": delivery_id, "timestamp": iso_utc(now), "data": data}
+        return Delivery(
+            project=endpoint.project,
+            delivery_id=delivery_id,
+            endpoint_id=endpoint.endpoint_id,
+            event=kind,
+            payload=orjson.dumps(envelope),
+            subject=subject,
+            created_at=now,
+            expires_at=expires_at,
+            status=DeliveryStatus.QUEUED,
+            next_attempt_at=now,
+        )
+
+    @staticmethod
+    def _ended_data(event: EndedEvent) -> dict[str, Any]:
+        return {
+            "conversation_id": event.key.conversation_id,
+            "channel": event.channel,
+            "ended_by": event.ended_by,
+            "end_reason": event.end_reason,
+            "outcome": event.outcome,
+            "persisted": sorted(event.persisted),
+            "repeat_caller": event.repeat_caller,
+            "started_at": iso_utc(floor_hour_ms(event.started_at)) if event.started_at else None,
+        }
+
+    async def _history(self, event: EndedEvent, now: int) -> dict[str, Any]:
+        header, stored = await self.store.read_conversation(
+            event.key, now, TranscriptQuery(limit=MAX_MESSAGES)
+        )
+        if header is None or header.subject != event.subject:
+            return {"summary": None, "history": []}
+        summary = orjson.loads(header.summary) if header.summary else None
+        messages = Message.decode_all([m.body for m in stored])
+        return {
+            "summary": summary,
+            "history": [m.platform(header.started_at) for m in messages],
+        }
+
+
+def delivery_id_of(endpoint: WebhookEndpoint, kind: str, about: str) -> str:
+    """The ``webhook-id`` of an event for an endpoint: the same for every retry of what made it (an end, an
+    erasure receipt), different per endpoint and event; derived by a hash, so it says nothing readable."""
+    digest = hashlib.sha256(
+        "\x00".join((endpoint.project, endpoint.endpoint_id, kind, about)).encode()
+    ).digest()
+    return "msg_" + base64.b32encode(digest[:20]).decode().lower().rstrip("=")
