@@ -56,6 +56,9 @@ MAX_GRACE_S = 7 * 24 * 3600
 #: failed: the attempt schedule's length and a day to redeliver it.
 NO_TRANSCRIPT_TTL_MS = 2 * 24 * 3600 * 1000
 
+#: Longest wait for a receiver's host to resolve at registration (then 422: it does not resolve).
+RESOLVE_TIMEOUT_S = 5.0
+
 Resolve = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -126,13 +129,16 @@ class WebhookService:
         """Refuse a URL the policy refuses now (its host resolved and every address checked)."""
         parts = self.policy.check_url(url)
         host = parts.hostname or ""
+        if self.policy.allows_host(host):
+            return  # the operator trusts it, wherever it resolves (and it may not be up yet)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            addresses = await self.resolve(host, port)
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                addresses = await self.resolve(host, port)
             self.policy.check_addresses(host, addresses)
         except RefusedAddress as exc:
             raise InvalidInput(f"url cannot be used: {exc}", field="url") from None
-        except OSError:
+        except (OSError, TimeoutError):
             raise InvalidInput(f"url cannot be used: its host {host} does not resolve", field="url") from None
 
     async def create(self, project: Project, body: WebhookCreate) -> tuple[WebhookEndpoint, str]:

@@ -286,6 +286,10 @@ class AuditRecord(TypedDict):
             "caller.erased",
             "transcript.read",
             "transcript.deleted",
+            "webhook.created",
+            "webhook.rotated",
+            "webhook.deleted",
+            "webhook.redelivered",
         ),
     ]
     details: Annotated[

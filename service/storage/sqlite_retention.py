@@ -36,6 +36,7 @@ class SQLiteRetention:
         "analytics_counters": ("analytics_counters", "project, kind, bucket, name"),
         "tombstones": ("tombstones", "project, subject"),
         "transcript_volume": ("transcript_volume", "project, hour"),
+        "webhook_deliveries": ("webhook_deliveries", "project, delivery_id"),
     }
 
     async def list_projects(self) -> list[str]:

@@ -18,6 +18,7 @@ keeps the fuzzer's threads, Hypothesis settings and warnings out of this process
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from caller_memory.service.domain.webhook_store import WebhookEndpoint
+from caller_memory.service.domain.webhooks import delivery_id_of
 from caller_memory.service.http.openapi_parts import BODY_EXAMPLES
 
 from tests.conftest import BACKENDS, OPERATOR_TOKEN
@@ -85,7 +88,11 @@ BINDINGS = {
     "path.field": ("fields", 0.6),
     "body.caller": ("callers", 0.7),
     "path.conversation_id": ("conversations", 0.7),
+    "path.webhook_id": ("webhooks", 0.8),
+    "path.delivery_id": ("deliveries", 0.8),
 }
+#: The ids of the webhook and the delivery the service fixture makes (server-made ids no generator finds).
+SEEDED: dict[str, list[str]] = {"webhooks": [], "deliveries": []}
 OPERATOR_ONLY = ["GET /v1/admin/sweeps", "POST /v1/admin/sweeps", "PUT /v1/projects/{project}"]
 #: Schemathesis warnings mean the run tested less than it seems ("leaving the logic behind them
 #: untested"); these are expected. With the admin token, the operator operations answer only 403 (and 429
@@ -96,6 +103,8 @@ CONFIG_DEPENDENT = [
     "PATCH /v1/projects/{project}/callers/{identifier}/memory",
     "DELETE /v1/projects/{project}/callers/{identifier}/memory/{field}",
     "POST /v1/projects/{project}/conversations/{conversation_id}/end",
+    # Whether a receiver's URL may be registered depends on what its host resolves to (SSRF rules).
+    "POST /v1/projects/{project}/webhooks",
     # And conversation memory's, on the conversation's state as well: whether it exists, has ended, belongs
     # to the caller named, has reached the turn a summary names; and on a message's source fitting its role
     # (a rule between two members). Each must still succeed at least once (checked below), and none may be
@@ -113,9 +122,22 @@ CONFIG_DEPENDENT = [
         )
     ),
 ]
+#: The seeded webhook and its delivery are found (dictionaries), but the run deletes the webhook too (DELETE is
+#: fuzzed like the rest) and its deliveries with it: from then on these answer 404, which schemathesis reports.
+SEEDED_ONLY = {
+    (kind, f"{method} /v1/projects/{{project}}/webhooks{suffix}")
+    for kind in ("missing_test_data", "validation_mismatch")
+    for method, suffix in (
+        ("GET", "/{webhook_id}"),
+        ("DELETE", "/{webhook_id}"),
+        ("POST", "/{webhook_id}/rotate"),
+        ("POST", "/deliveries/{delivery_id}/redeliver"),
+    )
+}
 TOLERATED_WARNINGS = {
-    "operator": {("validation_mismatch", label) for label in CONFIG_DEPENDENT},
+    "operator": {("validation_mismatch", label) for label in CONFIG_DEPENDENT} | SEEDED_ONLY,
     "admin": {("validation_mismatch", label) for label in CONFIG_DEPENDENT}
+    | SEEDED_ONLY
     # With the admin token the operator operations can only be refused (403), which schemathesis may also
     # count as "mostly rejected generated data" (seen on some runs for POST /v1/admin/sweeps).
     | {
@@ -163,7 +185,9 @@ def schemathesis_config(principal: str, token: str) -> dict[str, Any]:
         "checks": {"enabled": False} | {name: {"enabled": True} for name in CHECKS},
         "phases": phases,
         "generation": generation,
-        "dictionaries": {name: {"values": values} for name, values in DICTIONARIES.items()},
+        "dictionaries": {
+            name: {"values": values} for name, values in (DICTIONARIES | SEEDED).items() if values
+        },
         "parameters": parameters,
         "output": {"truncation": {"enabled": False}},
         "operations": operations,
@@ -178,7 +202,7 @@ def _operator_call(url: str, method: str, path: str, body: Any) -> Any:
         headers={"Authorization": f"Bearer {OPERATOR_TOKEN}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status in (200, 201)
+        assert response.status in (200, 201, 202)
         return json.loads(response.read())
 
 
@@ -195,7 +219,14 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def service(store: str, tmp_path: Path) -> Iterator[ServiceProcess]:
     """The service as its own process, with the fuzz project configured."""
-    with ServiceProcess(store, tmp_path) as process:
+    # Webhooks can be registered (a key, and a host the fuzzer's URLs may name); none is sent (no worker).
+    webhooks = {
+        "CALLER_MEMORY_SECRET_KEY": base64.b64encode(b"f" * 32).decode(),
+        # The document's example receiver (crm.example.com) too: registering it must succeed at least once.
+        "CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS": "127.0.0.1,crm.example.com",
+        "CALLER_MEMORY_WEBHOOK_INTERVAL": "0",
+    }
+    with ServiceProcess(store, tmp_path, env=webhooks) as process:
         _operator_call(process.url, "PUT", f"/v1/projects/{PROJECT}", CONFIG)
         example = BODY_EXAMPLES["AppendBody"]
         for conversation_id in CONVERSATIONS:
@@ -205,6 +236,16 @@ def service(store: str, tmp_path: Path) -> Iterator[ServiceProcess]:
                 f"/v1/projects/{PROJECT}/conversations/{conversation_id}/messages",
                 {**example, "caller": TRANSCRIPT_CALLER},
             )
+        # A webhook, and a delivery queued for it (no worker sends it), for the operations that name them.
+        hook = {"url": "http://127.0.0.1:9/hook", "events": ["conversation.ended", "caller.erased"]}
+        endpoint = _operator_call(process.url, "POST", f"/v1/projects/{PROJECT}/webhooks", hook)
+        end = {"caller": TRANSCRIPT_CALLER, "state": {}}
+        _operator_call(process.url, "POST", f"/v1/projects/{PROJECT}/conversations/fuzz-ended/end", end)
+        made = WebhookEndpoint(PROJECT, endpoint["webhook_id"], hook["url"], (), False, 0, b"")
+        SEEDED["webhooks"] = [endpoint["webhook_id"]]
+        SEEDED["deliveries"] = [delivery_id_of(made, "conversation.ended", "fuzz-ended")]
+        redeliver = f"/v1/projects/{PROJECT}/webhooks/deliveries/{SEEDED['deliveries'][0]}/redeliver"
+        assert _operator_call(process.url, "POST", redeliver, {})["status"] == "queued"
         yield process
 
 
@@ -288,4 +329,7 @@ def test_every_answer_matches_the_document(principal: str, service: ServiceProce
     tried = {(method, route) for method, route, _ in seen if route.startswith("/v1/")}
     succeeded = {(method, route) for method, route, status in seen if status.startswith("2")}
     forbidden = {tuple(label.split(" ")) for label in OPERATOR_ONLY} if principal != "operator" else set()
-    assert tried - succeeded - forbidden == set(), output
+    # The seeded delivery goes with its webhook when the run deletes it (schemathesis has, every time so
+    # far, before redelivering); tests/http/test_openapi.py's walkthrough redelivers one (202).
+    seeded = {("POST", "/v1/projects/{project}/webhooks/deliveries/{delivery_id}/redeliver")}
+    assert tried - succeeded - forbidden - seeded == set(), output
