@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import re
+import secrets
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import orjson
 import pytest
+from caller_memory.service.domain.webhook_secrets import signature_headers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,3 +83,191 @@ def test_the_interactive_agent_ends_the_call_on_end_of_input_and_explains_a_queu
     # The end, behind the transcript's messages (the greeting, and each line of the call).
     counts = dict(kept)
     assert counts["end"] == 1 and counts["messages"] >= 1, counts
+
+
+# The webhook receiver (examples/webhook_receiver.py) and the README's webhook step ---------------------------
+
+RECEIVER = ROOT / "examples" / "webhook_receiver.py"
+#: A signing secret in the form the service makes (whsec_ and the base64 of 24 bytes).
+SECRET = "whsec_" + base64.b64encode(b"example-receiver-secret!").decode()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_line(path: Path, pattern: str, timeout: float = 20.0) -> str:
+    """The first line of the file at ``path`` that matches ``pattern``, once a process has written it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in path.read_text().splitlines() if path.exists() else []:
+            if re.search(pattern, line):
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no line matching {pattern!r} in {path.name}: {path.read_text()!r}")
+
+
+@contextlib.contextmanager
+def running(
+    command: list[str], out: Path, env: dict[str, str], cwd: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A process whose standard output and error go to ``out`` (and ``out`` with ``.err``), stopped after."""
+    with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+        try:
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def post(url: str, body: bytes, headers: dict[str, str], token: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, refused.read()
+
+
+def signed(body: bytes, secret: str, at: datetime, delivery_id: str = "msg_example") -> dict[str, str]:
+    """The headers the service sends (signed by its own signing function)."""
+    return {"content-type": "application/json", **signature_headers(delivery_id, body, [secret], at)}
+
+
+def test_the_webhook_receiver_prints_what_verifies_and_refuses_the_rest_with_401(tmp_path: Path) -> None:
+    out = tmp_path / "receiver.out"
+    env = {**os.environ, "WEBHOOK_SECRET": SECRET}
+    with running([sys.executable, str(RECEIVER), "--port", "0"], out, env, tmp_path) as receiver:
+        url = wait_for_line(out, r"listening on http://").rsplit(" ", 1)[1] + "webhooks"
+        now = datetime.now(UTC)
+        ended = orjson.dumps(
+            {
+                "type": "conversation.ended",
+                "id": "msg_example",
+                "timestamp": "2026-01-01T10:00:00Z",
+                "data": {"conversation_id": "call-1", "ended_by": "explicit"},
+            }
+        )
+        assert post(url, ended, signed(ended, SECRET, now))[0] == 204
+        assert post(url, ended, signed(ended, SECRET, now))[0] == 204  # the same webhook-id again
+        erased = orjson.dumps(
+            {
+                "type": "caller.erased",
+                "id": "msg_erased",
+                "timestamp": "2026-01-01T11:00:00Z",
+                "data": {"receipt_id": "0" * 32, "conversation_ids": ["call-1", "call-2"]},
+            }
+        )
+        assert post(url, erased, signed(erased, SECRET, now, "msg_erased"))[0] == 204
+        other = "whsec_" + base64.b64encode(b"another-secret-entirely!").decode()
+        refused = [
+            (ended.replace(b"call-1", b"call-9"), signed(ended, SECRET, now)),  # a changed body
+            (ended, signed(ended, other, now)),  # another secret
+            (ended, signed(ended, SECRET, now - timedelta(minutes=6))),  # an old timestamp (a replay)
+            (ended, {"content-type": "application/json"}),  # no signature at all
+            (ended, {**signed(ended, SECRET, now), "webhook-signature": "garbage"}),  # not even well-formed
+            (b"\xff\xfe", signed(ended, SECRET, now)),  # a body that is not UTF-8
+        ]
+        for body, headers in refused:
+            assert post(url, body, headers)[0] == 401
+        assert receiver.poll() is None
+    lines = out.read_text().splitlines()
+    assert lines[1:] == [
+        "conversation.ended msg_example conversation=call-1",
+        "conversation.ended msg_example conversation=call-1 (a repeat: already handled)",
+        "caller.erased msg_erased conversations=call-1,call-2",
+    ]
+    reasons = out.with_suffix(".err").read_text()
+    assert reasons.count("refused a delivery") == len(refused), reasons
+    assert "Traceback" not in reasons
+
+
+def test_the_webhook_receiver_asks_for_a_secret_it_can_use(tmp_path: Path) -> None:
+    for secret in ("", "not-a-whsec"):
+        result = subprocess.run(
+            [sys.executable, str(RECEIVER), "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "WEBHOOK_SECRET": secret},
+        )
+        assert result.returncode == 2 and "whsec_" in result.stderr, result.stderr
+
+
+def test_the_readme_webhook_step_ends_a_call_and_the_receiver_prints_the_verified_delivery(
+    tmp_path: Path,
+) -> None:
+    """Step 12 of the README's walkthrough, as written: the service with a secret key and 127.0.0.1 allowed,
+    a webhook registered (its secret shown once), the example receiver started with it, a call ended."""
+    operator = "op_" + secrets.token_urlsafe(24)
+    service_env = {
+        **os.environ,
+        "CALLER_MEMORY_PSEUDONYM_KEY": secrets.token_urlsafe(32),
+        "CALLER_MEMORY_OPERATOR_TOKEN": operator,
+        "CALLER_MEMORY_SECRET_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
+        "CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+        "CALLER_MEMORY_STORE": f"sqlite:///{tmp_path / 'caller-memory.db'}",
+    }
+    port, hook_port = free_port(), free_port()
+    cm = f"http://127.0.0.1:{port}"
+    json_header = {"Content-Type": "application/json"}
+    serve = [sys.executable, "-m", "caller_memory.service", "serve", "--port", str(port)]
+    with running(serve, tmp_path / "service.out", service_env, tmp_path):
+        wait_for_line(tmp_path / "service.err", r"listening on http://")
+        project = orjson.dumps(
+            {"memory": {"repeat_caller": {"state_keys": ["cheese"], "default_region": "US"}}}
+        )
+        put = urllib.request.Request(f"{cm}/v1/projects/cheese-shop", data=project, method="PUT")
+        put.add_header("Authorization", f"Bearer {operator}")
+        put.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(put, timeout=10) as answer:
+            assert answer.status in (200, 201)
+        tokens = f"{cm}/v1/projects/cheese-shop/tokens"
+        admin = orjson.loads(post(tokens, b'{"role": "admin"}', json_header, operator)[1])["token"]
+        agent = orjson.loads(post(tokens, b'{"role": "agent"}', json_header, admin)[1])["token"]
+        registration = orjson.dumps(
+            {
+                "url": f"http://127.0.0.1:{hook_port}/webhooks",
+                "events": ["conversation.ended", "caller.erased"],
+            }
+        )
+        status, hook = post(f"{cm}/v1/projects/cheese-shop/webhooks", registration, json_header, admin)
+        assert status == 201, hook
+        secret = orjson.loads(hook)["secret"]
+        out = tmp_path / "receiver.out"
+        receive = [sys.executable, str(RECEIVER), "--port", str(hook_port)]
+        with running(receive, out, {**os.environ, "WEBHOOK_SECRET": secret}, tmp_path):
+            wait_for_line(out, r"listening on http://")
+            end = orjson.dumps(
+                {
+                    "caller": "+14155550100",
+                    "channel": "phone",
+                    "end_reason": "completed",
+                    "state": {"cheese": "brie"},
+                    "outcome": {"qa": "resolved"},
+                }
+            )
+            status, answer = post(
+                f"{cm}/v1/projects/cheese-shop/conversations/call-5/end", end, json_header, agent
+            )
+            assert status == 200 and orjson.loads(answer)["persisted"] == ["cheese"], answer
+            wait_for_line(out, r"^conversation\.ended msg_[a-z2-7]{32} conversation=call-5$")
+            request = urllib.request.Request(
+                f"{cm}/v1/projects/cheese-shop/callers/+14155550100", method="DELETE"
+            )
+            request.add_header("Authorization", f"Bearer {admin}")
+            with urllib.request.urlopen(request, timeout=10) as erasure:
+                assert orjson.loads(erasure.read())["removed"]["webhook_deliveries"] == 0
+            wait_for_line(out, r"^caller\.erased msg_[a-z2-7]{32} conversations=")
+    printed = out.read_text() + out.with_suffix(".err").read_text()
+    assert "refused" not in printed and "4155550100" not in printed
