@@ -56,3 +56,28 @@ def test_transcripts_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
     assert results["footprint"]["service"]["bytes_per_message"] > 0
     assert results["footprint"]["service"]["one_conversation_keys"]
     assert len(results["targets"]) == 7
+
+
+@pytest.mark.timeout(240)  # about 15 s; a busy shared machine may take several times that
+def test_webhooks_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
+    """bench/webhooks.py --smoke: three real services with their redis-servers, the receiver, the ends and the
+    deliveries for a fraction of a second; deliveries arrive verified during the measured window of ``on``,
+    none for ``queue-only`` (no worker), and the JSON holds every figure the targets are judged on."""
+    output = tmp_path / "webhooks.json"
+    cmd = [sys.executable, str(BENCH / "webhooks.py"), "--smoke", "--no-pin", "--profile", "none"]
+    run = subprocess.run(
+        [*cmd, "--output", str(output)], capture_output=True, text=True, timeout=230, cwd=tmp_path
+    )
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    assert "Targets" in run.stdout
+    results = json.loads(output.read_text())
+    peak = results["end_peak"]
+    for side in ("off", "on", "queue-only"):
+        assert peak[side]["ok"] > 0 and peak[side]["errors"] == 0, side
+    assert min(peak["on"]["deliveries"]["in_window"]) > 0
+    assert peak["on"]["deliveries"]["invalid"] == 0
+    assert peak["queue-only"]["deliveries"]["in_window"] == [0]
+    assert peak["ratio_on_over_off"]["per_round"]
+    for rate in results["deliveries"].values():
+        assert rate["deliveries_per_s"] > 0 and rate["invalid"] == 0 and rate["duplicates"] == 0
+    assert len(results["targets"]) == 2 + len(results["deliveries"])
