@@ -14,6 +14,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from .config import Settings
 from .domain.analytics import AnalyticsService
+from .domain.archive import Archive
 from .domain.clock import Clock, SystemClock
 from .domain.conversations import ConversationService
 from .domain.errors import CallerMemoryError
@@ -43,6 +44,7 @@ from .http.webhook_routes import routes as webhook_routes
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
 from .storage import open_store
+from .storage.archive_objects import ArchiveObjects
 
 log = logging.getLogger("caller_memory")
 
@@ -56,6 +58,12 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     analytics = AnalyticsService(store)
     conversations = ConversationService(store, memory, analytics, clock)
     transcripts = TranscriptService(store, memory, conversations, analytics, clock)
+    archive = Archive(
+        store, ArchiveObjects(settings.archive_url, timeout=max(5.0, settings.store_timeout)), clock
+    )
+    # Promote, then archive (the end's memory writes are done by then), then queue the webhooks.
+    conversations.end_hooks.append(archive.conversation_ended)
+    memory.erasure_hooks.append(archive.erase_caller)
     return Services(
         settings=settings,
         clock=clock,
@@ -68,7 +76,8 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         transcripts=transcripts,
         lifecycle=Lifecycle(store, transcripts, conversations, analytics, clock),
         audit=audit,
-        sweeper=Sweeper(store, clock, batch=settings.sweep_batch),
+        sweeper=Sweeper(store, clock, batch=settings.sweep_batch, archive=archive),
+        archive=archive,
     )
 
 
@@ -182,8 +191,8 @@ def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> 
     webhooks = Webhooks(service, deliverer, sender)
     holder.append(webhooks)
     service.wake = webhooks.wake
-    services.conversations.on_ended = service.conversation_ended
-    services.memory.on_erasing = service.erase_caller_deliveries
+    services.conversations.end_hooks.append(service.conversation_ended)
+    services.memory.erasure_hooks.append(service.erase_caller_deliveries)
     services.memory.on_erased = service.caller_erased
     return webhooks
 

@@ -12,6 +12,8 @@ from typing import Any
 
 DEFAULT_STORE = "sqlite:///caller-memory.db"
 DEFAULT_PORT = 8080
+#: The archive's default: a directory beside the default SQLite file.
+DEFAULT_ARCHIVE = "file:caller-memory-archive"
 MIN_PSEUDONYM_KEY_CHARS = 32
 #: Most processes ``serve --workers`` starts. Each worker holds its own store connections and caches, and
 #: more workers than cores only adds memory; the bound catches typos (``--workers 800``).
@@ -174,6 +176,9 @@ class Settings:
     #: Seconds between looks at the queue when nothing woke the worker (``CALLER_MEMORY_WEBHOOK_INTERVAL``;
     #: 0: no delivery worker in this process). An event queued by this process wakes it at once.
     webhook_interval: float = 1.0
+    #: ``CALLER_MEMORY_ARCHIVE_URL``: where projects with ``conversation.archive`` write ended conversations:
+    #: a directory (``file://`` URL or path) or an ``s3://bucket/prefix`` (its settings from ``AWS_*``).
+    archive_url: str = DEFAULT_ARCHIVE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -210,6 +215,14 @@ class Settings:
         seconds["webhook_history"] = _flag(env, "CALLER_MEMORY_WEBHOOK_HISTORY")
         if env.get("CALLER_MEMORY_SECRET_KEY", "").strip():
             seconds["secret_key"] = parse_secret_key(env["CALLER_MEMORY_SECRET_KEY"])
+        archive = env.get("CALLER_MEMORY_ARCHIVE_URL", "").strip()
+        if archive:
+            if not archive.startswith(("file:", "s3://", "/", ".")):
+                raise SettingsError(
+                    "CALLER_MEMORY_ARCHIVE_URL must be a directory (a file:// URL or a path) or an "
+                    "s3://bucket/prefix URL"
+                )
+            seconds["archive_url"] = archive
         hosts = env.get("CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS", "")
         seconds["webhook_allow_hosts"] = tuple(h.strip() for h in hosts.split(",") if h.strip())
         settings = replace(settings, **seconds)

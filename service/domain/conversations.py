@@ -101,6 +101,8 @@ class _Verdict:
     #: The conversation's start and its transcript's expiry, when it has one (for the webhook event).
     started_at: int = 0
     expires_at: int = 0
+    #: The transcript's end processing had finished already: this is a retry of a completed end.
+    finished: bool = False
 
 
 class ConversationService:
@@ -111,13 +113,14 @@ class ConversationService:
         self._memory = memory
         self._analytics = analytics
         self._clock = clock
-        #: Called by every end's processing before it reports success (the webhooks queue their events):
-        #: explicit ends here, the service's ends from :class:`~.lifecycle.Lifecycle`.
-        self.on_ended: Callable[[Project, EndedEvent], Awaitable[None]] | None = None
+        #: Called in turn by every end's processing before it reports success (the archive writes the
+        #: conversation, the webhooks queue their events): explicit ends here, the service's ends from
+        #: :class:`~.lifecycle.Lifecycle`. A hook that fails fails the end, which is then redone whole.
+        self.end_hooks: list[Callable[[Project, EndedEvent], Awaitable[None]]] = []
 
     async def announce(self, project: Project, event: EndedEvent) -> None:
-        if self.on_ended is not None:
-            await self.on_ended(project, event)
+        for hook in self.end_hooks:
+            await hook(project, event)
 
     async def end(
         self,
@@ -209,22 +212,23 @@ class ConversationService:
                 end_reason=end_reason,
             )
             repeat_caller = metrics(entry.first)
-        await self.announce(
-            project,
-            EndedEvent(
-                key=key,
-                subject=who.subject,
-                channel=channel,
-                ended_by="explicit",
-                end_reason=end_reason,
-                outcome=outcome_body(outcome),
-                persisted=changes.persisted,
-                repeat_caller=dict(repeat_caller),
-                made_at=made_at,
-                started_at=verdict.started_at,
-                expires_at=verdict.expires_at,
-            ),
-        )
+        if not verdict.finished:  # a retry of a completed end: its archive and webhooks were made then
+            await self.announce(
+                project,
+                EndedEvent(
+                    key=key,
+                    subject=who.subject,
+                    channel=channel,
+                    ended_by="explicit",
+                    end_reason=end_reason,
+                    outcome=outcome_body(outcome),
+                    persisted=changes.persisted,
+                    repeat_caller=dict(repeat_caller),
+                    made_at=made_at,
+                    started_at=verdict.started_at,
+                    expires_at=verdict.expires_at,
+                ),
+            )
         if verdict.claimed:
             await self._store.finish_end(key, self._clock.now_ms())
         return ConversationEnd(
@@ -267,6 +271,7 @@ class ConversationService:
             claimed=claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY),
             started_at=header.started_at,
             expires_at=header.expires_at,
+            finished=header.status is TranscriptStatus.ENDED,
         )
 
     async def _late_end(

@@ -48,6 +48,8 @@ class ErasureReceipt:
     transcripts_removed: int = 0
     #: Webhook deliveries about the caller (queued or failed) removed: none of them is sent.
     deliveries_removed: int = 0
+    #: Archived conversations of the caller deleted from the archive.
+    archives_removed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +84,11 @@ class MemoryService:
         self._store = store
         self._pseudonymizer = pseudonymizer
         self._clock = clock
-        #: Set when webhooks are on (service/app.py): ``on_erasing(caller)`` deletes the caller's queued and
-        #: failed deliveries once the erasure's tombstone is down (so none can be queued after it) and says
-        #: how many; ``on_erased(project, receipt_id, conversation_ids)`` queues ``caller.erased``.
-        self.on_erasing: Callable[[CallerRef], Awaitable[int]] | None = None
+        #: Set by service/app.py. Each of ``erasure_hooks`` deletes what else the service keeps about the
+        #: caller (webhook deliveries queued or failed, archived conversations) once the erasure's tombstone
+        #: is down, so that nothing new can be made for them after it, and says what and how many;
+        #: ``on_erased(project, receipt_id, conversation_ids)`` queues the ``caller.erased`` event.
+        self.erasure_hooks: list[Callable[[CallerRef], Awaitable[tuple[str, int]]]] = []
         self.on_erased: Callable[[Project, str, list[str]], Awaitable[None]] | None = None
 
     def caller(self, project: Project, raw_identifier: str) -> Caller:
@@ -202,7 +205,7 @@ class MemoryService:
                 h.key.conversation_id for h in await self._store.caller_conversations(ref, now)
             ]
         removed = await self._store.erase_caller(ref, now, now + RECALL_WINDOW_MS)
-        deliveries = await self.on_erasing(ref) if self.on_erasing is not None else 0
+        removed_too = dict([await hook(ref) for hook in self.erasure_hooks])
         receipt = ErasureReceipt(
             receipt_id=uuid.uuid4().hex,
             project=project.project_id,
@@ -213,7 +216,8 @@ class MemoryService:
             analytics_entries_removed=removed.listed,
             blacklisted=caller.blacklisted,
             transcripts_removed=removed.transcripts,
-            deliveries_removed=deliveries,
+            deliveries_removed=removed_too.get("webhook_deliveries", 0),
+            archives_removed=removed_too.get("archived_conversations", 0),
         )
         if self.on_erased is not None:
             await self.on_erased(project, receipt.receipt_id, conversation_ids)

@@ -123,6 +123,10 @@ class ConversationConfig(BaseModel):
     transcript_scope: Literal["shared", "agent"] = "shared"
     cross_channel: bool = False
     max_transcript_bytes: int = Field(default=DEFAULT_MAX_TRANSCRIPT_BYTES, ge=1024, le=1 << 50)
+    #: Write each ended conversation once to the archive (cold storage: CALLER_MEMORY_ARCHIVE_URL).
+    archive: bool = False
+    #: How long archived conversations are kept (default: transcript_retention; at most retention).
+    archive_retention: Duration | None = None
 
 
 class MemoryConfig(BaseModel):
@@ -222,6 +226,7 @@ def _with_defaults(cc: ConversationConfig, retention: timedelta) -> Conversation
     if cc.idle_after is None and idle_after.total_seconds() != int(idle_after.total_seconds()):
         idle_after = timedelta(seconds=int(idle_after.total_seconds()))
     resume_window = cc.resume_window or min(timedelta(minutes=10), transcript_retention)
+    archive_retention = cc.archive_retention or transcript_retention
     rules = (
         (
             "transcript_retention",
@@ -240,6 +245,16 @@ def _with_defaults(cc: ConversationConfig, retention: timedelta) -> Conversation
             resume_window <= transcript_retention,
             "cannot be longer than transcript_retention",
         ),
+        (
+            "archive_retention",
+            archive_retention <= retention,
+            "cannot be longer than repeat_caller.retention",
+        ),
+        (
+            "archive",
+            cc.enabled or not cc.archive,
+            "needs conversation memory (memory.conversation.enabled): the archive keeps transcripts",
+        ),
     )
     for name, holds, message in rules:
         if not holds:
@@ -250,8 +265,16 @@ def _with_defaults(cc: ConversationConfig, retention: timedelta) -> Conversation
             "end_after_inactivity": end_after,
             "idle_after": idle_after,
             "resume_window": resume_window,
+            "archive_retention": archive_retention,
         }
     )
+
+
+def archive_retention_ms(config: ProjectConfig) -> int:
+    """How long the project keeps archived conversations, its defaults applied (milliseconds)."""
+    rc = config.memory.repeat_caller
+    cc = _with_defaults(config.memory.conversation, rc.retention)
+    return _ms(cc.archive_retention or rc.retention)
 
 
 def _cross_check(rc: RepeatCallerConfig) -> None:
@@ -299,6 +322,8 @@ class ConversationSettings:
     agent_scope: bool
     cross_channel: bool
     max_transcript_bytes: int
+    archive: bool = False
+    archive_retention_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +390,8 @@ def compile_project(project_id: str, config: ProjectConfig, pseudonymizer: Pseud
         agent_scope=cc.transcript_scope == "agent",
         cross_channel=cc.cross_channel,
         max_transcript_bytes=cc.max_transcript_bytes,
+        archive=cc.archive,
+        archive_retention_ms=_ms(cc.archive_retention or rc.retention),
     )
     return Project(
         conversation=conversation,

@@ -8,11 +8,14 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .clock import Clock, iso_utc
+
+if TYPE_CHECKING:
+    from .archive import Archive
 from .errors import InvalidInput
 from .projects import ProjectConfig
 from .store import AuditEntry, Store
@@ -64,8 +67,11 @@ class Sweeper:
         batch: int = 1000,
         budget_seconds: float = 30.0,
         lease_seconds: float = 60.0,
+        archive: Archive | None = None,
     ) -> None:
         self._store = store
+        #: The archive's days past their project's ``archive_retention`` go with each sweep.
+        self._archive = archive
         self._clock = clock
         self.holder = holder or uuid.uuid4().hex[:12]
         self.batch = batch
@@ -109,6 +115,8 @@ class Sweeper:
                     removed[kind] = removed.get(kind, 0) + count
                 # Renew the lease between rounds so that a long sweep keeps it.
                 await self._store.acquire_lease(SWEEP_LEASE, self.holder, self._clock.now_ms(), self.lease_ms)
+            if self._archive is not None and self._archive.objects is not None:
+                removed["archived_conversations"] = await self._archive.sweep()
             report = SweepReport(
                 sweep_id=uuid.uuid4().hex,
                 holder=self.holder,

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .archive_store import ArchiveStore
 from .fields import StoredField, WriteCondition
 from .transcript_store import TranscriptStore
 from .webhook_store import WebhookStore
@@ -249,9 +250,10 @@ class PatchResult:
     fields: dict[str, StoredField]
 
 
-class Store(TranscriptStore, WebhookStore, ABC):
+class Store(TranscriptStore, WebhookStore, ArchiveStore, ABC):
     """Persistent storage for projects, tokens, caller memory, conversation memory
-    (:class:`~.transcript_store.TranscriptStore`) and webhooks (:class:`~.webhook_store.WebhookStore`)."""
+    (:class:`~.transcript_store.TranscriptStore`), webhooks (:class:`~.webhook_store.WebhookStore`) and the
+    archive's index (:class:`~.archive_store.ArchiveStore`)."""
 
     @abstractmethod
     async def open(self) -> None:

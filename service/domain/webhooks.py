@@ -256,8 +256,8 @@ class WebhookService:
         await self.store.enqueue_deliveries(deliveries, None, now, now)
         self._woken()
 
-    async def erase_caller_deliveries(self, caller: CallerRef) -> int:
-        return await self.store.delete_caller_deliveries(caller)
+    async def erase_caller_deliveries(self, caller: CallerRef) -> tuple[str, int]:
+        return "webhook_deliveries", await self.store.delete_caller_deliveries(caller)
 
     def _woken(self) -> None:
         if self.wake is not None:

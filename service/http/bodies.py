@@ -141,6 +141,7 @@ class ErasureRemoved(TypedDict):
     webhook_deliveries: Annotated[
         Count, Field(description="Webhook deliveries about the caller, queued or failed, never sent now.")
     ]
+    archived_conversations: Annotated[Count, Field(description="The caller's conversations in the archive.")]
 
 
 @with_config(_CLOSED)

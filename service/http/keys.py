@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ..config import Settings
 from ..domain.analytics import AnalyticsService
+from ..domain.archive import Archive
 from ..domain.clock import Clock
 from ..domain.conversations import ConversationService
 from ..domain.errors import StoreUnavailable
@@ -39,6 +40,7 @@ class Services:
     conversations: ConversationService
     transcripts: TranscriptService
     lifecycle: Lifecycle
+    archive: Archive
 
     async def ping(self) -> None:
         try:

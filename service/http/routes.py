@@ -135,6 +135,7 @@ def receipt_body(receipt: ErasureReceipt) -> bodies.ErasureReceipt:
             "analytics_conversations": receipt.analytics_entries_removed,
             "transcripts": receipt.transcripts_removed,
             "webhook_deliveries": receipt.deliveries_removed,
+            "archived_conversations": receipt.archives_removed,
         },
         "blacklisted": receipt.blacklisted,
     }

@@ -320,3 +320,9 @@ WEBHOOK_WORK = f"{_PREFIX}wwork"
 def webhook_work_member(project: str, endpoint_id: str) -> str:
     """An endpoint's member in :data:`WEBHOOK_WORK` (project ids hold no ``:``)."""
     return f"{project}:{endpoint_id}"
+
+
+def caller_archive_key(project: str, subject: str) -> str:
+    """The keys of the caller's archived conversations (object key -> expiry), in the caller's slot, so that
+    erasure finds them (an archived object holds no pseudonym)."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:va:{project}:{subject}"

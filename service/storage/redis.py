@@ -41,6 +41,7 @@ from ..domain.store import (
 )
 from . import keys
 from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry, memory_fields
+from .redis_archive import RedisArchiveIndex
 from .redis_cluster import ClusterTransport, is_cluster_url
 from .redis_retention import RedisRetention, split_listed
 from .redis_transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
@@ -99,7 +100,7 @@ _COUNTER_META = (b"_expires_at", b"_recorded_at")
 _RECORDED = {0: RecordStatus.DUPLICATE, 1: RecordStatus.RECORDED, 2: RecordStatus.ERASED}
 
 
-class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, Store):
+class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIndex, Store):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
     Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`.redis_cluster.parse_cluster_url`).
     Retention (sweeps, leases, sweep reports, the audit log): :class:`.redis_retention.RedisRetention`;

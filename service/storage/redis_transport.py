@@ -44,6 +44,7 @@ SCRIPTS = (
     "sweep_bucket",
     "lease",
     "webhook_register",
+    "archive_index",
     "webhook_index",
     "webhook_queue",
 )

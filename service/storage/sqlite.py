@@ -38,6 +38,7 @@ from ..domain.store import (
     TokenRecord,
 )
 from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
+from .sqlite_archive import SQLiteArchiveIndex
 from .sqlite_retention import SQLiteRetention
 from .sqlite_transcripts import SQLiteTranscripts, erase_transcripts
 from .sqlite_webhooks import SQLiteWebhooks
@@ -94,7 +95,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
     )
 
 
-class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, Store):
+class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArchiveIndex, Store):
     """:class:`Store` on one SQLite file (retention: :class:`.sqlite_retention.SQLiteRetention`; conversation
     memory: :class:`.sqlite_transcripts.SQLiteTranscripts`; webhooks:
     :class:`.sqlite_webhooks.SQLiteWebhooks`)."""

@@ -37,6 +37,7 @@ class SQLiteRetention:
         "tombstones": ("tombstones", "project, subject"),
         "transcript_volume": ("transcript_volume", "project, hour"),
         "webhook_deliveries": ("webhook_deliveries", "project, delivery_id"),
+        "archive_index": ("archive_index", "project, subject, object_key"),
     }
 
     async def list_projects(self) -> list[str]:

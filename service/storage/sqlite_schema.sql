@@ -202,3 +202,13 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_failed_by_endpoint
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_subject ON webhook_deliveries (project, subject);
 -- By expiry for purges; status and created_at make it cover the queue's statistics too.
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_expiry ON webhook_deliveries (expires_at, status, created_at);
+-- The keys of a caller's archived conversations (an archived object holds no pseudonym: erasure finds them
+-- here), kept as long as the objects live.
+CREATE TABLE IF NOT EXISTS archive_index (
+    project TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    object_key TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, subject, object_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS archive_index_by_expiry ON archive_index (expires_at);

@@ -607,6 +607,7 @@ async def test_erase_caller(api: Api, shop: dict[str, str]) -> None:
         "analytics_conversations": 0,
         "transcripts": 0,
         "webhook_deliveries": 0,
+        "archived_conversations": 0,
     }
     assert receipt.body["erased_at"].endswith(":00:00Z")
     assert CALLER not in str(receipt.body) and "4155550100" not in str(receipt.body)

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.webhook_delivery import JITTER, MAX_ATTEMPTS, RETRY_DELAYS_S
+from caller_memory.service.http.keys import SERVICES
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api
@@ -163,16 +164,27 @@ async def shop(api: Api) -> Shop:
     return Shop(api, await api.mint(PROJECT, "admin"), await api.mint(PROJECT, "agent"))
 
 
+async def settled(shop: Shop, hook: Receiver, attempts: int) -> None:
+    """Wait until the store counts ``attempts`` attempts of the last delivery the receiver got: the clock
+    may move only then (the next attempt is due from the settlement's time)."""
+    store, delivery_id = shop.api.app[SERVICES].store, hook.got[-1][0]["webhook-id"]
+    for _ in range(500):
+        found = await store.get_delivery(PROJECT, delivery_id, shop.api.clock.now_ms())
+        if found is not None and found.attempts == attempts:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"attempt {attempts} of {delivery_id} was not settled")
+
+
 async def fail_every_attempt(shop: Shop, hook: Receiver) -> None:
     """Let the one delivery in flight fail at each attempt of its schedule, moving the clock past each
     delay, until it is failed."""
     first = len(hook.got)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         await eventually(lambda: len(hook.got) == first + attempt)  # noqa: B023 - awaited here
-        await asyncio.sleep(0.1)  # settled
+        await settled(shop, hook, attempt)
         if attempt < MAX_ATTEMPTS:
             shop.api.clock.advance(past_retry(attempt))
-    await asyncio.sleep(0.2)
 
 
 # Registration -----------------------------------------------------------------------------------------------
@@ -291,10 +303,10 @@ async def test_a_receiver_that_fails_hangs_and_recovers_gets_it_with_the_same_id
     hook.answers = [500, ("hang", 3.0), 200]
     await shop.end("call-1")
     await eventually(lambda: len(hook.got) == 1)
-    await asyncio.sleep(0.2)  # the failure is settled (retry in 5 s of the service's clock)
+    await settled(shop, hook, 1)  # the failure is settled (retry in 5 s of the service's clock)
     shop.api.clock.advance(7)  # past the first delay (5 s +- 20 %)
     await eventually(lambda: len(hook.got) == 2)  # hangs past the 1 s attempt timeout
-    await asyncio.sleep(1.5)
+    await settled(shop, hook, 2)
     shop.api.clock.advance(40)  # past the second delay (30 s +- 20 %)
     await eventually(lambda: len(hook.got) == 3)
     ids = {headers["webhook-id"] for headers, _ in hook.got}
@@ -332,7 +344,7 @@ async def test_a_redirect_is_not_followed(shop: Shop, hook: Receiver) -> None:
         hook.answers = [("redirect", elsewhere.url)]
         await shop.end("call-1")
         await eventually(lambda: len(hook.got) == 1)
-        await asyncio.sleep(0.3)
+        await settled(shop, hook, 1)
         assert elsewhere.got == []
         shop.api.clock.advance(past_retry(1))
         await eventually(lambda: len(hook.got) == 2)  # retried at the registered URL
@@ -372,7 +384,7 @@ async def test_erasure_drops_queued_and_failed_deliveries_and_sends_caller_erase
         assert len(await shop.failed()) == 1
         await shop.end("call-2")  # queued, failing, waiting for its retry
         await eventually(lambda: len(hook.got) == 11)
-        await asyncio.sleep(0.2)
+        await settled(shop, hook, 1)
         erased = await shop.api.call("DELETE", f"{BASE}/callers/{CALLER}", token=shop.admin)
         assert erased.status == 200, erased.body
         assert erased.body["removed"]["webhook_deliveries"] == 2
