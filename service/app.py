@@ -170,6 +170,7 @@ def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> 
         policy,
         services.clock,
         history_allowed=settings.webhook_history,
+        cache_seconds=settings.config_cache_seconds,
     )
     sender = HttpSender(policy)
     holder: list[Webhooks] = []

@@ -23,6 +23,7 @@ import base64
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -37,7 +38,7 @@ from .store import CallerRef, Store
 from .transcript_store import ConversationKey, TranscriptQuery
 from .transcripts import MAX_MESSAGES, Message
 from .webhook_policy import RefusedAddress, WebhookPolicy
-from .webhook_secrets import SecretBox, new_secret
+from .webhook_secrets import SecretBox, SecretKeyError, new_secret
 from .webhook_store import Delivery, DeliveryStatus, WebhookEndpoint
 
 log = logging.getLogger("caller_memory.webhooks")
@@ -47,6 +48,8 @@ UPDATED = "conversation.updated"
 ERASED = "caller.erased"
 EVENTS = (ENDED, UPDATED, ERASED)
 EventType = Literal["conversation.ended", "conversation.updated", "caller.erased"]
+#: Projects whose endpoints one process keeps in memory at most (then it starts again).
+MAX_CACHED_PROJECTS = 10_000
 #: Endpoints one project may register (each event is queued once per endpoint).
 MAX_ENDPOINTS = 10
 #: How long the secret before a rotation keeps signing, unless the rotation says otherwise.
@@ -122,6 +125,27 @@ class WebhookService:
     #: Called after something was queued (the delivery worker wakes up at once).
     wake: Callable[[], None] | None = None
     _ids: Callable[[], str] = field(default=lambda: "wh_" + secrets.token_hex(8))
+    #: Seconds a project's endpoints are kept in memory for the events (every end looks them up): a change
+    #: made through another process is seen within this (CALLER_MEMORY_CONFIG_CACHE_SECONDS), one made
+    #: through this process at once.
+    cache_seconds: float = 2.0
+    _cached: dict[str, tuple[float, list[WebhookEndpoint]]] = field(default_factory=dict)
+
+    async def endpoints_of(self, project_id: str) -> list[WebhookEndpoint]:
+        """The project's endpoints, from the cache when it is fresh enough."""
+        found = self._cached.get(project_id)
+        now = time.monotonic()
+        if found is not None and now - found[0] < self.cache_seconds:
+            return found[1]
+        endpoints = await self.store.list_endpoints(project_id)
+        if len(self._cached) >= MAX_CACHED_PROJECTS:
+            self._cached.clear()
+        self._cached[project_id] = (now, endpoints)
+        return endpoints
+
+    def forget(self, project_id: str) -> None:
+        """This process changed the project's endpoints: the next event reads them again."""
+        self._cached.pop(project_id, None)
 
     # Endpoints ----------------------------------------------------------------------------------------------
 
@@ -164,6 +188,7 @@ class WebhookService:
             description=body.description,
         )
         await self.store.put_endpoint(endpoint)
+        self.forget(project.project_id)
         return endpoint, secret
 
     async def get(self, project: Project, endpoint_id: str) -> WebhookEndpoint:
@@ -178,25 +203,43 @@ class WebhookService:
         endpoint = await self.get(project, endpoint_id)
         now = self.clock.now_ms()
         secret = new_secret()
+        keep = body.grace_seconds > 0 and self._opens(endpoint)
         rotated = replace(
             endpoint,
             secret=self.box.seal(secret, project.project_id, endpoint_id),
-            previous_secret=endpoint.secret if body.grace_seconds else b"",
-            previous_until=now + body.grace_seconds * 1000 if body.grace_seconds else 0,
+            previous_secret=endpoint.secret if keep else b"",
+            previous_until=now + body.grace_seconds * 1000 if keep else 0,
         )
         await self.store.put_endpoint(rotated)
+        self.forget(project.project_id)
         return rotated, secret
 
     async def delete(self, project: Project, endpoint_id: str) -> None:
-        if not await self.store.delete_endpoint(project.project_id, endpoint_id):
+        deleted = await self.store.delete_endpoint(project.project_id, endpoint_id)
+        self.forget(project.project_id)
+        if not deleted:
             raise NotFound(f"webhook '{endpoint_id[:40]}' does not exist")
+
+    def _opens(self, endpoint: WebhookEndpoint) -> bool:
+        """Whether the endpoint's current secret opens with the key (after a change of
+        CALLER_MEMORY_SECRET_KEY it does not: a rotation then keeps nothing of it)."""
+        try:
+            self.box.open(endpoint.secret, endpoint.project, endpoint.endpoint_id)
+        except SecretKeyError:
+            return False
+        return True
 
     def secrets_in_force(self, endpoint: WebhookEndpoint, now: int) -> list[str]:
         """The secrets each attempt is signed with: the current one, and the one before a rotation during
-        its grace period."""
+        its grace period (left out if it no longer opens: the current one still signs)."""
         found = [self.box.open(endpoint.secret, endpoint.project, endpoint.endpoint_id)]
         if endpoint.previous_secret and now < endpoint.previous_until:
-            found.append(self.box.open(endpoint.previous_secret, endpoint.project, endpoint.endpoint_id))
+            try:
+                found.append(self.box.open(endpoint.previous_secret, endpoint.project, endpoint.endpoint_id))
+            except SecretKeyError:
+                log.warning(
+                    "webhook %s: the secret before its rotation does not open; not used", endpoint.endpoint_id
+                )
         return found
 
     # Deliveries ---------------------------------------------------------------------------------------------
@@ -219,7 +262,7 @@ class WebhookService:
         """Queue ``conversation.ended`` (``conversation.updated`` for a late end) for each endpoint that
         takes it. Durable once this returns; nothing is queued for a caller erased since the end was made."""
         kind = UPDATED if event.late else ENDED
-        endpoints = [e for e in await self.store.list_endpoints(project.project_id) if kind in e.events]
+        endpoints = [e for e in await self.endpoints_of(project.project_id) if kind in e.events]
         if not endpoints:
             return
         now = self.clock.now_ms()
@@ -244,7 +287,7 @@ class WebhookService:
 
     async def caller_erased(self, project: Project, receipt_id: str, conversation_ids: Sequence[str]) -> None:
         """Queue ``caller.erased`` (the receipt id and the caller's conversation ids, nothing else)."""
-        endpoints = [e for e in await self.store.list_endpoints(project.project_id) if ERASED in e.events]
+        endpoints = [e for e in await self.endpoints_of(project.project_id) if ERASED in e.events]
         if not endpoints:
             return
         now = self.clock.now_ms()

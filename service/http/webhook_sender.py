@@ -62,18 +62,16 @@ class CheckedResolver(AbstractResolver):
 class HttpSender:
     """One client session for every delivery of this process (its connections are reused per host)."""
 
-    def __init__(self, policy: WebhookPolicy, *, connections: int = 100) -> None:
+    def __init__(self, policy: WebhookPolicy) -> None:
         self._policy = policy
-        self._connections = connections
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # No pool-wide or per-host bound: endpoints on one host (or hung ones) must not wait for each
+            # other's connections. What bounds the connections is the worker's per-endpoint concurrency.
             connector = aiohttp.TCPConnector(
-                resolver=CheckedResolver(self._policy),
-                use_dns_cache=False,
-                limit=self._connections,
-                limit_per_host=8,
+                resolver=CheckedResolver(self._policy), use_dns_cache=False, limit=0, limit_per_host=0
             )
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
         return self._session

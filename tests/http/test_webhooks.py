@@ -419,3 +419,23 @@ async def test_two_replicas_never_send_one_delivery_at_the_same_time(
         assert hook.overlaps == 0
         assert len(hook.got) == 12  # each once: the leases held while the receiver was slow
         assert two.count("POST", "/end") == three.count("POST", "/end") == 0
+
+
+async def test_after_the_secret_key_changed_a_rotation_signs_with_the_new_secret_alone(
+    store_url: str, clock: FakeClock, hook: Receiver
+) -> None:
+    document = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": CONVERSATION}}
+    async with running_api(store_url, clock, **webhook_settings(webhook_interval=0)) as before:
+        await before.call("PUT", f"/v1/projects/{PROJECT}", token=OPERATOR_TOKEN, json=document)
+        created = await Shop(before, await before.mint(PROJECT, "admin"), "").register(hook.url)
+    changed = webhook_settings(secret_key=secrets.token_bytes(32))
+    async with running_api(store_url, clock, **changed) as after:
+        shop = Shop(after, await after.mint(PROJECT, "admin"), await after.mint(PROJECT, "agent"))
+        path = f"{BASE}/webhooks/{created['webhook_id']}/rotate"
+        rotated = await after.call("POST", path, token=shop.admin, json={})  # the default grace period
+        assert rotated.status == 200 and rotated.body["previous_secret_valid_until"] is None
+        await shop.end("call-1")
+        await eventually(lambda: len(hook.got) == 1)
+        headers, body = hook.got[0]
+        assert len(headers["webhook-signature"].split(" ")) == 1
+        assert Webhook(rotated.body["secret"]).verify(body, headers)["data"]["conversation_id"] == "call-1"
