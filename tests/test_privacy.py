@@ -1,14 +1,58 @@
-"""After a realistic run, no phone number in any form is in the store (every byte) or in the logs."""
+"""After a realistic run, no phone number in any form is in the store (every byte), the logs, the metrics, the
+webhook payloads a receiver got, or the archive."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from caller_memory.service.domain.clock import FakeClock
 
-from tests.conftest import OPERATOR_TOKEN, Api
+from tests.conftest import OPERATOR_TOKEN, Api, running_api
 from tests.support.redis_server import RedisServer
+
+#: What the run's webhook receiver got (bodies and headers).
+RECEIVED: list[bytes] = []
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[str]:
+    async def hook(request: web.Request) -> web.Response:
+        RECEIVED.append(b"\n".join([await request.read(), *(v.encode() for v in request.headers.values())]))
+        return web.Response(status=204)
+
+    RECEIVED.clear()
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def api(store_url: str, clock: FakeClock, tmp_path: Path) -> AsyncIterator[Api]:
+    """The service with webhooks (history included) and the archive on."""
+    async with running_api(
+        store_url,
+        clock,
+        store_timeout=5.0,
+        secret_key=b"s" * 32,
+        webhook_allow_hosts=("127.0.0.1",),
+        webhook_history=True,
+        webhook_interval=0.05,
+        archive_url=f"file://{tmp_path}/archive",
+    ) as api:
+        yield api
+
 
 # (E.164, forms a number may be written in) for every number the run uses.
 NUMBERS = {
@@ -87,9 +131,14 @@ async def calls_with_spoken_numbers(api: Api, agent: str, admin: str) -> None:
     api.clock.advance(31 * 60)  # the others end by inactivity (run by the sweep below)
 
 
-async def realistic_run(api: Api) -> None:
-    config = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": {"enabled": True}}}
+async def realistic_run(api: Api, receiver: str) -> None:
+    conversation = {"enabled": True, "archive": True}
+    config = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": conversation}}
     await api.call("PUT", "/v1/projects/cheese-shop", token=OPERATOR_TOKEN, json=config)
+    hook = {"url": receiver, "events": ["conversation.ended", "caller.erased"], "include_history": True}
+    assert (
+        await api.call("POST", "/v1/projects/cheese-shop/webhooks", token=OPERATOR_TOKEN, json=hook)
+    ).status == 201
     admin = await api.mint("cheese-shop", "admin")
     agent = await api.mint("cheese-shop", "agent")
     base = "/v1/projects/cheese-shop/callers"
@@ -182,9 +231,14 @@ def redis_blobs(server: RedisServer) -> tuple[dict[str, bytes], bool]:
 
 
 async def test_no_phone_number_in_store_or_logs(
-    api: Api, captured_logs: pytest.LogCaptureFixture, store_url: str, request: pytest.FixtureRequest
+    api: Api,
+    captured_logs: pytest.LogCaptureFixture,
+    store_url: str,
+    request: pytest.FixtureRequest,
+    receiver: str,
+    tmp_path: Path,
 ) -> None:
-    await realistic_run(api)
+    await realistic_run(api, receiver)
     # The run really stored things, so the check below has something to look at.
     stored_somewhere = False
     if store_url.startswith("sqlite"):
@@ -196,6 +250,16 @@ async def test_no_phone_number_in_store_or_logs(
     # Transcripts were stored (redacted): the check below looks at them too.
     assert any(b"you can reach me on [phone]" in blob for blob in blobs.values())
     blobs["/metrics"] = (await api.call("GET", "/metrics")).body.encode()
+    # Webhook payloads (with history) and the archive, which spoken numbers reach too.
+    deadline = time.monotonic() + 10
+    while not any(b"caller.erased" in body for body in RECEIVED):
+        assert time.monotonic() < deadline, "the webhooks did not arrive"
+        await asyncio.sleep(0.05)
+    assert any(b"you can reach me on [phone]" in body for body in RECEIVED)
+    blobs |= {f"webhook delivery {n}": body for n, body in enumerate(RECEIVED)}
+    archived = sorted((tmp_path / "archive").glob("project=*/date=*/*.jsonl"))
+    assert any(b"you can reach me on [phone]" in path.read_bytes() for path in archived)
+    blobs |= {f"archive {path.name}": path.read_bytes() for path in archived}
     for name, blob in blobs.items():
         assert find_numbers(blob) == [], f"phone number found in {name}"
     log_text = "\n".join(
