@@ -540,7 +540,7 @@ class TranscriptService:
         if caller is None and header.subject:
             self._remember(key, header.subject)
         created = caller is not None and header.started_at == now and header.messages == result.added
-        if created and self.on_started is not None:
+        if created and not result.alone and self.on_started is not None:
             await self.on_started(project, header)
         if result.added:
             cached = self._bytes_cache.get(project.project_id)

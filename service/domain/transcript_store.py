@@ -170,6 +170,10 @@ class AppendResult:
     added: int = 0
     #: For ID_CONFLICT: the message id; for TURN_ORDER: the offending turn id (as text).
     detail: str = ""
+    #: True only when this append created the conversation and the backend knows the caller has no other
+    #: conversation listed (so no start has anything to supersede); False says nothing (a backend may always
+    #: answer False: the domain then looks).
+    alone: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,6 +267,16 @@ class RedisTranscripts:
             script_keys.append(keys.transcript_volume_key(key.project))
             retention = max(0, write.expires_at - now_ms)
             tally = f"{_hour(now_ms)}|{now_ms - retention - HOUR_MS}"
+            if write.create and not horizon:
+                # One server: the script lists the conversation among its caller's itself, in the same step
+                # (a cluster runs transcript_register.lua first, in the caller's slot).
+                subject = write.caller.subject
+                horizon = "@" + keys.due_member(key.project, key.conversation_id)
+                script_keys += [
+                    keys.caller_transcripts_key(key.project, subject),
+                    keys.tombstone_key(key.project, subject),
+                    keys.TRANSCRIPTS_DUE,
+                ]
         args: list[str | bytes | int] = [
             now_ms,
             ("1" if write.caller.project == key.project else "2") if write.create else "",
@@ -337,6 +347,7 @@ class RedisTranscripts:
             _header(key, reply[5], reply[6], now_ms),
             added=int(reply[2]),
             detail=reply[1].decode(),
+            alone=bool(int(reply[7])),
         )
 
     # Reads --------------------------------------------------------------------------------------------------

@@ -348,3 +348,30 @@ async def test_a_claim_that_finds_the_transcript_expired_drops_its_due_entry(
         await redis_client.zscore(keys.TRANSCRIPTS_DUE, keys.due_member(PROJECT, "call-coming"))
         == t + INACTIVITY
     )
+
+
+async def test_a_creating_append_says_when_its_caller_has_no_other_conversation(
+    redis_store: RedisStore,
+) -> None:
+    """``alone`` lets the domain skip the read of the caller's conversations (nothing to supersede); it is
+    never True when there is another one (a backend may always say False: a cluster lists in two steps)."""
+    caller, t = new_caller(), now_ms()
+    first = await append(redis_store, new_key(), caller, [message(1, "a", t)], t)
+    second = await append(redis_store, new_key(), caller, [message(1, "b", t)], t)
+    again = await append(redis_store, new_key(), new_caller(), [message(1, "c", t)], t)
+    assert first.status is second.status is AppendStatus.APPENDED
+    assert second.alone is False
+    assert first.alone is again.alone  # the same answer for each caller's first conversation
+    if not redis_store._cluster:
+        assert first.alone is True  # one server lists the conversation in the append's own step
+
+
+async def test_a_creating_append_for_a_caller_erased_since_writes_nothing(redis_store: RedisStore) -> None:
+    caller, key, t = new_caller(), new_key(), now_ms()
+    await redis_store.erase_caller(caller, t, t + DAY_MS)
+    refused = await append(redis_store, key, caller, [message(1, "late", t - 1)], t, made_at=t - 1)
+    assert refused.status is AppendStatus.ERASED and refused.header is None
+    header, messages = await redis_store.read_conversation(key, t)
+    assert header is None and messages == []
+    listed = await redis_store.caller_conversations(caller, t)
+    assert listed == []

@@ -10,16 +10,21 @@ KEYS[3]  their index          cm:{<vbucket>}:vi:<project>:<conv_id>   string, 12
 KEYS[4]  checkpoint, summary  cm:{<vbucket>}:vd:<project>:<conv_id>
 KEYS[5]  (standalone server only) the project's bytes by hour, cm:{a:<project>}:vb, another slot: on a
          cluster the service adds the bytes itself after this script (transcript_tally.lua)
+KEYS[6..8] (standalone server only, with a horizon of "@<due member>") the caller's conversations, the
+         caller's tombstone and the due index: the listing of transcript_register.lua is done here, in the
+         same step (on a cluster those keys are in other slots: the service runs that script first)
 
 ARGV: now_ms, create ("1", "2" when the caller is of another project than the conversation, or ""), horizon ("" unless the service just listed the conversation among its
-caller's, transcript_register.lua: then the score it wrote), the caller's erasure before that listing
+caller's, transcript_register.lua: then the score it wrote; "@<due member>" on a standalone server: list it
+here if needed, with KEYS[6..8]), the caller's erasure before that listing
 ("<erased_at>|<until>" or ""), subject, channel, agent, made_at, expires_at, forget_at, due_at,
 max_messages, max_bytes, checkpoint ("" none, or "=" and the encoded checkpoint), the bytes tally
 ("<hour start>|<prune before>" with KEYS[5], else ""), N, then N times: turn_id, message id ("" none or "="
 and the id), tokens, body.
 
 Returns {status, detail, added, added bytes, due, header (HGETALL, flat; empty when there is none), {checkpoint,
-summary}}. status is an AppendStatus value, or "register": nothing was written, the service must first list
+summary}, alone}; alone is 1 when this append listed a conversation it created and the caller has no other
+listed (nothing to supersede), else 0. status is an AppendStatus value, or "register": nothing was written, the service must first list
 the conversation among its caller's (detail: the subject), for a conversation this append creates or one
 whose forget_at would pass the listing's horizon; it then runs the script again with the horizon. due is the
 new due time when it moved earlier than the header's (the service moves the due index: ZADD LT), else "".
@@ -39,13 +44,15 @@ local function digest(id)
   return tonumber(string.sub(redis.sha1hex(id), 1, 8), 16)
 end
 
+local alone = 0
+
 local function reply(status, detail, added, added_bytes, due, with_header)
   local flat, data = {}, {}
   if with_header then
     flat = redis.call('HGETALL', hk)
     data = redis.call('HMGET', dk, 'checkpoint', 'summary')
   end
-  return {status, detail or '', added or 0, added_bytes or 0, due or '', flat, data}
+  return {status, detail or '', added or 0, added_bytes or 0, due or '', flat, data, alone}
 end
 
 local h = {}
@@ -164,6 +171,38 @@ end
 
 -- Listed among the caller's conversations before anything of it is written, for as long as it is remembered:
 -- an erasure that runs in between finds it and leaves the marker this script then sees.
+local prior = ARGV[4]
+if string.sub(horizon, 1, 1) == '@' then
+  -- A standalone server: what transcript_register.lua does, here (every key is on this server).
+  local due_member = string.sub(horizon, 2)
+  horizon = ''
+  -- Only an append that names its caller comes here (create): an existing conversation is that caller's.
+  if not exists or tonumber(forget_at) > tonumber(h.horizon) then
+    local lk, tk = KEYS[6], KEYS[7]
+    local tomb = redis.call('HMGET', tk, 'erased_at', 'expires_at')
+    if tomb[1] and tonumber(tomb[2]) > now then
+      if tonumber(tomb[1]) >= made_at then
+        return reply('erased', nil, 0, 0, nil, exists)
+      end
+      prior = tomb[1] .. '|' .. tomb[2]
+    end
+    local f = tonumber(forget_at)
+    horizon = tostring(f + math.max(0, f - now))
+    redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+    redis.call('ZADD', lk, 'GT', horizon, string.match(hk, ':vh:[^:]+:(.*)$'))
+    local top = redis.call('ZRANGE', lk, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', lk, top[2])
+    if not exists then
+      redis.call('ZADD', KEYS[8], due_at, due_member)
+      if redis.call('ZCARD', lk) == 1 then
+        alone = 1
+      end
+    end
+  else
+    horizon = h.horizon  -- listed for long enough already
+  end
+end
+
 if horizon == '' then
   if not exists then
     return reply('register', subject)
@@ -178,7 +217,7 @@ if not exists then
   redis.call('HSET', hk, 'status', 'open', 'subject', subject, 'channel', ARGV[6], 'agent', ARGV[7],
     'started_at', now, 'messages', 0, 'bytes', 0, 'tokens', 0, 'checkpoint_at', 0, 'ended_by', '',
     'end_reason', '', 'ended_at', 0, 'lease_until', 0, 'end_data', '', 'horizon', horizon)
-  local erased_at, erased_until = string.match(ARGV[4], '^(%d+)|(%d+)$')
+  local erased_at, erased_until = string.match(prior, '^(%d+)|(%d+)$')
   if erased_at then
     redis.call('HSET', hk, 'prior_erased_at', erased_at, 'prior_erased_until', erased_until)
   end
