@@ -122,25 +122,17 @@ def _strings_colons(document: Any) -> int:
 _PLAIN = frozenset({str, bool, type(None)})
 
 
-def _exact(document: Any, body: bytes) -> bool:
-    """Whether ``document`` (orjson's reading of ``body``) is provably what the second pass would return,
-    refusing nothing: no float (its text is needed to tell whether it is exact), no integer beyond
+def plain_members(value: Any, depth: int = 1) -> int | None:
+    """How many object members ``value`` (at nesting level ``depth``) holds, when orjson's reading of it is
+    provably as written: no float (its text is needed to tell whether it is exact), no integer beyond
     :data:`MAX_EXACT_INT` (orjson reads those past 64 bits as floats, which this finds too), nothing nested
-    deeper than :data:`MAX_DEPTH`, and no member name twice in one object.
-
-    Duplicates, by counting: each member of an object as written has one ``:`` after its name, so the
-    ``:`` bytes of ``body`` are the members as written plus those inside strings. orjson keeps one member
-    per name, so ``body`` had a duplicate exactly when the members orjson kept are fewer than the ``:`` bytes
-    outside strings. With no ``\\u`` escape in ``body`` every ``:`` of a decoded string is one of its bytes,
-    so those inside strings are counted exactly; with escapes, only "as many ``:`` bytes as members" proves
-    it (an escaped colon would be counted as a literal one). Anything unproven takes the second pass.
-    """
-    kind = type(document)
+    deeper than :data:`MAX_DEPTH`. None when that is not proven."""
+    kind = type(value)
     if kind is not dict and kind is not list:
-        return kind is not float and (kind is not int or -MAX_EXACT_INT <= document <= MAX_EXACT_INT)
+        plain = kind is not float and (kind is not int or -MAX_EXACT_INT <= value <= MAX_EXACT_INT)
+        return 0 if plain else None
     members = 0
-    level = [document]
-    depth = 1
+    level = [value]
     while level:
         nested = []
         for container in level:
@@ -149,25 +141,65 @@ def _exact(document: Any, body: bytes) -> bool:
                 values = container.values()
             else:
                 values = container
-            for value in values:
-                kind = type(value)
+            for item in values:
+                kind = type(item)
                 if kind in _PLAIN:
                     continue
                 if kind is int:
-                    if not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
-                        return False
+                    if not -MAX_EXACT_INT <= item <= MAX_EXACT_INT:
+                        return None
                 elif kind is dict or kind is list:
-                    nested.append(value)
+                    nested.append(item)
                 else:  # a float
-                    return False
+                    return None
         if nested and depth >= MAX_DEPTH:
-            return False
+            return None
         level = nested
         depth += 1
+    return members
+
+
+def no_member_lost(document: Any, body: bytes, members: int) -> bool:
+    """Whether ``body`` had no member name twice in one object, given that orjson's reading ``document``
+    holds ``members`` members.
+
+    Each member of an object as written has one ``:`` after its name, so the ``:`` bytes of ``body`` are the
+    members as written plus those inside strings. orjson keeps one member per name, so ``body`` had a
+    duplicate exactly when the members orjson kept are fewer than the ``:`` bytes outside strings. With no
+    ``\\u`` escape in ``body`` every ``:`` of a decoded string is one of its bytes, so those inside strings
+    are counted exactly; with escapes, only "as many ``:`` bytes as members" proves it (an escaped colon
+    would be counted as a literal one)."""
     colons = body.count(b":")
     if colons == members:
         return True
     return b"\\u" not in body and colons - _strings_colons(document) == members
+
+
+def _exact(document: Any, body: bytes) -> bool:
+    """Whether ``document`` (orjson's reading of ``body``) is provably what the second pass would return,
+    refusing nothing (:func:`plain_members` and :func:`no_member_lost`)."""
+    members = plain_members(document)
+    return members is not None and no_member_lost(document, body, members)
+
+
+def load(body: bytes, what: str = "the request body") -> Any:
+    """orjson's reading of ``body`` (not yet proven exact: :func:`parse_document` is the whole check), or
+    :class:`MalformedRequest` when it is not JSON. ``_NOT_READ`` when orjson refused what the second pass
+    may still read (a number out of a double's range, nesting past orjson's bound)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "UTF-8" in exc.msg:
+            raise MalformedRequest(f"{what} is not valid UTF-8 (JSON is UTF-8 text)") from None
+        if not ("infinity" in exc.msg or "depth" in exc.msg):
+            raise MalformedRequest(
+                f"{what} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+            ) from None
+        return NOT_READ
+
+
+#: What :func:`load` answers for JSON that orjson cannot read (the second pass names what is wrong).
+NOT_READ = object()
 
 
 def _too_deep(document: Any) -> str | None:
@@ -190,23 +222,13 @@ def _too_deep(document: Any) -> str | None:
     return None
 
 
-def parse_document(body: bytes, what: str = "the request body") -> Any:
+def parse_document(body: bytes, what: str = "the request body", loaded: Any = None) -> Any:
     """The JSON document in ``body``, or :class:`MalformedRequest` (not JSON at all) or
-    :class:`InvalidInput` (JSON, but not what the service can keep exactly), each naming what is wrong."""
-    try:
-        fast = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        # A number out of a double's range or nesting past orjson's bound is JSON all the same: the second
-        # pass names what it is. Anything else is not JSON.
-        if "UTF-8" in exc.msg:
-            raise MalformedRequest(f"{what} is not valid UTF-8 (JSON is UTF-8 text)") from None
-        if not ("infinity" in exc.msg or "depth" in exc.msg):
-            raise MalformedRequest(
-                f"{what} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
-            ) from None
-    else:
-        if _exact(fast, body):
-            return fast
+    :class:`InvalidInput` (JSON, but not what the service can keep exactly), each naming what is wrong.
+    ``loaded``: what :func:`load` already answered for ``body`` (it is not read twice)."""
+    fast = load(body, what) if loaded is None else loaded
+    if fast is not NOT_READ and _exact(fast, body):
+        return fast
     path: str | None = None
     try:
         document = _DECODER.decode(body.decode())

@@ -9,12 +9,12 @@ from aiohttp import web
 from ..domain.fields import entity_tags
 from ..domain.projects import Project
 from ..domain.tokens import Principal, Role
-from ..domain.transcript_bodies import EVERYONE, Reader
+from ..domain.transcript_bodies import EVERYONE, Reader, read_append
 from ..domain.transcript_service import TranscriptService
 from .keys import SERVICES, Services
 from .queries import ContextQuery, HistoryQuery, parse_query
 from .responses import json_response
-from .routes import PRINCIPAL, actor, project_for, read_json
+from .routes import PRINCIPAL, actor, project_for, read_body, read_json
 
 routes = web.RouteTableDef()
 
@@ -80,7 +80,7 @@ async def start_conversation(request: web.Request) -> web.Response:
 async def append_messages(request: web.Request) -> web.Response:
     received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
-    document = await read_json(request)
+    document = read_append(await read_body(request))
     appended = await services.transcripts.append(
         project, conversation_id, document, received_at=received_at, writer=writer_for(request[PRINCIPAL])
     )

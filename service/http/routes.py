@@ -35,6 +35,11 @@ def iso(ms: int | None) -> str | None:
 
 
 async def read_json(request: web.Request) -> Any:
+    return parse_document(await read_body(request))
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, checked to be a non-empty JSON body in UTF-8 (not yet parsed)."""
     body = await request.read()  # aiohttp enforces client_max_size: 413 beyond it
     if request.content_type not in JSON_TYPES:
         raise web.HTTPUnsupportedMediaType(reason="Unsupported Media Type")
@@ -45,7 +50,7 @@ async def read_json(request: web.Request) -> Any:
         )
     if not body.strip():
         raise MalformedRequest("the request body is empty; send a JSON object")
-    return parse_document(body)
+    return body
 
 
 async def read_model(request: web.Request, model: type[M], what: str) -> M:
