@@ -14,7 +14,12 @@ from urllib.parse import urlsplit
 from tests.deploy.manifests import DEPLOY, ROOT, Deploy, Doc, exec_form, final_stage
 
 #: The variables of deploy/.env: the Secret `caller-memory` is made from the same file (deploy/README.md).
-SECRET_VARIABLES = {"CALLER_MEMORY_PSEUDONYM_KEY", "CALLER_MEMORY_OPERATOR_TOKEN", "REDIS_PASSWORD"}
+SECRET_VARIABLES = {
+    "CALLER_MEMORY_PSEUDONYM_KEY",
+    "CALLER_MEMORY_OPERATOR_TOKEN",
+    "CALLER_MEMORY_SECRET_KEY",
+    "REDIS_PASSWORD",
+}
 REQUIRED_ENV = {"CALLER_MEMORY_PSEUDONYM_KEY", "CALLER_MEMORY_OPERATOR_TOKEN", "CALLER_MEMORY_STORE"}
 SERVICE_PORT = 8080
 
