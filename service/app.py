@@ -64,6 +64,7 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
     # Promote, then archive (the end's memory writes are done by then), then queue the webhooks.
     conversations.end_hooks.append(archive.conversation_ended)
     memory.erasure_hooks.append(archive.erase_caller)
+    transcripts.deletion_hooks.append(archive.conversation_deleted)
     return Services(
         settings=settings,
         clock=clock,

@@ -34,7 +34,7 @@ import orjson
 from .clock import DAY_MS, Clock, floor_hour_ms, iso_utc
 from .projects import Project, ProjectConfig, archive_retention_ms
 from .store import CallerRef, Store
-from .transcript_store import TranscriptQuery
+from .transcript_store import Header, TranscriptQuery
 from .transcripts import MAX_MESSAGES, Message
 from .webhooks import EndedEvent
 
@@ -88,7 +88,7 @@ class Archive:
         messages = Message.decode_all([m.body for m in stored])
         record: dict[str, Any] = {
             "conversation_id": event.key.conversation_id,
-            "channel": event.channel,
+            "channel": header.channel or event.channel,
             "started_at": iso_utc(floor_hour_ms(header.started_at)),
             "duration_ms": max(0, header.last_activity - header.started_at),
             "ended_by": event.ended_by,
@@ -101,6 +101,16 @@ class Archive:
             "messages": [m.platform(header.started_at) for m in messages],
         }
         await self.objects.put(key, orjson.dumps(record) + b"\n")
+
+    async def conversation_deleted(self, project: Project, header: Header) -> None:
+        """An admin deleted the conversation's transcript: its archived copy goes too."""
+        if self.objects is None or not header.subject:
+            return
+        key = object_key(project.project_id, header.key.conversation_id, header.started_at)
+        caller = CallerRef(project.project_id, header.subject)
+        if key in await self._store.archived_objects(caller, self._clock.now_ms()):
+            await self.objects.delete([key])
+            await self._store.unlist_archived(caller, [key])
 
     async def erase_caller(self, caller: CallerRef) -> tuple[str, int]:
         """Delete the caller's archived conversations; ("archived_conversations", how many)."""

@@ -130,6 +130,8 @@ class TranscriptService:
         self._subjects: dict[ConversationKey, str] = {}
         #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
         self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
+        #: Called with the header of a transcript an admin deleted (the archive deletes its copy).
+        self.deletion_hooks: list[Callable[[Project, Header], Awaitable[None]]] = []
 
     # Views ------------------------------------------------------------------------------------------------
 
@@ -602,4 +604,6 @@ class TranscriptService:
         )
         if header is None:
             raise NotFound(f"conversation '{conversation_id}' has no transcript")
+        for hook in self.deletion_hooks:  # its archived copy goes too
+            await hook(project, header)
         return header

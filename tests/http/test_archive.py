@@ -222,3 +222,17 @@ async def test_the_archive_on_an_s3_api(
         erased = await api.call("DELETE", f"{BASE}/callers/{CALLER}", token=OPERATOR_TOKEN)
         assert erased.body["removed"]["archived_conversations"] == 1
         assert client.list_objects_v2(Bucket="calls").get("KeyCount") == 0
+
+
+async def test_an_admins_deletion_of_a_transcript_deletes_its_archived_copy(api: Api, tmp_path: Path) -> None:
+    root = tmp_path / "archive"
+    await call(api, "call-1")
+    await call(api, "call-2")
+    assert len(archived(root)) == 2
+    deleted = await api.call("DELETE", f"{BASE}/conversations/call-1", token=OPERATOR_TOKEN)
+    assert deleted.status == 204
+    [left] = archived(root)
+    assert orjson.loads(left.read_bytes())["conversation_id"] == "call-2"
+    # The caller's erasure later counts only what is left.
+    erased = await api.call("DELETE", f"{BASE}/callers/{CALLER}", token=OPERATOR_TOKEN)
+    assert erased.body["removed"]["archived_conversations"] == 1
