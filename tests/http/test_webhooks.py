@@ -439,3 +439,35 @@ async def test_after_the_secret_key_changed_a_rotation_signs_with_the_new_secret
         headers, body = hook.got[0]
         assert len(headers["webhook-signature"].split(" ")) == 1
         assert Webhook(rotated.body["secret"]).verify(body, headers)["data"]["conversation_id"] == "call-1"
+
+
+async def metrics_with(api: Api, *lines: str) -> str:
+    """/metrics once it shows every one of ``lines`` (an attempt is counted just after it is settled)."""
+    for _ in range(250):
+        text: str = (await api.call("GET", "/metrics")).body
+        if all(line in text for line in lines):
+            return text
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"/metrics never showed {lines}")
+
+
+async def test_metrics_count_attempts_by_outcome_and_show_the_queue(shop: Shop, hook: Receiver) -> None:
+    await shop.register(hook.url)
+    hook.answers = [500]
+    await shop.end("call-1")
+    await eventually(lambda: len(hook.got) == 1)
+    await settled(shop, hook, 1)
+    attempts = 'caller_memory_webhook_attempts_total{event="conversation.ended",outcome="%s"} 1.0'
+    # The queue's gauges too (the worker refreshes them every 10 s; its first look was at once).
+    await metrics_with(
+        shop.api,
+        attempts % "retry",
+        "caller_memory_webhook_attempt_duration_seconds_count 1.0",
+        'caller_memory_webhook_deliveries{status="queued"}',
+        "caller_memory_webhook_queue_age_seconds",
+    )
+    shop.api.clock.advance(past_retry(1))
+    await eventually(lambda: len(hook.got) == 2)
+    await metrics_with(
+        shop.api, attempts % "delivered", "caller_memory_webhook_attempt_duration_seconds_count 2.0"
+    )
