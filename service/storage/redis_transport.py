@@ -43,10 +43,10 @@ SCRIPTS = (
     "unlist",
     "sweep_bucket",
     "lease",
-    "webhook_register",
     "archive_index",
     "webhook_index",
     "webhook_queue",
+    "webhook_enqueue",
 )
 
 #: A command and its arguments, as the Redis backend builds them.

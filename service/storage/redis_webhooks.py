@@ -18,38 +18,43 @@ Layout. Three kinds of slot (hash tags), so that each step is one script in one 
   it is). With it, the endpoints that have deliveries, by their latest expiry (a project's failed listing
   reads those endpoints' queues only);
 - the caller (their bucket, ``{<bucket>}``, with their memory and tombstone): the ids of the deliveries about
-  them, so that an erasure finds them (``webhook_register.lua``, which refuses when the caller was erased at
-  or after what is queued was made, as ends are refused).
+  them, so that an erasure finds them (written with a check of the tombstone: nothing is queued when the
+  caller was erased at or after what is queued was made, as ends are refused).
 
-An enqueue lists the deliveries in their caller's slot and indexes them in the project's (both at once), and
-only then writes them in their endpoints' queues: an id is never in a queue without its index entry and its
-caller's listing. An erasure (its tombstone first, then :meth:`RedisWebhooks.delete_caller_deliveries`) that
-falls in between must not miss what is written after it read the listing: on one server the queue script
-reads the caller's tombstone itself (any key is reachable there) and writes nothing once it is there; on a
-cluster the tombstone is in another slot, so the enqueue reads it again after writing and takes back what it
-wrote if the caller was erased meanwhile (the erasure wrote its tombstone before reading the listing, so one
-of the two always sees the other).
+An enqueue is ``webhook_enqueue.lua``, made of parts of one slot each: the listing in each caller's slot, the
+index in the project's, one queue per endpoint, and the work index (below). Whatever the order, an id is
+never in a queue without its index entry and its caller's listing, and an erasure (its tombstone first, then
+:meth:`RedisWebhooks.delete_caller_deliveries`) must not miss what is written after it read the listing.
+
+- One server (any key is reachable from a script): one call with every part, one atomic step in one round
+  trip. The tombstone is read before anything is written; once it is there, nothing is.
+- A cluster (one slot per call): the listings and the index first, at once, then the queues and the work
+  index, at once. The tombstone is in another slot than the queues, so the enqueue reads it again after
+  writing and takes back what it wrote if the caller was erased meanwhile (the erasure wrote its tombstone
+  before reading the listing, so one of the two always sees the other): three round trips one after the
+  other, the fewest that order allows.
 
 Expiry. Each delivery's hash expires (``PEXPIREAT``) at its ``expires_at``, each set at the latest
 ``expires_at`` it holds, so nothing outlives its deliveries even if nothing reads it again. Reads filter by the
 service's clock, and every queue script first deletes a bounded batch of expired deliveries of its endpoint.
 
 Statistics do not scan: :data:`.keys.WEBHOOK_WORK` is one sorted set of every endpoint that has deliveries
-(by their latest expiry), updated with one ``ZADD GT`` per enqueue (one slot on a cluster: one command per
-enqueue, on every enqueue, which is the price of not scanning), and :meth:`RedisWebhooks.queue_stats` asks
-each of those endpoints' queues for its counts (one write per primary). Endpoints are configuration, not
-deliveries: they do not expire. :data:`.keys.WEBHOOK_PROJECTS` lists every project that ever registered one
-(the delivery worker's list); a project is not taken off it when its last endpoint goes, since an endpoint
-registered at that moment would be hidden.
+(by their latest expiry), updated with one ``ZADD GT`` per enqueue (inside the enqueue's script on one server;
+one slot on a cluster: one command per enqueue, on every enqueue, which is the price of not scanning), and
+:meth:`RedisWebhooks.queue_stats` asks each of those endpoints' queues for its counts (one write per primary).
+Endpoints are configuration, not deliveries: they do not expire. :data:`.keys.WEBHOOK_PROJECTS` lists every
+project that ever registered one (the delivery worker's list); a project is not taken off it when its last
+endpoint goes, since an endpoint registered at that moment would be hidden.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
+from redis.exceptions import NoScriptError
 
 from ..domain.errors import StoreCorrupt
 from ..domain.webhook_store import (
@@ -62,7 +67,7 @@ from ..domain.webhook_store import (
 )
 from . import keys
 from .redis_transcripts import _all
-from .redis_transport import Call, RedisTransport, hash_reply
+from .redis_transport import Call, Command, RedisTransport, ScriptCall, hash_reply
 
 if TYPE_CHECKING:
     from ..domain.store import CallerRef
@@ -181,26 +186,34 @@ class RedisWebhooks(WebhookStore):
         callers' listings (after the deliveries themselves, so that nothing live is ever unindexed)."""
         if not gone:
             return
-        calls: list[Awaitable[Any]] = [
-            self._transport.script(
-                "webhook_index",
-                keys.webhook_index_keys(project),
-                [
-                    0,
-                    "remove",
-                    *(part for delivery_id, endpoint, _ in gone for part in (delivery_id, endpoint)),
-                ],
-            )
+        index_keys = keys.webhook_index_keys(project)
+        index_args: list[str | bytes | int] = [
+            0,
+            "remove",
+            *(part for delivery_id, endpoint, _ in gone for part in (delivery_id, endpoint)),
         ]
         by_subject: dict[str, list[str]] = {}
         for delivery_id, _, subject in gone:
             if subject:
                 by_subject.setdefault(subject, []).append(delivery_id)
-        calls += [
-            self._transport.run(("ZREM", keys.caller_webhooks_key(project, subject), *ids))
-            for subject, ids in by_subject.items()
+        listings: list[Command] = [
+            ("ZREM", keys.caller_webhooks_key(project, subject), *ids) for subject, ids in by_subject.items()
         ]
-        await _all(*calls)
+        if not self._cluster:
+            # One server: one write (each command idempotent: on NOSCRIPT all go again, the script as text).
+            transport = self._transport
+            try:
+                await transport.run(
+                    transport.script_command("webhook_index", index_keys, index_args), *listings
+                )
+            except NoScriptError:
+                text = cast("str", transport.scripts["webhook_index"].script)
+                await transport.run(("EVAL", text, len(index_keys), *index_keys, *index_args), *listings)
+            return
+        await _all(
+            self._transport.script("webhook_index", index_keys, index_args),
+            *(self._transport.run(command) for command in listings),
+        )
 
     async def _erased_since(self, caller: CallerRef, made_at: int, now_ms: int) -> bool:
         """Whether the caller was erased at or after ``made_at`` (a live tombstone)."""
@@ -283,7 +296,10 @@ class RedisWebhooks(WebhookStore):
             if not live:
                 return caller is None or not await self._erased_since(caller, made_at, now_ms)
             project = live[0].project
-            # 1. Listed in their callers' slots and indexed in the project's, at once.
+            if not self._cluster:
+                return await self._enqueue_at_once(project, live, caller, made_at, now_ms)
+            # A cluster, one call per slot: 1. listed in their callers' slots and indexed in the project's, at
+            # once (the listing is acknowledged before any delivery is written).
             flags = await self._list(project, live, caller, made_at, now_ms)
             if flags is None:
                 return False
@@ -291,79 +307,108 @@ class RedisWebhooks(WebhookStore):
             if not queues:
                 return True  # every id lives already, for another endpoint
             # 2. Written in their endpoints' queues (one slot each), and the endpoints marked as having work.
-            written = await _all(
-                *(self._write(project, e, ds, caller, made_at, now_ms) for e, ds in queues.items()),
+            await _all(
+                *(self._enqueue_part(now_ms, self._queueing(project, e, ds)) for e, ds in queues.items()),
                 self._mark_work(project, queues),
             )
-            if not all(int(w) for w in written[: len(queues)]):
-                # The caller's tombstone, read by a queue script (one server): an erasure came in between.
-                # What another queue wrote before it is the erasure's to delete (it was listed first).
-                return False
-            # 3. On a cluster, the tombstone again (see the module docstring).
-            if self._cluster and caller is not None and await self._erased_since(caller, made_at, now_ms):
+            # 3. The tombstone again (see the module docstring).
+            if caller is not None and await self._erased_since(caller, made_at, now_ms):
                 await self._take_back(project, queues)
                 return False
         return True
 
-    async def _list(
+    async def _enqueue_at_once(
         self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
-    ) -> list[Any] | None:
-        """List ``live`` among their callers' deliveries and index them in the project; the index's flags (1:
-        the id is its endpoint's to write), or None when ``caller`` was erased at or after ``made_at``."""
+    ) -> bool:
+        """On one server: every part in one script, one atomic step in one round trip (the tombstone is read
+        with the writes); False, nothing written, when ``caller`` was erased at or after ``made_at``."""
+        parts = [
+            *self._listings(project, live, caller, made_at),
+            self._indexing(project, live),
+            ([keys.WEBHOOK_WORK], ["work"]),
+            *(self._queueing(project, e, ds) for e, ds in _by_endpoint(live).items()),
+        ]
+        script_keys: list[str] = []
+        args: list[str | bytes | int] = [now_ms]
+        for part_keys, part_args in parts:
+            script_keys += part_keys
+            args += part_args
+        reply = await self._transport.script("webhook_enqueue", script_keys, args)
+        return not isinstance(reply, int)  # 0: erased; else the index's flags
+
+    @staticmethod
+    def _listings(
+        project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int
+    ) -> list[ScriptCall]:
+        """``webhook_enqueue.lua``'s list parts: one per caller the deliveries are about, the caller's with
+        ``made_at`` (their tombstone is read even if no delivery names them)."""
         by_subject: dict[str, list[Delivery]] = {}
         if caller is not None:
-            by_subject[caller.subject] = []  # its tombstone is read even if no delivery names it
+            by_subject[caller.subject] = []
         for d in live:
             if d.subject:
                 by_subject.setdefault(d.subject, []).append(d)
-        registers = [
-            self._transport.script(
-                "webhook_register",
-                [keys.caller_webhooks_key(project, subject), keys.tombstone_key(project, subject)],
-                [
-                    now_ms,
-                    made_at if caller is not None and subject == caller.subject else "",
-                    *(part for d in ds for part in (d.delivery_id, d.expires_at)),
-                ],
+        parts: list[ScriptCall] = []
+        for subject, ds in by_subject.items():
+            args: list[str | bytes | int] = [
+                "list",
+                made_at if caller is not None and subject == caller.subject else "",
+                len(ds),
+            ]
+            for d in ds:
+                args += (d.delivery_id, d.expires_at)
+            parts.append(
+                ([keys.caller_webhooks_key(project, subject), keys.tombstone_key(project, subject)], args)
             )
-            for subject, ds in by_subject.items()
-        ]
-        triples = (part for d in live for part in (d.delivery_id, d.endpoint_id, d.expires_at))
-        index = self._transport.script(
-            "webhook_index", keys.webhook_index_keys(project), [now_ms, "add", *triples]
-        )
-        # Whatever the caller's listing answers, the index entries it made are harmless: an entry without a
-        # delivery is found by no claim, and goes at its expiry.
-        *listed, flags = await _all(*registers, index)
-        if not all(int(answer) for answer in listed):
-            return None
-        return list(flags)
+        return parts
 
-    def _write(
-        self,
-        project: str,
-        endpoint_id: str,
-        deliveries: Sequence[Delivery],
-        caller: CallerRef | None,
-        made_at: int,
-        now_ms: int,
-    ) -> Awaitable[Any]:
-        script_keys = keys.webhook_queue_keys(project, endpoint_id)
-        if caller is not None and not self._cluster:
-            # One server: the script reads the caller's tombstone itself, atomically with the write.
-            script_keys.append(keys.tombstone_key(project, caller.subject))
+    @staticmethod
+    def _indexing(project: str, live: Sequence[Delivery]) -> ScriptCall:
+        """``webhook_enqueue.lua``'s index part."""
+        args: list[str | bytes | int] = ["index", len(live)]
+        for d in live:
+            args += (d.delivery_id, d.endpoint_id, d.expires_at)
+        return keys.webhook_index_keys(project), args
+
+    @staticmethod
+    def _queueing(project: str, endpoint_id: str, deliveries: Sequence[Delivery]) -> ScriptCall:
+        """``webhook_enqueue.lua``'s queue part for one endpoint."""
         args: list[str | bytes | int] = [
-            now_ms,
+            "queue",
             keys.webhook_delivery_prefix(project, endpoint_id),
-            "enqueue",
-            made_at,
+            endpoint_id,
+            keys.webhook_work_member(project, endpoint_id),
+            len(deliveries),
         ]
         for delivery in deliveries:
             args += _delivery_args(delivery)
-        return self._transport.script("webhook_queue", script_keys, args)
+        return keys.webhook_queue_keys(project, endpoint_id), args
+
+    def _enqueue_part(self, now_ms: int, part: ScriptCall) -> Awaitable[Any]:
+        """One part of ``webhook_enqueue.lua`` as a call of its own (a cluster: one slot per call)."""
+        part_keys, args = part
+        return self._transport.script("webhook_enqueue", part_keys, [now_ms, *args])
+
+    async def _list(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> list[Any] | None:
+        """On a cluster, list ``live`` among their callers' deliveries and index them in the project; the
+        index's flags (1: the id is its endpoint's to write), or None when ``caller`` was erased at or after
+        ``made_at``."""
+        listings = self._listings(project, live, caller, made_at)
+        # Whatever the caller's listing answers, the index entries it made are harmless: an entry without a
+        # delivery is found by no claim, and goes at its expiry.
+        *listed, flags = await _all(
+            *(self._enqueue_part(now_ms, part) for part in listings),
+            self._enqueue_part(now_ms, self._indexing(project, live)),
+        )
+        if any(isinstance(answer, int) for answer in listed):  # 0: erased (else the empty list of flags)
+            return None
+        return list(flags)
 
     async def _mark_work(self, project: str, queues: dict[str, list[Delivery]]) -> None:
-        """Mark the endpoints as having deliveries until their latest expiry (:data:`.keys.WEBHOOK_WORK`)."""
+        """Mark the endpoints as having deliveries until their latest expiry (:data:`.keys.WEBHOOK_WORK`; on
+        one server ``webhook_enqueue.lua`` does it)."""
         scores: list[str | bytes | int] = []
         for endpoint_id, deliveries in queues.items():
             scores += [max(d.expires_at for d in deliveries), keys.webhook_work_member(project, endpoint_id)]

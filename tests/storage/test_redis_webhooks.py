@@ -1,7 +1,8 @@
 """What only the Redis backend's webhook queue has (service/storage/redis_webhooks.py), on a standalone server
 and on a Redis Cluster: the key layout and its slots, expiry by PEXPIREAT, the caller's listing that an erasure
-follows (also when it falls between an enqueue's steps), claims racing from several stores, and index entries
-whose delivery Redis expired first. The behaviour itself is the contract suite's (test_webhooks.py)."""
+follows (also when it overtakes an enqueue), the round trips of an enqueue and of a settlement, claims racing
+from several stores, and index entries whose delivery Redis expired first. The behaviour itself is the
+contract suite's (test_webhooks.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from caller_memory.service.domain.store import CallerRef
 from caller_memory.service.domain.webhook_store import Delivery, Settlement
 from caller_memory.service.storage import keys
 from caller_memory.service.storage.redis import RedisStore
+from caller_memory.service.storage.redis_transport import Command, RedisTransport
 from caller_memory.service.storage.redis_webhooks import BATCH
 from redis.crc import key_slot
 
@@ -140,22 +142,32 @@ async def test_an_erasure_leaves_no_delivery_of_the_caller(
 
 
 class ErasedMidway(RedisStore):
-    """A store whose enqueue is overtaken by a whole erasure of ``victim`` (by another store) right after the
-    deliveries were listed and indexed, before they are written to their queues."""
+    """A store whose enqueue is overtaken by a whole erasure of ``victim`` (by another store): on a cluster
+    right after the deliveries were listed and indexed, before they are written to their queues; on one
+    server, where the enqueue is one script, right before it."""
 
     victim: CallerRef
     eraser: RedisStore
+
+    async def _erase(self, now_ms: int) -> None:
+        await self.eraser.erase_caller(self.victim, now_ms + 1, now_ms + DAY_MS)
+        assert await self.eraser.delete_caller_deliveries(self.victim) == 0  # nothing written yet
 
     async def _list(
         self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
     ) -> list[object] | None:
         flags = await super()._list(project, live, caller, made_at, now_ms)
-        await self.eraser.erase_caller(self.victim, now_ms + 1, now_ms + DAY_MS)
-        assert await self.eraser.delete_caller_deliveries(self.victim) == 0  # nothing written yet
+        await self._erase(now_ms)
         return flags
 
+    async def _enqueue_at_once(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> bool:
+        await self._erase(now_ms)
+        return await super()._enqueue_at_once(project, live, caller, made_at, now_ms)
 
-async def test_an_erasure_between_listing_and_writing_wins(
+
+async def test_an_erasure_overtaking_an_enqueue_wins(
     redis_url: str, redis_store: RedisStore, redis_client: Client
 ) -> None:
     t, caller = now_ms(), new_caller()
@@ -164,8 +176,8 @@ async def test_an_erasure_between_listing_and_writing_wins(
     await store.open()
     try:
         about = [delivery(t, f"wh_{i}", subject=caller.subject) for i in range(2)]
-        # On one server the queue script sees the tombstone; on a cluster the enqueue reads it afterwards
-        # and takes back what it wrote.
+        # On one server the script reads the tombstone before it writes anything; on a cluster the enqueue
+        # reads it after writing and takes back what it wrote.
         assert not await store.enqueue_deliveries(about, caller, t, t)
     finally:
         await store.close()
@@ -174,6 +186,74 @@ async def test_an_erasure_between_listing_and_writing_wins(
         assert keys.webhook_delivery_key(P, d.endpoint_id, d.delivery_id) not in left
         assert await redis_store.get_delivery(P, d.delivery_id, t) is None
         assert await redis_store.claim_deliveries(P, d.endpoint_id, t, 10, "w", t + LEASE) == []
+    if not redis_store._cluster:  # one atomic step: not even a listing or an index entry was written
+        assert not [k for k in left if "{wp:" in k or "{wq:" in k or ":wc:" in k or k == keys.WEBHOOK_WORK]
+
+
+class Counted:
+    """A transport that records each call it makes: in which round trip it went (one begins when a call starts
+    while no other is in flight: the calls of one asyncio.gather all start before any reply can be read) and
+    the commands sent in it, in one write."""
+
+    def __init__(self, transport: RedisTransport) -> None:
+        self.send, self.in_flight, self.trips = transport.run, 0, 0
+        self.calls: list[tuple[int, tuple[str, ...]]] = []
+        transport.run = self.run  # type: ignore[method-assign]
+
+    async def run(self, *commands: Command, replicate: bool | None = None) -> list[object]:
+        if self.in_flight == 0:
+            self.trips += 1
+        self.in_flight += 1
+        self.calls.append((self.trips, tuple(str(c[0]) for c in commands)))
+        try:
+            return await self.send(*commands, replicate=replicate)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_an_enqueue_is_one_round_trip_on_one_server_and_three_on_a_cluster(
+    redis_store: RedisStore,
+) -> None:
+    t, caller = now_ms(), new_caller()
+    # Once the servers know the script (a flushed server gets its text at the first call).
+    assert await redis_store.enqueue_deliveries([delivery(t, f"wh_{i}") for i in range(2)], caller, t, t)
+    counted = Counted(redis_store._transport)
+    about = [delivery(t, f"wh_{i}", subject=caller.subject) for i in range(2)]
+    assert await redis_store.enqueue_deliveries(about, caller, t, t)
+    if redis_store._cluster:
+        # The listing and the index; the two queues and the work index; the tombstone again.
+        script, work = ("EVALSHA",), ("ZADD", "PEXPIREAT", "PEXPIREAT")
+        assert counted.calls == [
+            (1, script),
+            (1, script),
+            (2, script),
+            (2, script),
+            (2, work),
+            (3, ("HMGET",)),
+        ]
+    else:
+        assert counted.calls == [(1, ("EVALSHA",))]
+    for d in about:
+        assert await redis_store.get_delivery(P, d.delivery_id, t) == d
+
+
+async def test_a_delivered_settlement_forgets_the_delivery_in_one_round_trip(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t, caller = now_ms(), new_caller()
+    d = delivery(t, "wh_1", subject=caller.subject)
+    assert await redis_store.enqueue_deliveries([d], caller, t, t)
+    assert await redis_store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE) == [d]
+    # Once the servers know the index script (forgetting an id that was never queued changes nothing).
+    await redis_store._forget(P, [("msg_none", "wh_1", caller.subject)])
+    counted = Counted(redis_store._transport)
+    assert await redis_store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 1)
+    # Where it is, the settlement, then the index entry and the caller's listing at once (one write on one
+    # server; on a cluster they are in two slots).
+    forget = [(3, ("EVALSHA",)), (3, ("ZREM",))] if redis_store._cluster else [(3, ("EVALSHA", "ZREM"))]
+    assert counted.calls == [(1, ("HGET",)), (2, ("EVALSHA",)), *forget]
+    assert not await redis_client.hexists(keys.webhook_index_keys(P)[0], d.delivery_id)
+    assert await redis_client.zscore(keys.caller_webhooks_key(P, caller.subject), d.delivery_id) is None
 
 
 async def test_claims_racing_from_several_stores_lease_each_delivery_once(

@@ -7,14 +7,9 @@ KEYS[3]  failed    ...:f                               zset  failed deliveries, 
                                                              (most recent first, then delivery id)
 KEYS[4]  expiry    ...:x                               zset  every delivery of the endpoint, by expires_at
 KEYS[5]  created   ...:o                               zset  queued deliveries (leased or not), by created_at
-KEYS[6]  (enqueue on one server only) the caller's tombstone, cm:{<bucket>}:t:<project>:<subject>
 ARGV[1]  now_ms; ARGV[2] the prefix of the delivery hashes, "cm:{wq:<project>:<endpoint_id>}:d:" (same slot:
          they are named from the sets' members, which is why they are not in KEYS); ARGV[3] the operation,
          then its arguments:
-  enqueue    made_at (read with KEYS[6]), then 11 per delivery: id, event, payload, subject, created_at,
-             expires_at, status, attempts, next_attempt_at, last_attempt_at, last_error. A delivery whose id
-             lives here is left as it is; an expired one is replaced. Returns 0, writing nothing, when KEYS[6]
-             says the caller was erased at or after made_at; else 1.
   claim      limit, owner, lease_until: leases due deliveries, earliest due first (then id). Returns them.
   settle     delivery id, owner, outcome (delivered | retry | failed), next_attempt_at, error. Returns
              {1, subject} when recorded; {0, ""} when the delivery is gone or not leased by owner.
@@ -25,7 +20,8 @@ ARGV[1]  now_ms; ARGV[2] the prefix of the delivery hashes, "cm:{wq:<project>:<e
              Returns their ids.
   failed     limit: the live failed deliveries, most recent attempt first. Returns them.
   stats      Returns {queued, failed, the oldest queued one's created_at or -1}.
-A delivery is returned as {id, its hash as a flat list}.
+A delivery is returned as {id, its hash as a flat list}. Deliveries are written by webhook_enqueue.lua (its
+queue part, which keeps to this layout).
 
 A delivery is a hash: event, payload, subject, created_at, expires_at, status (queued | failed), attempts,
 next_attempt_at, last_attempt_at, last_error and, while a worker holds it, lease_owner. Its due time is its
@@ -95,45 +91,6 @@ local function extend()
       redis.call('PEXPIREAT', KEYS[i], top[2])
     end
   end
-end
-
-if op == 'enqueue' then
-  if KEYS[6] then
-    local tomb = redis.call('HMGET', KEYS[6], 'erased_at', 'expires_at')
-    if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= tonumber(ARGV[4]) then
-      return 0
-    end
-  end
-  purge()
-  for i = 5, #ARGV, 11 do
-    local id, expires = ARGV[i], ARGV[i + 5]
-    local key = prefix .. id
-    local current = redis.call('HGET', key, 'expires_at')
-    if current and tonumber(current) <= now then
-      drop(id)
-      current = nil
-    end
-    if not current and tonumber(expires) > now then
-      local status = ARGV[i + 6]
-      redis.call('DEL', key)
-      redis.call(
-        'HSET', key, 'event', ARGV[i + 1], 'payload', ARGV[i + 2], 'subject', ARGV[i + 3],
-        'created_at', ARGV[i + 4], 'expires_at', expires, 'status', status, 'attempts', ARGV[i + 7],
-        'next_attempt_at', ARGV[i + 8], 'last_attempt_at', ARGV[i + 9], 'last_error', ARGV[i + 10]
-      )
-      redis.call('PEXPIREAT', key, expires)
-      unlist(id)
-      redis.call('ZADD', expiry, expires, id)
-      if status == 'failed' then
-        redis.call('ZADD', failed, '-' .. ARGV[i + 9], id)
-      else
-        redis.call('ZADD', due, ARGV[i + 8], id)
-        redis.call('ZADD', created, ARGV[i + 4], id)
-      end
-    end
-  end
-  extend()
-  return 1
 end
 
 if op == 'claim' then
