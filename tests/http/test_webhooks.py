@@ -176,10 +176,10 @@ async def settled(shop: Shop, hook: Receiver, attempts: int) -> None:
     raise AssertionError(f"attempt {attempts} of {delivery_id} was not settled")
 
 
-async def fail_every_attempt(shop: Shop, hook: Receiver) -> None:
+async def fail_every_attempt(shop: Shop, hook: Receiver, first: int = 0) -> None:
     """Let the one delivery in flight fail at each attempt of its schedule, moving the clock past each
-    delay, until it is failed."""
-    first = len(hook.got)
+    delay, until it is failed; ``first``: what the receiver had got before that delivery was made (its
+    first attempt may arrive before the request that made it is answered)."""
     for attempt in range(1, MAX_ATTEMPTS + 1):
         await eventually(lambda: len(hook.got) == first + attempt)  # noqa: B023 - awaited here
         await settled(shop, hook, attempt)
