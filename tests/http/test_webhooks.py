@@ -471,3 +471,33 @@ async def test_metrics_count_attempts_by_outcome_and_show_the_queue(shop: Shop, 
     await metrics_with(
         shop.api, attempts % "delivered", "caller_memory_webhook_attempt_duration_seconds_count 2.0"
     )
+
+
+async def test_a_hung_receiver_delays_neither_requests_nor_another_projects_deliveries(
+    api: Api, shop: Shop, hook: Receiver
+) -> None:
+    """Project one's receiver hangs (past the attempt timeout) with more deliveries queued than its
+    concurrency; project two's deliveries and every request go on as if it did not exist."""
+    await shop.register(hook.url)
+    hook.answers = [("hang", 5.0)] * 20
+    for n in range(8):  # twice the per-endpoint concurrency
+        await shop.end(f"hung-{n}", messages=0)
+    await eventually(lambda: len(hook.got) == 4)  # its four slots are held
+    document = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": CONVERSATION}}
+    assert (await api.call("PUT", "/v1/projects/other", token=OPERATOR_TOKEN, json=document)).status == 201
+    async with receiver() as prompt:
+        body = {"url": prompt.url, "events": ["conversation.ended"]}
+        assert (
+            await api.call("POST", "/v1/projects/other/webhooks", token=OPERATOR_TOKEN, json=body)
+        ).status == 201
+        began = time.monotonic()
+        end = {"caller": CALLER, "state": {}}
+        reply = await api.call(
+            "POST", "/v1/projects/other/conversations/c-1/end", token=OPERATOR_TOKEN, json=end
+        )
+        assert reply.status == 200 and time.monotonic() - began < 0.5
+        await eventually(lambda: len(prompt.got) == 1, seconds=0.9)  # well before the hung attempts end
+        assert time.monotonic() - began < 1.0
+        reply = await shop.api.call("GET", f"{BASE}/webhooks", token=shop.admin)
+        assert reply.status == 200 and time.monotonic() - began < 1.2
+    assert len(hook.got) == 4  # the hung endpoint got no more than its concurrency
