@@ -1010,6 +1010,17 @@ def source_state() -> dict[str, Any]:
 # Main ----------------------------------------------------------------------------------------------------
 
 
+def finish(r: dict[str, Any], output: Path, began: float, targets: Any, report: Any) -> None:
+    """The end of a benchmark script's run: the machine's load and whether the source changed during it,
+    its length, the targets' verdicts (``targets(r)``), the results file, and the report printed."""
+    r["machine"]["loadavg_end"] = os.getloadavg()
+    r["source"]["changed_during_run"] = source_state()["source_sha256"] != r["source"]["source_sha256"]
+    r["elapsed_s"] = time.monotonic() - began
+    r["targets"] = targets(r)
+    output.write_text(json.dumps(r, indent=1, default=str) + "\n")
+    print(report(r))
+
+
 @contextlib.contextmanager
 def cleanup() -> Iterator[None]:
     def on_signal(signum: int, frame: Any) -> None:

@@ -786,14 +786,7 @@ def main() -> int:
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(work)
-    r["machine"]["loadavg_end"] = os.getloadavg()
-    r["source"]["changed_during_run"] = (
-        bench_run.source_state()["source_sha256"] != r["source"]["source_sha256"]
-    )
-    r["elapsed_s"] = time.monotonic() - began
-    r["targets"] = targets(r)
-    args.output.write_text(json.dumps(r, indent=1, default=str) + "\n")
-    print(report(r))
+    bench_run.finish(r, args.output, began, targets, report)
     say(f"results written to {args.output}")
     return 0
 
