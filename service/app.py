@@ -223,6 +223,8 @@ async def run_deliveries(app: web.Application, interval: float) -> None:
                 stats_at = time.monotonic()
         except CallerMemoryError as exc:
             log.warning("webhook deliveries: %s", exc.detail)
+        except Exception:  # a bug must not stop every later delivery of this process
+            log.exception("webhook deliveries: unexpected error; retrying in %g s", interval)
         if started:
             await asyncio.sleep(0)  # more may be due: look again, after letting requests run
             continue
