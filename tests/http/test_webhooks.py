@@ -501,3 +501,30 @@ async def test_a_hung_receiver_delays_neither_requests_nor_another_projects_deli
         reply = await shop.api.call("GET", f"{BASE}/webhooks", token=shop.admin)
         assert reply.status == 200 and time.monotonic() - began < 1.2
     assert len(hook.got) == 4  # the hung endpoint got no more than its concurrency
+
+
+async def test_the_inactivity_end_sends_ended_and_a_late_end_sends_updated(
+    shop: Shop, hook: Receiver
+) -> None:
+    created = await shop.register(hook.url, events=["conversation.ended", "conversation.updated"])
+    document = {
+        "caller": CALLER,
+        "channel": "voice",
+        "messages": [{"role": "user", "content": "Hi", "turn_id": 1}],
+    }
+    path = f"{BASE}/conversations/drop-1"
+    assert (await shop.api.call("POST", path + "/messages", token=shop.agent, json=document)).status == 200
+    shop.api.clock.advance(31 * 60)  # past end_after_inactivity (PT30M)
+    assert (await shop.api.call("POST", "/v1/admin/sweeps", token=OPERATOR_TOKEN)).status == 200
+    await eventually(lambda: len(hook.got) == 1)
+    late = await shop.api.call(
+        "POST", path + "/end", token=shop.agent, json={"caller": CALLER, "state": {"caller_name": "Ada"}}
+    )
+    assert late.status == 200 and late.body["late"] is True
+    await eventually(lambda: len(hook.got) == 2)
+    events = [Webhook(created["secret"]).verify(body, headers) for headers, body in hook.got]
+    assert [(e["type"], e["data"]["ended_by"]) for e in events] == [
+        ("conversation.ended", "inactivity"),
+        ("conversation.updated", "explicit"),
+    ]
+    assert events[1]["data"]["persisted"] == ["caller_name"] and events[0]["id"] != events[1]["id"]
