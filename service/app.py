@@ -148,6 +148,7 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await webhooks.deliverer.stop()
         await webhooks.sender.close()
 
     app.cleanup_ctx.append(store_lifecycle)

@@ -134,6 +134,14 @@ class Deliverer:
                 started += 1
         return started
 
+    async def stop(self) -> None:
+        """Cancel the attempts in flight (shutdown): their leases run out and another worker, or this one
+        after a restart, makes them again (at least once)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def drain(self) -> None:
         """Wait for the attempts in flight (tests, shutdown)."""
         while self._tasks:
@@ -145,6 +153,9 @@ class Deliverer:
         outcome = "dropped"
         try:
             outcome = await self._send(endpoint, delivery)
+        except asyncio.CancelledError:  # the process stops (stop()): the lease runs out, it is made again
+            outcome = "cancelled"
+            raise
         except CallerMemoryError as exc:  # the store: the lease runs out and another attempt comes
             log.warning(
                 "webhook delivery %s of %s: %s", delivery.delivery_id, endpoint.endpoint_id, exc.detail

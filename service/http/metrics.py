@@ -79,7 +79,8 @@ class Metrics:
             "caller_memory_webhook_attempts",
             "Webhook delivery attempts, by event and outcome (delivered; retry: failed, another attempt is "
             "queued; failed: the last attempt failed, the delivery is listed as failed; dropped: deleted or "
-            "erased before it was sent; store_error: the store failed, the lease runs out and it is retried).",
+            "erased before it was sent; store_error: the store failed, the lease runs out and it is retried; "
+            "cancelled: the process stopped during the attempt, which is made again).",
             ["event", "outcome"],
             registry=self.registry,
         )
