@@ -197,6 +197,7 @@ def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> 
     services.conversations.end_hooks.append(service.conversation_ended)
     services.memory.erasure_hooks.append(service.erase_caller_deliveries)
     services.memory.on_erased = service.caller_erased
+    services.memory.wants_erased = service.wants_erased
     return webhooks
 
 

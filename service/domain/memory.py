@@ -90,6 +90,8 @@ class MemoryService:
         #: ``on_erased(project, receipt_id, conversation_ids)`` queues the ``caller.erased`` event.
         self.erasure_hooks: list[Callable[[CallerRef], Awaitable[tuple[str, int]]]] = []
         self.on_erased: Callable[[Project, str, list[str]], Awaitable[None]] | None = None
+        #: Whether the project has a receiver of ``caller.erased`` (its conversation ids are read only then).
+        self.wants_erased: Callable[[Project], Awaitable[bool]] | None = None
 
     def caller(self, project: Project, raw_identifier: str) -> Caller:
         e164 = normalize(raw_identifier, project.default_region)
@@ -200,7 +202,9 @@ class MemoryService:
         now = self._clock.now_ms()
         ref = CallerRef(project.project_id, caller.subject)
         conversation_ids: list[str] = []
-        if self.on_erased is not None:  # the caller.erased event names the erased conversations
+        # The caller.erased event names the erased conversations: read them first, only when it will be sent
+        # (the erasure's tombstone then goes down one read later: the sooner it does, the less it races).
+        if self.on_erased is not None and self.wants_erased is not None and await self.wants_erased(project):
             conversation_ids = [
                 h.key.conversation_id for h in await self._store.caller_conversations(ref, now)
             ]

@@ -299,6 +299,10 @@ class WebhookService:
         await self.store.enqueue_deliveries(deliveries, None, now, now)
         self._woken()
 
+    async def wants_erased(self, project: Project) -> bool:
+        """Whether an endpoint of the project takes ``caller.erased``."""
+        return any(ERASED in e.events for e in await self.endpoints_of(project.project_id))
+
     async def erase_caller_deliveries(self, caller: CallerRef) -> tuple[str, int]:
         return "webhook_deliveries", await self.store.delete_caller_deliveries(caller)
 
