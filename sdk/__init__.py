@@ -23,6 +23,7 @@ from .conversation import Conversation, EndResult
 from .errors import (
     AuthenticationError,
     CallerMemoryError,
+    ClientClosedError,
     ConflictError,
     GoneError,
     InvalidRequestError,
@@ -37,6 +38,7 @@ from .errors import (
 from .memory import Memory
 from .outbox import FlushReport, Outbox, OutboxEntry, default_outbox_path
 from .policies import CircuitBreaker, RetryPolicy
+from .render import render_memory
 from .transcript import (
     ChatMessage,
     Context,
@@ -55,6 +57,7 @@ __all__ = [
     "CallerMemoryError",
     "ChatMessage",
     "CircuitBreaker",
+    "ClientClosedError",
     "ConflictError",
     "Context",
     "ContextProfile",
@@ -83,6 +86,7 @@ __all__ = [
     "TranscriptMessage",
     "TranscriptsFullError",
     "default_outbox_path",
+    "render_memory",
 ]
 
 # Library convention: the application decides where log records go (logging.basicConfig or its own setup).

@@ -109,6 +109,8 @@ class MemoryAnswer(_Answer):
     identifier: str
     fields: dict[str, Any]
     expires_at: str | None
+    #: Absent from services before it (nothing is then served stale).
+    valid_until: str | None = None
     blacklisted: bool
 
 

@@ -7,6 +7,7 @@ import logging
 import re
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -36,6 +37,7 @@ from ._wire import (
 )
 from .conversation import Conversation, EndResult
 from .errors import (
+    ClientClosedError,
     OutboxUnavailableError,
     ServiceError,
     ServiceUnavailableError,
@@ -147,6 +149,11 @@ class MemoryClient(Delivery):
         self._senders: set[asyncio.Task[None]] = set()
         self._buffers: weakref.WeakValueDictionary[str, TranscriptBuffer] = weakref.WeakValueDictionary()
         self._send_slots = asyncio.Semaphore(background_requests)
+        #: Ends in flight (conv.end(), end_conversation()): aclose() lets them finish first.
+        self._ends = 0
+        self._no_ends = asyncio.Event()
+        self._no_ends.set()
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<MemoryClient {self.base_url} project={self.project!r}>"
@@ -167,8 +174,21 @@ class MemoryClient(Delivery):
         await self.aclose()
 
     async def aclose(self, *, grace: float = 1.0) -> None:
-        """Give unsent messages and background outbox deliveries ``grace`` seconds, then close (what is
-        left is kept in, or stays in, the outbox)."""
+        """Let the ends in flight finish (each is bounded by the retry policy's ``worst_case``, then kept in
+        the outbox), give unsent messages and background outbox deliveries ``grace`` seconds, then close
+        (what is left is kept in, or stays in, the outbox). An end started after this raises
+        :class:`~caller_memory.sdk.errors.ClientClosedError`."""
+        self._closed = True
+        if self._ends:
+            bound = self.retry.worst_case * 2 + 1 + grace  # an end's own lease (messages first), and grace
+            try:
+                await asyncio.wait_for(self._no_ends.wait(), bound)
+            except TimeoutError:
+                log.warning(
+                    "%d end(s) still running after %.1f s; closing (they stay in the outbox)",
+                    self._ends,
+                    bound,
+                )
         buffers = [buffer for buffer in list(self._buffers.values()) if not buffer.closed or buffer.unsent]
         await asyncio.gather(*(buffer.close(grace) for buffer in buffers), return_exceptions=True)
         if self._background:
@@ -321,15 +341,21 @@ class MemoryClient(Delivery):
         self, caller: str, *, previous: Memory | None = None, budget: float | None = None
     ) -> Memory:
         """The caller's memory within ``budget`` seconds (the client's ``read_budget``), or an empty
-        unavailable one; never raises because of the service."""
+        unavailable one; never raises because of the service.
+
+        If the read fails (a timeout, the service down or failing, an open circuit) and ``previous`` (the
+        last memory read of this caller) is still within its ``valid_until``, that is served again with
+        ``stale`` True: no field of it has expired yet. A refused request (a 4xx) is never answered so."""
         if budget is not None and budget <= 0:
-            return Memory.unavailable("no time left in the read budget")
+            return _stale_or(previous, "no time left in the read budget")
         probe = self.circuit.is_open
         if not self.circuit.allow():
-            return Memory.unavailable("circuit open: recent reads failed")
+            return _stale_or(previous, "circuit open: recent reads failed")
         verdict: bool | None = None  # True: the service works; False: it failed; None: no verdict
         try:
             memory, verdict = await self._read(caller, previous, budget or self.read_budget)
+            if verdict is False:
+                memory = _stale_or(previous, memory.reason or "the read failed")
         finally:
             if verdict is True:
                 self.circuit.success()
@@ -348,21 +374,25 @@ class MemoryClient(Delivery):
                 "GET", self._url("callers", caller, "memory"), seconds=budget, headers=headers
             )
         except ServiceUnavailableError as exc:
-            log.warning("memory read failed, going on with empty memory: %s", exc)
+            log.warning("memory read failed: %s", exc)
             return Memory.unavailable(str(exc)), False
         if status == 304 and previous is not None and previous.available:
-            return previous, True
+            return previous._as_fresh(), True
         answer = parse(MemoryAnswer, body) if status == 200 else None
         if answer is not None:
             etag = resp_headers.get("ETag")
             return Memory(
-                answer.fields, etag=etag, expires_at=answer.expires_at, blacklisted=answer.blacklisted
+                answer.fields,
+                etag=etag,
+                expires_at=answer.expires_at,
+                blacklisted=answer.blacklisted,
+                valid_until=answer.valid_until,
             ), True
         if status == 200:
             error: Exception = ServiceUnavailableError("the answer was not the service's (is the URL right?)")
         else:
             error = error_for(status, body)
-        log.warning("memory read refused, going on with empty memory: %s", error)
+        log.warning("memory read refused: %s", error)
         if is_client_error(status):
             # The request was wrong (a caller that is no phone number, a bad token): the caller's error,
             # not an outage. The service's own problem document also says it is up.
@@ -408,6 +438,22 @@ class MemoryClient(Delivery):
         """:meth:`end_conversation`; with ``transcript`` (the conversation's unsent messages), those go
         first; if some of them are kept in the outbox, the end is kept behind them and the result is
         ``queued`` unless they could all be delivered at once."""
+        if self._closed:
+            raise ClientClosedError(
+                f"conversation {conversation_id}: the client is closed; end the conversation before aclose()"
+            )
+        self._ends += 1
+        self._no_ends.clear()
+        try:
+            return await self._end_unclosed(conversation_id, body, transcript)
+        finally:
+            self._ends -= 1
+            if not self._ends:
+                self._no_ends.set()
+
+    async def _end_unclosed(
+        self, conversation_id: str, body: dict[str, Any], transcript: TranscriptBuffer | None
+    ) -> EndResult:
         entry_id: int | None = None
         lease = self.retry.worst_case * (2 if transcript is not None else 1) + 1
         try:
@@ -563,6 +609,15 @@ class MemoryClient(Delivery):
 
     async def _put_summary(self, conversation_id: str, body: bytes, seconds: float) -> StatusAnswer:
         return await self._calls.put_summary(conversation_id, body, seconds)
+
+
+def _stale_or(previous: Memory | None, reason: str) -> Memory:
+    """After a failed read: ``previous`` again, marked stale, while none of its fields can have expired;
+    else an empty unavailable memory."""
+    if previous is not None and previous.usable_at(datetime.now(UTC)):
+        log.warning("memory read failed, serving the last memory read (stale): %s", reason)
+        return previous._as_stale(reason)
+    return Memory.unavailable(reason)
 
 
 def _checked_base_url(base_url: str) -> str:

@@ -165,6 +165,7 @@ class Conversation:
         self._resume: Resume | None = None
         self._start_error: str | None = None
         self._history_cache: dict[_HistoryKey, tuple[str, History | list[dict[str, str]]]] = {}
+        self._prefetch: asyncio.Task[Memory] | None = None
 
     def __repr__(self) -> str:
         return f"<Conversation {self.conversation_id} {'ended' if self.ended else 'open'}>"
@@ -184,17 +185,47 @@ class Conversation:
         :meth:`add_message`). A resumed conversation id continues from the service's latest turn."""
         return self._turn
 
+    def prefetch(self) -> None:
+        """Start the next turn's memory read now, in the background: when the caller starts speaking, so
+        that the read is hidden behind their speech. The next :meth:`begin_turn` takes its result (waiting
+        for it if it still runs, never longer than the read budget from now) instead of reading again.
+        Calling it again before that :meth:`begin_turn` does nothing. Needs a running event loop."""
+        if self._prefetch is None:
+            task = asyncio.get_running_loop().create_task(self._fetch())
+            task.add_done_callback(_retrieved)
+            self._prefetch = task
+
     async def begin_turn(self) -> Memory:
         """Fetch the caller's memory once for this turn (within the client's read budget), and start a new
-        turn (:attr:`turn_id`).
+        turn (:attr:`turn_id`). After :meth:`prefetch`, takes that read's memory instead (waiting for it if
+        it still runs).
 
         Never raises because of the service: on a timeout, an error or an open circuit, ``conv.memory`` is
-        empty with ``available`` False. An unchanged memory costs a ``304 Not Modified``.
+        the memory of the previous turn marked ``stale`` while none of its fields can have expired
+        (its ``valid_until``), else empty with ``available`` False. An unchanged memory costs a
+        ``304 Not Modified``.
 
         With ``transcript=True``, the first call starts the conversation first (``POST .../start``, within
         the same budget; :attr:`resume` is then known), and every call sends ``conv.state`` as a checkpoint
         in the background if it changed.
         """
+        task, self._prefetch = self._prefetch, None
+        if task is None:
+            memory = await self._fetch()
+        else:
+            try:
+                memory = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if self._prefetch is None and not task.done():  # this turn was cancelled, not the read
+                    self._prefetch = task
+                raise
+        self._memory = memory
+        self._turn += 1
+        if self._buffer is not None:
+            self._buffer.kick()
+        return self._memory
+
+    async def _fetch(self) -> Memory:
         budget: float | None = None
         if self._start_pending:
             self._start_pending = False
@@ -202,11 +233,7 @@ class Conversation:
             deadline = loop.time() + self._client.read_budget
             await self._start(self._client.read_budget * START_SHARE)
             budget = max(0.0, deadline - loop.time())
-        self._memory = await self._client.read_memory(self.caller, previous=self._memory, budget=budget)
-        self._turn += 1
-        if self._buffer is not None:
-            self._buffer.kick()
-        return self._memory
+        return await self._client.read_memory(self.caller, previous=self._memory, budget=budget)
 
     async def _start(self, seconds: float) -> None:
         buffer = self._buffer
@@ -531,6 +558,12 @@ class Conversation:
     @property
     def ended(self) -> bool:
         return self._result is not None
+
+
+def _retrieved(task: asyncio.Task[Memory]) -> None:
+    """A prefetch nobody took (the call ended first): its failure, if any, is not reported as unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _seconds(budget: float | None, default: float) -> float:

@@ -110,6 +110,11 @@ class OutboxUnavailableError(CallerMemoryError, OSError):
     service could not be reached either (the write would be lost)."""
 
 
+class ClientClosedError(CallerMemoryError, RuntimeError):
+    """The :class:`~caller_memory.sdk.MemoryClient` was closed (``aclose()``): an end started after that is
+    refused, as nothing would deliver it (start the end before closing: ``aclose()`` waits for it)."""
+
+
 _BY_STATUS: dict[int, type[ServiceError]] = {
     400: InvalidRequestError,
     401: AuthenticationError,

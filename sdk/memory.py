@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 
@@ -12,11 +13,24 @@ class Memory(Mapping[str, Any]):
 
     ``available`` is False when the memory could not be fetched (the service was slow, down, or refused);
     the mapping is then empty and ``reason`` says why. Agent code can treat the caller as new.
+
+    ``stale`` is True when this turn's read failed and this is the last memory read before, served again
+    (``reason`` says why the read failed): only until its ``valid_until``, the service's bound on the
+    earliest expiry of its fields, so that a field that expired since is never served.
     Values are the JSON values stored; a structured value is shared with this snapshot, so treat it as
     read-only too (``fields()`` returns a deep copy).
     """
 
-    __slots__ = ("_fields", "available", "blacklisted", "etag", "expires_at", "reason")
+    __slots__ = (
+        "_fields",
+        "available",
+        "blacklisted",
+        "etag",
+        "expires_at",
+        "reason",
+        "stale",
+        "valid_until",
+    )
 
     _fields: dict[str, Any]
     available: bool
@@ -24,6 +38,8 @@ class Memory(Mapping[str, Any]):
     etag: str | None
     expires_at: str | None
     blacklisted: bool
+    valid_until: str | None
+    stale: bool
 
     def __init__(
         self,
@@ -34,6 +50,8 @@ class Memory(Mapping[str, Any]):
         etag: str | None = None,
         expires_at: str | None = None,
         blacklisted: bool = False,
+        valid_until: str | None = None,
+        stale: bool = False,
     ) -> None:
         set_ = object.__setattr__
         set_(self, "_fields", dict(fields))
@@ -42,6 +60,8 @@ class Memory(Mapping[str, Any]):
         set_(self, "etag", etag)
         set_(self, "expires_at", expires_at)
         set_(self, "blacklisted", blacklisted)
+        set_(self, "valid_until", valid_until)
+        set_(self, "stale", stale)
 
     @classmethod
     def unavailable(cls, reason: str) -> Memory:
@@ -70,18 +90,61 @@ class Memory(Mapping[str, Any]):
         return self._rebuilt(copy.deepcopy(self._fields, memo))
 
     def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self._fields, *self._attributes()))
+
+    def _attributes(self) -> tuple[Any, ...]:
         return (
-            _restore,
-            (self._fields, self.available, self.reason, self.etag, self.expires_at, self.blacklisted),
+            self.available,
+            self.reason,
+            self.etag,
+            self.expires_at,
+            self.blacklisted,
+            self.valid_until,
+            self.stale,
         )
 
     def _rebuilt(self, fields: dict[str, Any]) -> Memory:
-        return _restore(fields, self.available, self.reason, self.etag, self.expires_at, self.blacklisted)
+        return _restore(fields, *self._attributes())
+
+    def usable_at(self, now: datetime) -> bool:
+        """Whether this memory may be served again at ``now`` after a failed read: it was read, and its
+        ``valid_until`` (no field of it expires before) is still ahead."""
+        if not self.available or self.valid_until is None:
+            return False
+        try:
+            until = datetime.fromisoformat(self.valid_until.replace("Z", "+00:00"))
+        except ValueError:
+            return False
+        return until.tzinfo is not None and now < until
+
+    def _as_stale(self, reason: str) -> Memory:
+        """This memory served again after a failed read (same fields and ETag)."""
+        return Memory(
+            self._fields,
+            reason=reason,
+            etag=self.etag,
+            expires_at=self.expires_at,
+            blacklisted=self.blacklisted,
+            valid_until=self.valid_until,
+            stale=True,
+        )
+
+    def _as_fresh(self) -> Memory:
+        """This memory confirmed by the service (a 304 on its ETag)."""
+        if not self.stale:
+            return self
+        return Memory(
+            self._fields,
+            etag=self.etag,
+            expires_at=self.expires_at,
+            blacklisted=self.blacklisted,
+            valid_until=self.valid_until,
+        )
 
     def __repr__(self) -> str:
         if not self.available:
             return f"<Memory unavailable: {self.reason}>"
-        return f"<Memory {sorted(self._fields)}>"
+        return f"<Memory {sorted(self._fields)}{' stale' if self.stale else ''}>"
 
 
 def _restore(
@@ -91,7 +154,16 @@ def _restore(
     etag: str | None,
     expires_at: str | None,
     blacklisted: bool,
+    valid_until: str | None = None,
+    stale: bool = False,
 ) -> Memory:
     return Memory(
-        fields, available=available, reason=reason, etag=etag, expires_at=expires_at, blacklisted=blacklisted
+        fields,
+        available=available,
+        reason=reason,
+        etag=etag,
+        expires_at=expires_at,
+        blacklisted=blacklisted,
+        valid_until=valid_until,
+        stale=stale,
     )

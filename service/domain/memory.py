@@ -31,6 +31,9 @@ class MemoryView:
     fields: dict[str, bytes]
     expires_at: int | None  # hour-rounded up; None when the memory is empty
     etag: str
+    #: The earliest expiry of a live field, rounded down to the hour (never later than any field's own):
+    #: until then a client may serve this memory again, marked stale, after a failed read. None when empty.
+    valid_until: int | None = None
     blacklisted: bool = False
 
 
@@ -101,21 +104,24 @@ class MemoryService:
     def _view(
         self, project: Project, caller: Caller, stored: Mapping[str, StoredField], now: int
     ) -> MemoryView:
-        # One pass (this runs on every read): the live fields, in name order, and the latest expiry.
+        # One pass (this runs on every read): the live fields, in name order, the latest and earliest expiry.
         ttl_ms = project.ttl_ms
         live: dict[str, StoredField] = {}
         expires = 0
+        first = 0
         for name in sorted(stored):
             f = stored[name]
             until = min(f.expires_at, f.written_at + ttl_ms.get(name, 0))  # fields.effective_expiry
             if now < until:
                 live[name] = f
                 expires = max(expires, until)
+                first = until if not first else min(first, until)
         return MemoryView(
             identifier=caller.e164,
             fields={name: f.value for name, f in live.items()},
             expires_at=ceil_hour_ms(expires) if live else None,
             etag=compute_etag(live),
+            valid_until=floor_hour_ms(first) if live else None,
         )
 
     def _empty(self, caller: Caller) -> MemoryView:

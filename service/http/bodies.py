@@ -124,6 +124,15 @@ class Memory(TypedDict):
     expires_at: Annotated[
         DateTime | None, Field(description="When the last field expires, rounded up to the hour.")
     ]
+    valid_until: Annotated[
+        DateTime | None,
+        Field(
+            description=(
+                "When the first field expires, rounded down to the hour (never later than any field's own "
+                "expiry): a client may serve this memory again, marked stale, after a failed read until then."
+            )
+        ),
+    ]
     blacklisted: Annotated[bool, Field(description="Blacklisted: memory is empty, writes are dropped.")]
 
 

@@ -106,6 +106,7 @@ def memory_body(view: MemoryView) -> bodies.Memory:
         "identifier": view.identifier,
         "fields": {name: orjson.Fragment(value) for name, value in view.fields.items()},
         "expires_at": iso(view.expires_at),
+        "valid_until": iso(view.valid_until),
         "blacklisted": view.blacklisted,
     }
 

@@ -369,6 +369,7 @@ async def test_unknown_caller_has_empty_memory(api: Api, shop: dict[str, str]) -
         "identifier": "+447700900123",
         "fields": {},
         "expires_at": None,
+        "valid_until": None,
         "blacklisted": False,
     }
 
@@ -489,6 +490,30 @@ async def test_expires_at_is_hour_rounded(api: Api, shop: dict[str, str]) -> Non
     assert exact <= expires_ms < exact + 3_600_000
 
 
+async def test_valid_until_is_the_first_expiry_rounded_down(api: Api, shop: dict[str, str]) -> None:
+    """``valid_until`` (how long a client may serve this memory after a failed read) is never later than any
+    field's expiry: the earliest one, rounded down to the hour; ``expires_at`` is the latest, rounded up."""
+
+    def ms(stamp: str) -> int:
+        return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() * 1000)
+
+    api.clock.advance(1234.567)
+    first = api.clock.now_ms()
+    await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"caller_name": "Ada"})
+    api.clock.advance(5 * 3600 + 17)
+    last = api.clock.now_ms()
+    await api.call("PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"booking_day": "Friday"})
+    read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
+    ttl = 30 * 86400 * 1000
+    valid_until, expires_at = ms(read.body["valid_until"]), ms(read.body["expires_at"])
+    assert first + ttl - 3_600_000 < valid_until <= first + ttl
+    assert last + ttl <= expires_at < last + ttl + 3_600_000
+    api.clock.advance(30 * 86400 - 5 * 3600)  # caller_name has expired, booking_day not
+    read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
+    assert read.body["fields"] == {"booking_day": "Friday"}
+    assert last + ttl - 3_600_000 < ms(read.body["valid_until"]) <= last + ttl
+
+
 async def test_blacklisted_callers_read_empty_and_writes_are_dropped(api: Api, shop: dict[str, str]) -> None:
     for form in ("+440000000000", "0000000000", "+442079460000", "020 7946 0000"):
         reply = await api.call(
@@ -500,7 +525,13 @@ async def test_blacklisted_callers_read_empty_and_writes_are_dropped(api: Api, s
     # Lifting the blacklist shows that nothing was stored meanwhile.
     await api.put_project("cheese-shop", {**CONFIG, "identifier_blacklist": []})
     read = await api.call("GET", memory_path("cheese-shop", "+440000000000"), token=shop["agent"])
-    assert read.body == {"identifier": "+44000000000", "fields": {}, "expires_at": None, "blacklisted": False}
+    assert read.body == {
+        "identifier": "+44000000000",
+        "fields": {},
+        "expires_at": None,
+        "valid_until": None,
+        "blacklisted": False,
+    }
     # Bad input is still refused for blacklisted callers.
     await api.put_project("cheese-shop", CONFIG)
     reply = await api.call(
