@@ -1,0 +1,614 @@
+"""Caller Memory for LiveKit Agents (``pip install 'caller-memory[livekit]'``): the caller's memory in the
+model's context every turn without delaying it, tools that write ``conv.state`` and the outcome, the
+transcript into conversation memory, and the end of the call persisted however the call ends.
+
+::
+
+    from caller_memory.sdk.livekit import MemoryAgent, remember_caller
+
+    class Receptionist(MemoryAgent):  # instead of Agent
+        ...
+
+    async def entrypoint(ctx: JobContext) -> None:
+        await ctx.connect()
+        participant = await ctx.wait_for_participant()
+        session = AgentSession(llm=..., stt=..., tts=..., vad=...)
+        remember_caller(session, client, participant=participant, job=ctx)  # the one line
+        await session.start(Receptionist(instructions="..."), room=ctx.room)
+
+Why it is built this way (LiveKit Agents 1.8):
+
+- The memory goes into the context in :meth:`MemoryAgent.llm_node`, on a copy of the context of each
+  inference: LiveKit's documented place, ``on_user_turn_completed``, edits the turn's context after a
+  preemptive generation started (which invalidates it; preemptive generation is on by default) and is
+  never called by ``session.run()``. The copy matters: LiveKit hands the tool follow-up the same context
+  object, so an edit in place would put a second memory message there. The message is never added to
+  ``session.history``.
+- The read starts when the call starts (so the greeting is personal) and again when the caller starts
+  speaking (``user_state_changed`` to ``speaking``), hidden behind their speech; an inference waits for it
+  at most the client's read budget.
+- The end starts in its own task from the session's ``close`` event (whoever ends the call: the bot, the
+  caller's hang-up, an error) and from a job shutdown callback that also waits for it: a job shut down by
+  its worker runs its shutdown callbacks with a few seconds left before the process is killed. The end is
+  kept in the SDK's outbox from its first moment, so even a killed process does not lose it.
+- LiveKit logs room names and SIP identities (both usually hold the number) and what the caller says: a
+  filter on LiveKit's loggers masks every phone number in their records (see :func:`mask_livekit_logs`).
+  Its tracing spans copy ``sip.phoneNumber``; only the application can turn that off (docs/livekit.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from livekit import rtc
+from livekit.agents import (
+    Agent,
+    AgentSession,
+    CloseEvent,
+    ConversationItemAddedEvent,
+    JobContext,
+    ModelSettings,
+    RunContext,
+    UserStateChangedEvent,
+    function_tool,
+    llm,
+)
+
+from ._wire import mask
+from .client import MemoryClient
+from .conversation import Conversation, EndResult
+from .memory import Memory
+from .render import render_memory
+
+__all__ = [
+    "MEMORY_MESSAGE_ID",
+    "SIP_CALL_ID",
+    "SIP_PHONE_NUMBER",
+    "CallMemory",
+    "MemoryAgent",
+    "caller_from_participant",
+    "mask_livekit_logs",
+    "memory_tools",
+    "remember_caller",
+]
+
+#: The SIP participant attributes LiveKit sets (no constant for them exists in LiveKit's packages):
+#: the caller's number on an inbound call (the dialled one on an outbound call; absent when the dispatch
+#: rule hides the number), and LiveKit's id of the call, which is the conversation id (room names
+#: usually contain the number, so they are not used).
+SIP_PHONE_NUMBER = "sip.phoneNumber"
+SIP_CALL_ID = "sip.callID"
+#: The id of the one memory message in each inference's context.
+MEMORY_MESSAGE_ID = "caller_memory"
+#: LiveKit's ids of the instructions messages (livekit.agents.voice.generation, "must not change"): the
+#: memory message goes right after them, so that the instructions stay a cacheable prefix.
+_INSTRUCTION_IDS = ("lk.agent_task.instructions", "lk.agent_task.dynamic_instructions")
+#: How long the job's shutdown callback waits for the session's own close before ending the call itself.
+CLOSE_GRACE = 2.0
+#: The end reason for each way LiveKit closes a session. A job shutdown or an error cuts the call short:
+#: "dropped", so that the caller is offered ``resume`` on calling back.
+END_REASONS: dict[str, str] = {
+    "participant_disconnected": "completed",
+    "user_initiated": "completed",
+    "task_completed": "completed",
+    "error": "dropped",
+    "job_shutdown": "dropped",
+}
+#: How a participant's disconnect that is a hang-up reads (others are a line that dropped).
+_HANG_UPS = frozenset(
+    {
+        rtc.DisconnectReason.CLIENT_INITIATED,
+        rtc.DisconnectReason.ROOM_DELETED,
+        rtc.DisconnectReason.USER_REJECTED,
+    }
+)
+
+log = logging.getLogger("caller_memory.sdk")  # masked by the SDK (numbers never reach a handler)
+
+_calls: weakref.WeakKeyDictionary[AgentSession[Any], CallMemory] = weakref.WeakKeyDictionary()
+
+
+def caller_from_participant(participant: rtc.Participant) -> tuple[str | None, str | None]:
+    """The caller's number and the call's id (``sip.phoneNumber``, ``sip.callID``) of a SIP participant;
+    ``(None, None)`` for any other participant (a browser, another agent)."""
+    if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_SIP:
+        return None, None
+    attributes = participant.attributes
+    return attributes.get(SIP_PHONE_NUMBER) or None, attributes.get(SIP_CALL_ID) or None
+
+
+@dataclass
+class _Pending:
+    """A transcript message waiting for its turn's read (its turn id is known once the read is done)."""
+
+    turn: asyncio.Task[tuple[Memory, int]]
+    message: dict[str, Any]
+
+
+class CallMemory:
+    """One call's caller memory in an :class:`AgentSession`. Made by :func:`remember_caller`; tools reach it
+    with ``CallMemory.of(context)``.
+
+    - :attr:`state`: what to remember about the caller, written at the end (the keys the project's
+      ``state_keys`` allow; the others are reported as ignored).
+    - :meth:`set_outcome`, :meth:`transfer`: the outcome sent with the end (and analytics).
+    - :meth:`wait_ended`: the end's result, once it is persisted (or kept in the outbox).
+    """
+
+    def __init__(
+        self,
+        client: MemoryClient,
+        *,
+        caller: str | None = None,
+        conversation_id: str | None = None,
+        channel: str = "phone",
+        agent: str | None = None,
+        transcript: bool = True,
+    ) -> None:
+        self.client = client
+        self.channel = channel
+        self.agent = agent
+        self.transcript = transcript
+        self.conversation: Conversation | None = None
+        self._state: dict[str, Any] = {}
+        self._outcome: dict[str, str | None] = {"qa": None, "handoff_reason": None, "handoff_to": None}
+        self._end_reason: str | None = None
+        self._turn: asyncio.Task[tuple[Memory, int]] | None = None
+        self._answered = False
+        self._pending: list[_Pending] = []
+        self._last_ctx: llm.ChatContext | None = None
+        self._generated = ""
+        #: Whether anything was said yet (the agent's first words before the caller's are its greeting).
+        self._heard = False
+        self._closed = asyncio.Event()
+        self._end: asyncio.Task[EndResult | None] | None = None
+        self._no_number_said = False
+        self.set_caller(caller, conversation_id)
+
+    def __repr__(self) -> str:
+        conv = self.conversation
+        return f"<CallMemory {conv.conversation_id if conv else 'without a caller'}>"
+
+    # The caller -------------------------------------------------------------------------------------
+
+    def set_caller(self, caller: str | None, conversation_id: str | None = None) -> None:
+        """Name the caller (their number, in any form the project reads) once it is known; the memory read
+        starts at once. Without a number there is no memory for the call: not an error, said once in the
+        log. A second call does nothing (a call has one caller). Messages said before it are not kept."""
+        if self.conversation is not None:
+            return
+        if not caller:
+            if not self._no_number_said:
+                self._no_number_said = True
+                log.info(
+                    "no caller number for this call (a SIP participant without sip.phoneNumber, say, when "
+                    "the dispatch rule hides it): no caller memory until one is set"
+                )
+            return
+        try:
+            conv = self._conversation(caller, conversation_id)
+        except ValueError as exc:  # a call id the service would refuse: use one of ours instead
+            log.warning("conversation id not usable (%s); using a generated one", exc)
+            conv = self._conversation(caller, None)
+        conv.state.update(self._state)
+        self.conversation = conv
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the first turn reads it
+        conv.prefetch()  # the greeting's memory, read while the session starts
+
+    def _conversation(self, caller: str, conversation_id: str | None) -> Conversation:
+        return self.client.conversation(
+            conversation_id or f"lk-{secrets.token_hex(8)}",
+            caller=caller,
+            channel=self.channel,
+            agent=self.agent,
+            transcript=self.transcript,
+        )
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """``conv.state``: what to remember about the caller, written at the end of the call."""
+        return self.conversation.state if self.conversation is not None else self._state
+
+    @property
+    def memory(self) -> Memory | None:
+        """The memory of the current turn, or None before the first read finished (or without a caller)."""
+        turn = self._turn
+        if turn is None or not turn.done() or turn.cancelled():
+            return None
+        return turn.result()[0]
+
+    # The outcome ------------------------------------------------------------------------------------
+
+    def set_outcome(
+        self, *, qa: str | None = None, handoff_reason: str | None = None, handoff_to: str | None = None
+    ) -> None:
+        """The call's outcome, sent with the end (given values replace earlier ones)."""
+        for name, value in (("qa", qa), ("handoff_reason", handoff_reason), ("handoff_to", handoff_to)):
+            if value is not None:
+                self._outcome[name] = value
+
+    def transfer(self, to: str, reason: str | None = None) -> None:
+        """Record a transfer (its destination and reason); the call ends as ``transferred``. Making the SIP
+        transfer itself is the application's job (LiveKit's ``transfer_sip_participant``)."""
+        self.set_outcome(handoff_to=to, handoff_reason=reason)
+        self._end_reason = "transferred"
+
+    # The session ------------------------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, where: RunContext[Any] | AgentSession[Any] | Agent) -> CallMemory:
+        """The call of a tool's ``RunContext``, a session or a running agent. LookupError when
+        :func:`remember_caller` was not called for that session."""
+        session = where.session if isinstance(where, RunContext | Agent) else where
+        try:
+            return _calls[session]
+        except KeyError:
+            raise LookupError("no caller memory for this session: call remember_caller() first") from None
+
+    def attach(self, session: AgentSession[Any]) -> None:
+        """Listen to ``session``: prefetch when the caller starts speaking, forward the transcript, end the
+        call when it closes. :func:`remember_caller` does it."""
+        _calls[session] = self
+        session.on("user_state_changed", self._on_user_state)
+        session.on("conversation_item_added", self._on_item)
+        session.on("close", self._on_close)
+
+    def watch_job(self, job: JobContext, participant: rtc.Participant | None = None) -> None:
+        """End the call (and wait for its end) in the job's shutdown; with ``participant``, end it as
+        ``dropped`` as soon as that participant leaves for another reason than a hang-up (LiveKit does
+        not close the session then, the call would end only with the job)."""
+        job.add_shutdown_callback(self._on_shutdown)
+        if participant is not None:
+            identity = participant.identity
+
+            def left(gone: rtc.RemoteParticipant) -> None:
+                if gone.identity == identity and gone.disconnect_reason not in _HANG_UPS:
+                    self._end_reason = self._end_reason or "dropped"
+                    self._start_end("dropped")
+
+            job.room.on("participant_disconnected", left)
+
+    def _on_user_state(self, event: UserStateChangedEvent) -> None:
+        if event.new_state == "speaking" and self.conversation is not None:
+            self.conversation.prefetch()
+
+    # Turns ------------------------------------------------------------------------------------------
+
+    def _new_turn(self) -> asyncio.Task[tuple[Memory, int]]:
+        """Start a turn: its read (``begin_turn()``, within the read budget), after the previous turn's,
+        so that turns, and the messages waiting for them, complete in order."""
+        conv = self.conversation
+        assert conv is not None
+        previous = self._turn
+
+        async def turn() -> tuple[Memory, int]:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])
+            memory = await conv.begin_turn()
+            return memory, conv.turn_id
+
+        task = asyncio.get_running_loop().create_task(turn())
+        task.add_done_callback(self._turn_done)
+        self._turn, self._answered = task, False
+        return task
+
+    def _current_turn(self) -> asyncio.Task[tuple[Memory, int]]:
+        """This turn (a new one once the agent answered the last)."""
+        if self._turn is None or self._answered:
+            return self._new_turn()
+        return self._turn
+
+    def _turn_done(self, task: asyncio.Task[tuple[Memory, int]]) -> None:
+        if not task.cancelled():
+            task.exception()  # begin_turn() never raises for the service; retrieved either way
+        self._flush()
+
+    async def memory_message(self, chat_ctx: llm.ChatContext) -> str | None:
+        """The memory message's text for an inference on ``chat_ctx`` (None: nothing to say). Waits for
+        the turn's read, at most the read budget. A tool follow-up (LiveKit passes it the same context
+        object, with the tool's output last) reuses its turn's memory."""
+        conv = self.conversation
+        if conv is None:
+            return None
+        items = chat_ctx.items
+        follow_up = chat_ctx is self._last_ctx or bool(items and items[-1].type == "function_call_output")
+        self._last_ctx = chat_ctx
+        turn = self._turn if follow_up and self._turn is not None else self._current_turn()
+        memory, _ = await asyncio.shield(turn)
+        return render_memory(memory, conv.resume)
+
+    async def with_memory(self, chat_ctx: llm.ChatContext) -> llm.ChatContext:
+        """A copy of ``chat_ctx`` with the memory message right after the instructions (never ``chat_ctx``
+        itself: LiveKit reuses it for the tool follow-up), or ``chat_ctx`` when there is nothing to say.
+        For an ``llm_node`` of your own; :class:`MemoryAgent` calls it."""
+        text = await self.memory_message(chat_ctx)
+        if text is None:
+            return chat_ctx
+        ctx = chat_ctx.copy()
+        ctx.items[:] = [item for item in ctx.items if item.id != MEMORY_MESSAGE_ID]
+        at = 0
+        for index, item in enumerate(ctx.items):
+            if item.id in _INSTRUCTION_IDS:
+                at = index + 1
+        ctx.items.insert(at, llm.ChatMessage(id=MEMORY_MESSAGE_ID, role="system", content=[text]))
+        return ctx
+
+    async def watch(self, stream: AsyncIterable[Any]) -> AsyncIterator[Any]:
+        """``stream`` (an ``llm_node``'s output) passed on unchanged; its text is kept as the ``original``
+        of the assistant message if the caller interrupts it."""
+        self._generated = ""
+        async for chunk in stream:
+            if isinstance(chunk, str):
+                self._generated += chunk
+            elif isinstance(chunk, llm.ChatChunk) and chunk.delta is not None and chunk.delta.content:
+                self._generated += chunk.delta.content
+            yield chunk
+
+    # The transcript ---------------------------------------------------------------------------------
+
+    def _on_item(self, event: ConversationItemAddedEvent) -> None:
+        item = event.item
+        if self.conversation is None or not self.transcript or not isinstance(item, llm.ChatMessage):
+            return
+        text = item.text_content
+        if not text or item.role not in ("user", "assistant"):
+            return
+        message: dict[str, Any] = {"role": item.role, "content": text}
+        if item.role == "user":
+            turn = self._current_turn()
+            self._heard = True
+            # Audio turns carry the speech-to-text confidence; typed ones (session.run) do not.
+            message["source"] = "asr" if item.transcript_confidence is not None else "message"
+        else:
+            turn = self._current_turn() if self._turn is None else self._turn
+            self._answered = True
+            # The agent's first words, before the caller said anything, are its greeting.
+            message["source"] = "llm" if self._heard else "greeting"
+            self._heard = True
+            if item.interrupted:
+                message["interrupted"] = True
+                original = self._generated
+                if original and original.strip() != text.strip():
+                    message["original"] = original
+        self._pending.append(_Pending(turn, message))
+        self._flush()
+
+    def _flush(self) -> None:
+        """Hand the messages whose turn's read is done to the SDK (which sends them in the background)."""
+        conv = self.conversation
+        while self._pending and self._pending[0].turn.done():
+            pending = self._pending.pop(0)
+            if conv is None or conv.ended or pending.turn.cancelled():
+                continue
+            turn_id = pending.turn.result()[1]
+            try:
+                conv.add_message(**pending.message, turn_id=turn_id)
+            except (RuntimeError, ValueError) as exc:  # ended meanwhile; a message the service refuses
+                log.warning("conversation %s: a message was not kept: %s", conv.conversation_id, exc)
+
+    # The end ----------------------------------------------------------------------------------------
+
+    def _on_close(self, event: CloseEvent) -> None:
+        # A synchronous handler (LiveKit's emitter takes no coroutine): the end runs in its own task, so
+        # that the close, and the hang-up, never wait for it.
+        self._closed.set()
+        self._start_end(event.reason.value)
+
+    async def _on_shutdown(self, reason: str) -> None:
+        # The job's shutdown callbacks run together, and after the session's close in a worker shutdown:
+        # wait a little for the close (whose reason says more), then end the call if it was not.
+        try:
+            await asyncio.wait_for(self._closed.wait(), CLOSE_GRACE)
+        except TimeoutError:
+            pass
+        self._start_end("job_shutdown")
+        try:
+            await self.wait_ended()
+        except Exception as exc:  # a shutdown goes on; what was refused is in the outbox
+            log.warning("the end of the call failed at shutdown: %s", exc)
+
+    def end(self, reason: str = "user_initiated") -> asyncio.Task[EndResult | None]:
+        """End the call now (the session's close does it; this is for a call ended otherwise), in its own
+        task; a second call returns the first one's task."""
+        return self._start_end(reason)
+
+    def _start_end(self, reason: str) -> asyncio.Task[EndResult | None]:
+        if self._end is None:
+            self._end = asyncio.get_running_loop().create_task(self._ended(reason))
+            self._end.add_done_callback(_logged)
+        return self._end
+
+    async def _ended(self, reason: str) -> EndResult | None:
+        conv = self.conversation
+        if conv is None:
+            return None
+        if self._turn is not None and not self._turn.done():
+            await asyncio.wait([self._turn])  # bounded by the read budget: its messages go first
+        self._flush()
+        end_reason = self._end_reason or END_REASONS.get(reason, "completed")
+        return await conv.end(**self._outcome, end_reason=end_reason)
+
+    async def wait_ended(self) -> EndResult | None:
+        """The end's result once it is persisted (or kept in the outbox: ``queued``); None for a call
+        without a caller, or one that has not ended. Raises what ``conv.end()`` raises (a refusal)."""
+        if self._end is None:
+            return None
+        return await asyncio.shield(self._end)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the end has started."""
+        return self._end is not None
+
+
+def _logged(task: asyncio.Task[EndResult | None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("the end of the call failed: %s", exc)
+
+
+def remember_caller(
+    session: AgentSession[Any],
+    client: MemoryClient,
+    *,
+    participant: rtc.Participant | None = None,
+    caller: str | None = None,
+    conversation_id: str | None = None,
+    job: JobContext | None = None,
+    channel: str = "phone",
+    agent: str | None = None,
+    transcript: bool = True,
+) -> CallMemory:
+    """The one line: caller memory for the call ``session`` serves. Call it before ``session.start()``.
+
+    The caller and the conversation id come from ``participant``'s SIP attributes (``sip.phoneNumber``,
+    ``sip.callID``) or from ``caller`` and ``conversation_id`` (which win); later with
+    ``CallMemory.set_caller()``. Take the participant from ``await ctx.wait_for_participant()`` (it needs
+    the connected room). With ``job``, the job's shutdown waits for the end, and a caller whose line drops
+    ends the call at once. The session's agents should derive from :class:`MemoryAgent`. Masks phone
+    numbers in LiveKit's logs (:func:`mask_livekit_logs`)."""
+    mask_livekit_logs()
+    if participant is not None:
+        number, call_id = caller_from_participant(participant)
+        caller, conversation_id = caller or number, conversation_id or call_id
+    call = CallMemory(
+        client,
+        caller=caller,
+        conversation_id=conversation_id,
+        channel=channel,
+        agent=agent,
+        transcript=transcript,
+    )
+    call.attach(session)
+    if job is not None:
+        call.watch_job(job, participant)
+    return call
+
+
+class MemoryAgent(Agent):
+    """An :class:`~livekit.agents.Agent` whose every inference carries the caller's memory as one message
+    right after its instructions (``render_memory``: data, framed as not being instructions), read within
+    the read budget; tool follow-ups reuse their turn's memory. Derive your agents from it instead of
+    ``Agent``. Overriding ``llm_node`` yourself: ``call = CallMemory.of(self)``, then
+    ``call.watch(Agent.default.llm_node(self, await call.with_memory(chat_ctx), tools, model_settings))``.
+
+    Realtime (speech-to-speech) models do not run ``llm_node``: see docs/livekit.md."""
+
+    async def llm_node(
+        self, chat_ctx: llm.ChatContext, tools: list[llm.Tool], model_settings: ModelSettings
+    ) -> AsyncIterator[llm.ChatChunk | str | Any]:
+        call = _calls.get(self.session)
+        if call is None:  # remember_caller() was not called: an agent like any other
+            async for chunk in Agent.default.llm_node(self, chat_ctx, tools, model_settings):
+                yield chunk
+            return
+        ctx = await call.with_memory(chat_ctx)
+        async for chunk in call.watch(Agent.default.llm_node(self, ctx, tools, model_settings)):
+            yield chunk
+
+
+# Tools ---------------------------------------------------------------------------------------------
+
+
+async def _remember(context: RunContext[Any], key: str, value: str) -> str:
+    """Remember something about the caller for their next calls.
+
+    Args:
+        key: what it is (one of the names this agent was told it may remember, e.g. caller_name)
+        value: the value, as the caller gave it
+    """
+    CallMemory.of(context).state[key] = value
+    return f"noted {key}"
+
+
+async def _record_outcome(
+    context: RunContext[Any],
+    qa: Literal["resolved", "unresolved", "escalated"],
+    transfer_to: str | None = None,
+    transfer_reason: str | None = None,
+) -> str:
+    """Record how the call went, before it ends: whether the caller's request was resolved and, when the
+    call is being transferred, to whom and why.
+
+    Args:
+        qa: resolved, unresolved or escalated
+        transfer_to: where the call is transferred to, if it is
+        transfer_reason: why it is transferred, if it is
+    """
+    call = CallMemory.of(context)
+    call.set_outcome(qa=qa)
+    if transfer_to:
+        call.transfer(transfer_to, transfer_reason)
+    return "recorded"
+
+
+def memory_tools() -> list[llm.Tool]:
+    """Two ready tools for an agent's ``tools=``: ``remember(key, value)`` writes ``conv.state`` (keys the
+    project does not store are reported as ignored at the end), ``record_outcome(qa, transfer_to,
+    transfer_reason)`` sets the outcome (a transfer ends the call as ``transferred``). Tools of your own
+    reach the call with ``CallMemory.of(context)``."""
+    return [
+        function_tool(_remember, name="remember"),
+        function_tool(_record_outcome, name="record_outcome"),
+    ]
+
+
+# Logs ----------------------------------------------------------------------------------------------
+
+#: The attributes every LogRecord has: the others are a call's ``extra`` (LiveKit puts room names,
+#: participant identities and ``lk.pii.*`` text there, and its formatters print them all).
+_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_LIVEKIT_LOGGER = re.compile(r"livekit(\.|$)")
+
+
+class _MaskNumbers(logging.Filter):
+    """Masks phone numbers (any written form, also percent-encoded) in a record's message and extras."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = mask(message)
+        if masked != message or record.args:
+            record.msg, record.args = masked, None
+        for key, value in list(vars(record).items()):
+            if key not in _RECORD_ATTRIBUTES:
+                setattr(record, key, _masked(value))
+        return True
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value
+
+
+_FILTER = _MaskNumbers()
+
+
+def mask_livekit_logs() -> None:
+    """Put the masking filter on LiveKit's loggers: ``livekit``, ``livekit.agents``, the plugins', and every
+    ``livekit.*`` logger that exists now (a filter on a logger does not see its children's records, so
+    each one needs it; :func:`remember_caller` calls this again for loggers made since). Records of the
+    worker process (job requests name the room) are masked too when the agent's module calls this at
+    import. Numbers the OpenAI client or your own code log are not covered."""
+    names = {"livekit", "livekit.agents", "livekit.plugins", "livekit.plugins.openai", "livekit.rtc"}
+    names.update(n for n in logging.root.manager.loggerDict if _LIVEKIT_LOGGER.match(n))
+    for name in names:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+mask_livekit_logs()
