@@ -5,16 +5,21 @@ Runs in its own pytest process (the Makefile runs this file separately)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from caller_memory.sdk.livekit import (
     MEMORY_MESSAGE_ID,
     remember_caller,
 )
-from caller_memory.sdk.render import PREAMBLE
+from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
+from livekit.agents import CloseReason, UserStateChangedEvent
+from livekit.agents.testing import fake_job_context
+from livekit.rtc._proto import participant_pb2
 
 from tests.conftest import Api
 
@@ -30,6 +35,7 @@ from tests.frameworks.conftest_livekit import (
     sip_participant,
 )
 from tests.support.fake_llm import FakeLLM, text_of
+from tests.support.proxy import LossyProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,3 +141,180 @@ async def test_two_calls_from_one_number_the_second_greeted_welcome_back(
     assert two["contents"][0]["content"] == "Welcome back, Ada!"
     assert two["contents"][0]["metadata"]["source"] == "greeting"
     assert [m["metadata"]["source"] for m in two["contents"][1:]] == ["message", "llm"]
+
+
+async def remember_ada(api: Api, admin: str) -> None:
+    """The caller's memory as an earlier call left it."""
+    reply = await api.call(
+        "PATCH", f"/v1/projects/{PROJECT}/callers/{NUMBER}/memory", token=admin, json={"caller_name": "Ada"}
+    )
+    assert reply.status == 200, reply.body
+
+
+async def test_a_tool_follow_up_reuses_its_turns_memory(
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    await remember_ada(api, tokens["admin"])
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_tool")
+        await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+        reads = api.count("GET", "/memory")
+        await session.run(user_input="my name is Bob")
+        assert last_text(session) == "Nice to meet you, Bob."
+        # The turn and its tool follow-up: one read (taken by the turn), one memory message in each request.
+        assert [memory_messages(body) for body in fake_llm.requests] == [1, 1]
+        assert fake_llm.requests[1]["messages"][-1]["role"] == "tool"
+        assert api.count("GET", "/memory") - reads <= 1
+        await session.aclose()
+        result = await call.wait_ended()
+        assert result is not None and result.persisted == ("caller_name",)
+
+
+async def timed_turn(session: Any, text: str) -> float:
+    started = time.perf_counter()
+    await session.run(user_input=text)
+    return time.perf_counter() - started
+
+
+async def test_a_service_slowed_to_1_s_costs_a_turn_at_most_the_budget_and_the_last_memory_is_served_stale(
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    await remember_ada(api, tokens["admin"])
+    proxy = LossyProxy(int(api.base_url.rsplit(":", 1)[1]))
+    await proxy.start()
+    budget = 0.3
+    try:
+        async with make_client(f"http://127.0.0.1:{proxy.port}", tokens["agent"], tmp_path, budget) as client:
+            session = sessions.new()
+            call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_slow")
+            await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+            await session.generate_reply()
+            assert last_text(session) == "Welcome back, Ada!"
+            fast = await timed_turn(session, "hello")
+            proxy.delay = 1.0  # every answer of the service from now on: a read cannot make the budget
+            slow = await timed_turn(session, "anything new?")
+            print(
+                f"\nturn with the service answering at once {1000 * fast:.0f} ms, 1 s late {1000 * slow:.0f} ms"
+            )
+            assert slow < budget + 0.5  # the budget, and a margin for a loaded machine: never the 1 s
+            # The read failed: the last memory, marked stale, is what the model got.
+            memory_message = [m for m in fake_llm.requests[-1]["messages"] if PREAMBLE in text_of(m)]
+            assert len(memory_message) == 1 and STALE_NOTE in text_of(memory_message[0])
+            assert call.memory is not None and call.memory.stale and call.memory["caller_name"] == "Ada"
+            proxy.delay = 0.0
+            await session.aclose()
+            assert (await call.wait_ended()) is not None
+    finally:
+        await proxy.close()
+
+
+async def test_prefetch_when_the_caller_starts_speaking_hides_the_read(
+    api: Api, tokens: dict[str, str], sessions: Sessions, tmp_path: Path
+) -> None:
+    await remember_ada(api, tokens["admin"])
+    proxy = LossyProxy(int(api.base_url.rsplit(":", 1)[1]))
+    await proxy.start()
+    try:
+        async with make_client(f"http://127.0.0.1:{proxy.port}", tokens["agent"], tmp_path, 3.0) as client:
+            session = sessions.new()
+            remember_caller(session, client, caller=NUMBER, conversation_id="SCL_prefetch")
+            await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+            await session.generate_reply()
+            proxy.delay = 0.4  # a slow read: 0.4 s
+            without = await timed_turn(session, "hello")
+            # What LiveKit's VAD does when the caller starts speaking (a test emits the public event).
+            session.emit(
+                "user_state_changed", UserStateChangedEvent(old_state="listening", new_state="speaking")
+            )
+            await asyncio.sleep(1.0)  # the caller speaks for a second
+            with_prefetch = await timed_turn(session, "and now?")
+            print(
+                f"\nturn with a 0.4 s read: {1000 * without:.0f} ms, prefetched {1000 * with_prefetch:.0f} ms"
+            )
+            assert without >= 0.4 and with_prefetch < without - 0.2
+            proxy.delay = 0.0
+            await session.aclose()
+    finally:
+        await proxy.close()
+
+
+async def test_an_interrupted_answer_goes_to_the_transcript_as_spoken_marked_interrupted(
+    api: Api, tokens: dict[str, str], sessions: Sessions, tmp_path: Path
+) -> None:
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_story")
+        await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+        run = session.run(user_input="tell me a story")
+        await asyncio.sleep(0.5)  # 40 words 50 ms apart: the caller interrupts about a quarter in
+        await session.interrupt()
+        await run
+        await session.aclose()
+        await call.wait_ended()
+    [_, told] = (await history(api, tokens["admin"], "SCL_story"))["contents"]
+    story = "".join(f"word{i} " for i in range(40))
+    assert told["metadata"]["interrupted"] is True and told["content"] and story.startswith(told["content"])
+    assert len(told["content"]) < len(story)
+    # Without audio, what was spoken is all the model had generated when it was cut: no other original.
+    assert story.startswith(told["metadata"].get("original", told["content"]))
+
+
+def fake_job() -> Any:
+    """LiveKit's offline JobContext (an unconnected room); its shutdown runs nothing, so the tests run its
+    shutdown callbacks as the job process does (all at once)."""
+    return fake_job_context()
+
+
+async def run_shutdown(job: Any) -> None:
+    await asyncio.gather(*(callback("test shutdown") for callback in job._shutdown_callbacks))
+
+
+@pytest.mark.parametrize(
+    ("way", "end_reason"),
+    [
+        ("the bot hangs up", "completed"),
+        ("the caller hangs up", "completed"),
+        ("the line drops", "dropped"),
+        ("an error closes the session", "dropped"),
+        ("the worker shuts the job down", "completed"),
+        ("the job shuts down first (the session closes with it)", "dropped"),
+    ],
+)
+async def test_the_end_is_persisted_however_the_call_ends(
+    way: str, end_reason: str, api: Api, tokens: dict[str, str], sessions: Sessions, tmp_path: Path
+) -> None:
+    conversation_id = "SCL_" + "".join(c if c.isalnum() else "_" for c in way)
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        caller = sip_participant(NUMBER, conversation_id)
+        with fake_job() as job:
+            call = remember_caller(session, client, participant=caller, job=job)
+            await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+            await session.run(user_input="my name is Ada")
+            closed = asyncio.Event()
+            session.on("close", lambda _: closed.set())
+            started = time.perf_counter()
+            if way == "the bot hangs up":
+                await session.aclose()
+            elif way == "the caller hangs up":
+                session._close_soon(reason=CloseReason.PARTICIPANT_DISCONNECTED)  # what RoomIO does
+                await closed.wait()
+            elif way == "an error closes the session":
+                session._close_soon(reason=CloseReason.ERROR)  # what an unrecoverable model error does
+                await closed.wait()
+            elif way == "the line drops":  # LiveKit leaves the session open: the integration ends the call
+                caller._info.disconnect_reason = participant_pb2.DisconnectReason.SIP_TRUNK_FAILURE
+                job.room.emit("participant_disconnected", caller)
+            elif way == "the worker shuts the job down":
+                await session.aclose()  # the job process closes the session first, then runs the callbacks
+                await run_shutdown(job)
+            else:
+                await run_shutdown(job)
+            result = await call.wait_ended()
+            print(f"\n{way}: end persisted {1000 * (time.perf_counter() - started):.0f} ms after")
+            await session.aclose()
+        job._tempdir.cleanup()  # a JobContext's temporary folder: only its _on_cleanup() removes it
+    assert result is not None and result.persisted == ("caller_name",) and not result.queued
+    ended = await status(api, tokens["admin"], conversation_id)
+    assert ended["status"] == "ended" and ended["end_reason"] == end_reason
