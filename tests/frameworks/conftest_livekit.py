@@ -52,7 +52,9 @@ class Shopkeeper(MemoryAgent):
         return f'{{"name": "{name}"}}'
 
 
-def sip_participant(number: str | None, call_id: str | None, kind: int = 0) -> rtc.RemoteParticipant:
+def sip_participant(
+    number: str | None, call_id: str | None, kind: int = participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP
+) -> rtc.RemoteParticipant:
     """A real ``rtc.RemoteParticipant`` without a server (handle 0 makes no FFI call), as LiveKit builds
     one for a SIP caller."""
     attributes = {"sip.trunkPhoneNumber": "+14155550199"}
@@ -63,7 +65,7 @@ def sip_participant(number: str | None, call_id: str | None, kind: int = 0) -> r
     info = participant_pb2.ParticipantInfo(
         sid="PA_test",
         identity=f"sip_{number}",
-        kind=kind or participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP,
+        kind=kind,
         attributes=attributes,
     )
     owned = participant_pb2.OwnedParticipant(handle=handle_pb2.FfiOwnedHandle(id=0), info=info)

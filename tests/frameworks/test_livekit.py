@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 from caller_memory.sdk.livekit import (
     MEMORY_MESSAGE_ID,
+    caller_from_participant,
+    mask_livekit_logs,
     remember_caller,
 )
 from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
@@ -29,6 +32,7 @@ from tests.frameworks.conftest_livekit import (
     INSTRUCTIONS,
     NUMBER,
     PROJECT,
+    Lines,
     Sessions,
     Shopkeeper,
     make_client,
@@ -318,3 +322,50 @@ async def test_the_end_is_persisted_however_the_call_ends(
     assert result is not None and result.persisted == ("caller_name",) and not result.queued
     ended = await status(api, tokens["admin"], conversation_id)
     assert ended["status"] == "ended" and ended["end_reason"] == end_reason
+
+
+def test_the_sip_attributes_give_the_number_and_the_call_id() -> None:
+    assert caller_from_participant(sip_participant(NUMBER, "SCL_abc")) == (NUMBER, "SCL_abc")
+    assert caller_from_participant(sip_participant(None, "SCL_abc")) == (None, "SCL_abc")  # number hidden
+    browser = sip_participant(
+        NUMBER, "SCL_abc", kind=participant_pb2.ParticipantKind.PARTICIPANT_KIND_STANDARD
+    )
+    assert caller_from_participant(browser) == (None, None)
+
+
+async def test_no_number_means_no_memory_said_once_and_a_number_set_late_starts_it(
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path, lines: Lines
+) -> None:
+    await remember_ada(api, tokens["admin"])
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        call = remember_caller(session, client, participant=sip_participant(None, "SCL_hidden"))
+        await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+        await session.run(user_input="hi")
+        await session.run(user_input="hello?")
+        assert all(memory_messages(body) == 0 for body in fake_llm.requests)
+        assert sum("no caller number" in line for line in lines.lines) == 1
+        call.set_caller(NUMBER, "SCL_late")  # e.g. from the app's own lookup, once known
+        await session.run(user_input="and now?")
+        assert memory_messages(fake_llm.requests[-1]) == 1
+        await session.aclose()
+        result = await call.wait_ended()
+        assert result is not None and result.conversation_id == "SCL_late"
+
+
+async def test_the_number_is_masked_in_livekits_logs_also_in_extras_and_child_loggers(lines: Lines) -> None:
+    child = logging.getLogger("livekit.agents.voice.some_new_module")  # made after the import
+    mask_livekit_logs()
+    room, identity = f"call-_{NUMBER}_Xyz", f"sip_{NUMBER}"
+    # The line RoomIO logs when the caller hangs up, and the conversation text LiveKit logs at DEBUG.
+    logging.getLogger("livekit.agents").info(
+        "closing agent session due to participant disconnect", extra={"room": room, "participant": identity}
+    )
+    logging.getLogger("livekit.agents").debug(
+        "conversation_item_added", extra={"lk.pii.text": "call me on (415) 555-0100", "role": "user"}
+    )
+    child.info("participant %s joined", identity)
+    logging.getLogger("livekit").warning("room %s", "%2B14155550100")
+    logged = [line for line in lines.lines if json.loads(line)["name"].startswith("livekit")]
+    assert len(logged) == 4 and all("[number]" in line for line in logged)
+    assert lines.leaks() == []
