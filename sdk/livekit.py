@@ -405,17 +405,23 @@ class CallMemory:
         self._start_end(event.reason.value)
 
     async def _on_shutdown(self, reason: str) -> None:
-        # The job's shutdown callbacks run together, and after the session's close in a worker shutdown:
-        # wait a little for the close (whose reason says more), then end the call if it was not.
+        await self.finish()
+
+    async def finish(self, grace: float = CLOSE_GRACE) -> EndResult | None:
+        """For a job's shutdown callback: wait (at most ``grace`` seconds) for the session's close, whose
+        reason says how the call ended, end the call if nothing did (as ``dropped``), and wait for the end.
+        The job's shutdown callbacks run together, after the session's close in a worker shutdown. Never
+        raises: a refused end is logged (and set aside in the outbox)."""
         try:
-            await asyncio.wait_for(self._closed.wait(), CLOSE_GRACE)
+            await asyncio.wait_for(self._closed.wait(), grace)
         except TimeoutError:
             pass
         self._start_end("job_shutdown")
         try:
-            await self.wait_ended()
+            return await self.wait_ended()
         except Exception as exc:  # a shutdown goes on; what was refused is in the outbox
             log.warning("the end of the call failed at shutdown: %s", exc)
+            return None
 
     def end(self, reason: str = "user_initiated") -> asyncio.Task[EndResult | None]:
         """End the call now (the session's close does it; this is for a call ended otherwise), in its own

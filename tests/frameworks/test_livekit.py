@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -369,3 +371,30 @@ async def test_the_number_is_masked_in_livekits_logs_also_in_extras_and_child_lo
     logged = [line for line in lines.lines if json.loads(line)["name"].startswith("livekit")]
     assert len(logged) == 4 and all("[number]" in line for line in logged)
     assert lines.leaks() == []
+
+
+async def test_the_example_agent_plays_two_calls_against_a_real_service(
+    api: Api, tokens: dict[str, str]
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "livekit_agent.py"),
+        "--demo",
+        "--url",
+        api.base_url,
+        "--token",
+        tokens["agent"],
+        "--project",
+        PROJECT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 50)
+    stdout, stderr = out.decode(), err.decode()
+    assert process.returncode == 0, stderr
+    first, second = stdout.split("--- call 2")
+    assert "What's your name?" in first and "Nice to meet you, Ada." in first
+    assert "persisted ['caller_name']" in first
+    assert "agent: Welcome back, Ada!" in second
+    assert "4155550100" not in stdout + stderr and "555-0100" not in stdout + stderr
