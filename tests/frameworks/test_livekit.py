@@ -21,7 +21,7 @@ from caller_memory.sdk.livekit import (
     mask_livekit_logs,
     remember_caller,
 )
-from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
+from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
 from livekit.agents import CloseReason, UserStateChangedEvent
 from livekit.agents.testing import fake_job_context
 from livekit.rtc._proto import participant_pb2
@@ -74,7 +74,7 @@ async def status(api: Api, admin: str, conversation_id: str) -> dict[str, Any]:
 
 
 async def test_two_calls_from_one_number_the_second_greeted_welcome_back(
-    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path, lines: Lines
 ) -> None:
     async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
         # Call 1: a new caller gives their name; the tool writes conv.state.
@@ -125,6 +125,8 @@ async def test_two_calls_from_one_number_the_second_greeted_welcome_back(
     assert roles[:2] == ["system", "system"] and PREAMBLE in text_of(fake_llm.requests[-1]["messages"][1])
     assert all(item.id != MEMORY_MESSAGE_ID for item in session.history.items)
     assert not any(form in json.dumps(fake_llm.requests) for form in ("4155550100",))
+    # Neither the memory message nor the memory's values reached a log line (the number: the lines fixture).
+    assert not [line for line in lines.lines if PREAMBLE[:30] in line or 'caller_memory\\":' in line]
 
     # The analytics API counts call 2 as a repeat call of call 1.
     reply = await api.call(
@@ -398,3 +400,30 @@ async def test_the_example_agent_plays_two_calls_against_a_real_service(
     assert "persisted ['caller_name']" in first
     assert "agent: Welcome back, Ada!" in second
     assert "4155550100" not in stdout + stderr and "555-0100" not in stdout + stderr
+
+
+async def test_a_callback_after_a_dropped_call_is_offered_resume(
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        caller = sip_participant(NUMBER, "SCL_dropped")
+        with fake_job() as job:
+            call = remember_caller(session, client, participant=caller, job=job)
+            await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+            await session.run(user_input="my name is Ada")
+            caller._info.disconnect_reason = participant_pb2.DisconnectReason.CONNECTION_TIMEOUT
+            job.room.emit("participant_disconnected", caller)
+            assert (await call.wait_ended()) is not None
+            await session.aclose()
+        job._tempdir.cleanup()
+        fake_llm.requests.clear()
+        session = sessions.new()
+        call = remember_caller(session, client, participant=sip_participant(NUMBER, "SCL_callback"))
+        await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+        await session.generate_reply()
+        [memory] = [m for m in fake_llm.requests[0]["messages"] if PREAMBLE in text_of(m)]
+        assert RESUME_NOTE in text_of(memory) and "Nice to meet you, Ada." in text_of(memory)
+        assert call.conversation is not None and call.conversation.resume is not None
+        await session.aclose()
+        await call.wait_ended()
