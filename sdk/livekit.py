@@ -60,6 +60,8 @@ from livekit.agents import (
     function_tool,
     llm,
 )
+from livekit.agents.llm.chat_context import DYNAMIC_INSTRUCTIONS_MESSAGE_ID
+from livekit.agents.voice.generation import INSTRUCTIONS_MESSAGE_ID
 
 from ._wire import mask
 from .client import MemoryClient
@@ -87,9 +89,9 @@ SIP_PHONE_NUMBER = "sip.phoneNumber"
 SIP_CALL_ID = "sip.callID"
 #: The id of the one memory message in each inference's context.
 MEMORY_MESSAGE_ID = "caller_memory"
-#: LiveKit's ids of the instructions messages (livekit.agents.voice.generation, "must not change"): the
-#: memory message goes right after them, so that the instructions stay a cacheable prefix.
-_INSTRUCTION_IDS = ("lk.agent_task.instructions", "lk.agent_task.dynamic_instructions")
+#: LiveKit's ids of the instructions messages (whose values "must not change", says LiveKit): the memory
+#: message goes right after them, so that the instructions stay a cacheable prefix.
+_INSTRUCTION_IDS = (INSTRUCTIONS_MESSAGE_ID, DYNAMIC_INSTRUCTIONS_MESSAGE_ID)
 #: How long the job's shutdown callback waits for the session's own close before ending the call itself.
 CLOSE_GRACE = 2.0
 #: The end reason for each way LiveKit closes a session. A job shutdown or an error cuts the call short:

@@ -282,6 +282,7 @@ async def run_shutdown(job: Any) -> None:
     ("way", "end_reason"),
     [
         ("the bot hangs up", "completed"),
+        ("the bot transfers the call", "transferred"),
         ("the caller hangs up", "completed"),
         ("the line drops", "dropped"),
         ("an error closes the session", "dropped"),
@@ -305,6 +306,9 @@ async def test_the_end_is_persisted_however_the_call_ends(
             started = time.perf_counter()
             if way == "the bot hangs up":
                 await session.aclose()
+            elif way == "the bot transfers the call":
+                call.transfer("billing", "wants a refund")
+                await session.aclose()
             elif way == "the caller hangs up":
                 session._close_soon(reason=CloseReason.PARTICIPANT_DISCONNECTED)  # what RoomIO does
                 await closed.wait()
@@ -326,6 +330,12 @@ async def test_the_end_is_persisted_however_the_call_ends(
     assert result is not None and result.persisted == ("caller_name",) and not result.queued
     ended = await status(api, tokens["admin"], conversation_id)
     assert ended["status"] == "ended" and ended["end_reason"] == end_reason
+    if end_reason == "transferred":
+        reply = await api.call(
+            "GET", f"/v1/projects/{PROJECT}/analytics/conversations", token=tokens["admin"]
+        )
+        [listed] = [c for c in reply.body["conversations"] if c["conversation_id"] == conversation_id]
+        assert (listed["handoff_to"], listed["handoff_reason"]) == ("billing", "wants a refund"), listed
 
 
 def test_the_sip_attributes_give_the_number_and_the_call_id() -> None:
