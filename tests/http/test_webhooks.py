@@ -79,7 +79,7 @@ async def receiver() -> AsyncIterator[Receiver]:
     found = Receiver()
     app = web.Application()
     app.router.add_post("/hook", found.handle)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)  # a hung answer is cut at the end, not waited for
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
