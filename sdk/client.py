@@ -161,6 +161,12 @@ class MemoryClient(Delivery):
     # Lifecycle ----------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> MemoryClient:
+        return await self.open()
+
+    async def open(self) -> MemoryClient:
+        """What entering ``async with`` does, for code whose life is not one block (a framework's worker
+        that opens the client at start and closes it in a shutdown hook): open the outbox, the HTTP session,
+        and start delivering what the outbox kept. Close with :meth:`aclose`."""
         await self.outbox.open()
         if self._session is None:
             self._session = aiohttp.ClientSession()
