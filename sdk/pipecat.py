@@ -1,0 +1,596 @@
+"""Caller Memory for Pipecat: one processor, placed between the user context aggregator and the LLM.
+
+::
+
+    from caller_memory.sdk.pipecat import CallerMemory
+
+    memory = CallerMemory(client, conversation_id=call_data.call_id, caller=call_data.from_number)
+    pipeline = Pipeline([transport.input(), stt, pair.user(), memory, llm, tts, transport.output(), pair.assistant()])
+    ...
+    await runner.run()
+    await memory.finished()  # the end of the call, persisted (or kept in the outbox)
+
+What it does, and why there:
+
+- **Memory in every turn, without delaying it.** The read starts when the pipeline starts (so the greeting is
+  personal) and again when the caller starts speaking (``UserStartedSpeakingFrame``: the read is hidden behind
+  their speech). The user aggregator's ``LLMContextFrame`` passes this processor on its way to the LLM: the
+  turn takes the read (``conv.begin_turn()``, which waits at most the client's read budget) and the memory goes
+  into the shared ``LLMContext`` as **one** ``developer`` message (:func:`~caller_memory.sdk.render_memory`,
+  framed as data), replaced in place every turn, never appended. Function-call follow-ups are sent by the
+  assistant aggregator upstream, straight to the LLM, with the same context: they reuse the turn's memory.
+- **Tools** (:meth:`CallerMemory.state_tool`, :meth:`~CallerMemory.outcome_tool`,
+  :meth:`~CallerMemory.transfer_tool`) write ``conv.state`` and the outcome of the call.
+- **The transcript** (``transcript=True``, the default): the user messages the context gains, and each
+  assistant turn as the assistant aggregator closes it (an interrupted one with what was spoken and, as
+  ``original``, what the LLM generated) go to the service's conversation memory in the background. After a
+  dropped call, ``conv.resume`` is rendered into the same message for the agent to offer.
+- **The end of the call**, however it ends (``EndFrame``: the bot hung up; ``CancelFrame``: the caller hung
+  up, a cancel, the idle timeout, a worker shut down): it runs in its own task, so the frame that carries the
+  hang-up is never held back; :meth:`CallerMemory.finished` waits for it. ``conv.end()`` keeps the request in
+  the SDK's durable outbox from the start, so it is not lost even if the process dies first.
+- **Logs.** Pipecat logs through loguru at DEBUG by default, including the telephony handshake (the caller's
+  number) and the whole LLM context on every inference (the memory). Importing this module installs
+  :func:`install_log_redaction` (see there, and docs/pipecat.md).
+
+This is the only module of the SDK that imports Pipecat; it is imported only by Pipecat users.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger as loguru_logger
+from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    Frame,
+    LLMContextFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    StartFrame,
+    UserStartedSpeakingFrame,
+)
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import (
+    AssistantTurnStoppedMessage,
+    LLMAssistantAggregator,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor, FrameProcessorSetup
+from pipecat.services.llm_service import FunctionCallParams, LLMService
+
+from . import _wire
+from .client import MemoryClient
+from .conversation import Conversation, EndResult
+from .errors import CallerMemoryError
+from .memory import Memory
+from .render import render_memory
+
+if TYPE_CHECKING:
+    from loguru import Record
+
+__all__ = [
+    "CallerMemory",
+    "caller_from",
+    "install_log_redaction",
+    "redact_log_record",
+]
+
+log = logging.getLogger("caller_memory.sdk.pipecat")
+# A child logger's records skip the parent's filters: this one masks its own, like the SDK's logger.
+log.addFilter(_wire.MaskingFilter())
+
+#: How long the end of a call waits for the terminal frame to reach the end of the pipeline (so that the
+#: assistant turn it closes is in the transcript) before it is sent anyway.
+END_WAIT = 2.0
+
+# Log redaction ---------------------------------------------------------------------------------------------
+
+#: loguru records of these modules carry telephony data (the handshake, the AudioHook open message): every
+#: digit run shaped like a phone number is masked in them.
+_TELEPHONY_MODULES = ("pipecat.runner", "pipecat.serializers", "pipecat.transports")
+#: A number in international form, anywhere (also percent-encoded: %2B).
+_E164 = re.compile(r"(?:\+|%2[Bb])[\s\-.()]?\d(?:[\s\-.()]{0,2}\d){6,14}")
+#: Candidate digit runs, to compare with the numbers of the calls in progress.
+_DIGIT_RUN = re.compile(r"\d(?:(?:[\s\-./()]|%20){0,3}\d){6,}")
+#: The last digits of the callers of the calls in progress in this process (see CallerMemory).
+_active_tails: dict[str, int] = {}
+_TAIL = 7
+
+
+def _digits(text: str) -> str:
+    return "".join(c for c in text if c.isdigit())
+
+
+def _tail(caller: str) -> str | None:
+    digits = _digits(caller)
+    return digits[-_TAIL:] if len(digits) >= _TAIL else None
+
+
+def _mask_known(text: str) -> str:
+    def replace(match: re.Match[str]) -> str:
+        digits = _digits(match.group(0))
+        return "[number]" if any(tail in digits for tail in _active_tails) else match.group(0)
+
+    return _DIGIT_RUN.sub(replace, text)
+
+
+def redact_log_record(record: Record) -> None:
+    """A loguru patcher: masks phone numbers in a record's message before any sink sees it.
+
+    Every record: numbers in international form (``+44...``, ``%2B44...``) and any form of the number of a
+    call in progress here (its digits, with separators, national or international). Records of Pipecat's
+    telephony modules (the runner's handshake parsing, the serializers, the transports): every run of digits
+    shaped like a phone number (they log the provider's first messages, before any caller is known).
+
+    Call it from your own patcher if you configure one (``logger.configure(patcher=...)`` replaces the one
+    installed by :func:`install_log_redaction`)."""
+    message = record["message"]
+    if not any(c.isdigit() for c in message):
+        return
+    if record["name"] and record["name"].startswith(_TELEPHONY_MODULES):
+        message = _wire.mask(message)
+    else:
+        message = _E164.sub("[number]", message)
+        if _active_tails:
+            message = _mask_known(message)
+    record["message"] = message
+
+
+def _chained(previous: Callable[[Record], None] | None) -> Callable[[Record], None]:
+    def patcher(record: Record) -> None:
+        redact_log_record(record)
+        if previous is not None:
+            previous(record)
+
+    patcher.caller_memory_redaction = True  # type: ignore[attr-defined]
+    return patcher
+
+
+def install_log_redaction() -> None:
+    """Keep the caller's number and memory out of Pipecat's logs. Idempotent; called at import and again by
+    every :class:`CallerMemory` (so that it is back after an app replaced it).
+
+    - A loguru patcher (:func:`redact_log_record`). loguru has one patcher per process and no public way to
+      read it: the one found (``logger._core.patcher``, best effort) runs after ours, so an app's own patcher
+      keeps working. An app that calls ``logger.configure(patcher=...)`` after this replaces ours: call
+      :func:`redact_log_record` from it (or create the CallerMemory after it, which chains it again).
+    - ``PIPECAT_LOG_LLM_CONTEXT=off`` unless the environment already sets it: the LLM services then log each
+      inference without the context, which holds the memory message (and what the caller said). Pipecat reads
+      it once, when the first LLM service is made; if that already happened with the default (``full``), the
+      mode it cached is set to ``off`` too. Set ``PIPECAT_LOG_LLM_CONTEXT=full`` yourself to keep the context
+      in your DEBUG logs (the memory is then in them).
+    - A masking filter on the std-logging ``uvicorn.error`` logger, which logs every websocket frame at DEBUG
+      (a Twilio ``start`` frame's tail is its custom parameters: the number).
+    """
+    core = getattr(loguru_logger, "_core", None)
+    previous = getattr(core, "patcher", None)
+    if not getattr(previous, "caller_memory_redaction", False):
+        loguru_logger.configure(patcher=_chained(previous))
+    if "PIPECAT_LOG_LLM_CONTEXT" not in os.environ:
+        os.environ["PIPECAT_LOG_LLM_CONTEXT"] = "off"
+        from pipecat.utils import log_config
+
+        if getattr(log_config, "_llm_context_log_mode", None) is not None:
+            log_config._llm_context_log_mode = log_config._LLMContextLogMode.OFF
+    uvicorn = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _wire.MaskingFilter) for f in uvicorn.filters):
+        uvicorn.addFilter(_wire.MaskingFilter())
+
+
+install_log_redaction()
+
+# The caller's number --------------------------------------------------------------------------------------
+
+
+def caller_from(value: object) -> str | None:
+    """The caller's number as a telephony layer gave it, or None when there is none: Telnyx and Exotel send
+    ``""`` when they have no number, Twilio sends nothing unless the TwiML passes it as a ``<Parameter>``,
+    Genesys AudioHook gives ``tel:+1...`` URIs."""
+    if not isinstance(value, str):
+        return None
+    number = value.strip()
+    for scheme in ("tel:", "sip:"):
+        if number.lower().startswith(scheme):
+            number = number[len(scheme) :].split("@", 1)[0].split(";", 1)[0]
+    return number if any(c.isdigit() for c in number) else None
+
+
+# The processor --------------------------------------------------------------------------------------------
+
+
+class _Watcher(BaseObserver):
+    """Sees every frame's first push in the pipeline: the LLM's generated text (the ``original`` of an
+    interrupted turn) and the assistant aggregator (to follow its turns). An observer rather than more
+    processors, so that the integration stays one entry in the pipeline."""
+
+    def __init__(self, owner: CallerMemory) -> None:
+        super().__init__()
+        self._owner = owner
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        source = data.source
+        if isinstance(source, LLMService):
+            frame = data.frame
+            if data.direction != FrameDirection.DOWNSTREAM:
+                return
+            if isinstance(frame, LLMFullResponseStartFrame):
+                self._owner._generated = []
+            elif isinstance(frame, LLMTextFrame):
+                self._owner._generated.append(frame.text)
+        elif isinstance(source, LLMAssistantAggregator):
+            self._owner._follow(source)  # its StartFrame, the first frame it passes on
+
+
+class CallerMemory(FrameProcessor):
+    """Caller Memory in a Pipecat pipeline, between the user context aggregator and the LLM.
+
+    - ``client``: an open :class:`~caller_memory.sdk.MemoryClient` (one per process, shared by the calls).
+    - ``conversation_id``: the call's id from the telephony layer (``call_data.call_id``).
+    - ``caller``: the caller's number (``call_data.from_number``), or None: no number means no memory for
+      this call (not an error; said once in the log, without a number). Set it later with
+      :meth:`set_caller` (Genesys AudioHook: :meth:`follow_genesys`).
+    - ``channel``, ``agent``: as for ``client.conversation()``; ``transcript``: keep what is said in the
+      service's conversation memory (the project needs ``conversation.enabled``).
+    - ``prefetch``: start the next turn's read when the caller starts speaking (True).
+
+    ``conv`` is the call's :class:`~caller_memory.sdk.Conversation` (None without a number): write
+    ``conv.state`` from your own tools too. ``outcome`` is sent with the end (``qa``, ``handoff_reason``,
+    ``handoff_to``, ``end_reason``); the tools set it, and so can you.
+    """
+
+    def __init__(
+        self,
+        client: MemoryClient,
+        conversation_id: str | None = None,
+        caller: str | None = None,
+        *,
+        channel: str = "voice",
+        agent: str | None = None,
+        transcript: bool = True,
+        prefetch: bool = True,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        install_log_redaction()
+        self.client = client
+        self.channel = channel
+        self.agent = agent
+        self.transcript = transcript
+        self.prefetch = prefetch
+        self.conv: Conversation | None = None
+        self.outcome: dict[str, str | None] = {
+            "qa": None,
+            "handoff_reason": None,
+            "handoff_to": None,
+            "end_reason": None,
+        }
+        #: Seconds each turn's context frame was held here (waiting for the memory read), in order.
+        self.turn_waits: list[float] = []
+        #: The terminal frame that ended the call ("EndFrame", "CancelFrame"), once seen.
+        self.ended_by: str | None = None
+        self._conversation_id = conversation_id
+        self._tail: str | None = None
+        self._started = False
+        self._message: dict[str, Any] | None = None  # the one memory message, in the context
+        self._forwarded: set[int] = set()
+        self._kept: list[object] = []  # the forwarded messages, so that their ids stay theirs
+        self._generated: list[str] = []
+        self._spoke = False
+        self._followed: set[int] = set()
+        self._watcher = _Watcher(self)
+        self._finished = asyncio.Event()
+        self._end_task: asyncio.Task[EndResult | None] | None = None
+        if caller is not None or conversation_id is not None:
+            self.set_caller(caller, conversation_id)
+
+    # The caller --------------------------------------------------------------------------------------
+
+    def set_caller(self, caller: str | None, conversation_id: str | None = None) -> Conversation | None:
+        """Name the caller (and the conversation id) of this call, also after it started (Genesys gives the
+        number only once the stream is open). The first number wins; without one there is no memory. If the
+        pipeline already runs, the memory read starts at once."""
+        if conversation_id is not None:
+            self._conversation_id = conversation_id
+        if self.conv is not None:
+            return self.conv
+        number = caller_from(caller)
+        if number is None:
+            if caller is not None or self._conversation_id is not None:
+                log.info(
+                    "call %s: no caller number from the telephony layer; no caller memory for this call",
+                    self._conversation_id,
+                )
+            return None
+        if self._conversation_id is None:
+            raise ValueError("a conversation_id is needed with the caller (the call's id)")
+        self.conv = self.client.conversation(
+            self._conversation_id,
+            caller=number,
+            channel=self.channel,
+            agent=self.agent,
+            transcript=self.transcript,
+        )
+        self._tail = _tail(number)
+        if self._tail is not None:
+            _active_tails[self._tail] = _active_tails.get(self._tail, 0) + 1
+        if self._started:
+            self.conv.prefetch()
+        return self.conv
+
+    def follow_genesys(self, serializer: Any) -> None:
+        """Take the caller from a Genesys AudioHook serializer when its ``open`` message arrives (the
+        participant's ``ani``, the Genesys ``conversationId``)."""
+
+        async def on_open(serializer: Any, message: Any) -> None:
+            participant = serializer.participant or {}
+            self.set_caller(participant.get("ani"), self._conversation_id or serializer.conversation_id)
+
+        serializer.add_event_handler("on_open", on_open)
+
+    # Pipecat ---------------------------------------------------------------------------------------------
+
+    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]  # Pipecat narrows it itself
+        await super().setup(setup)
+        worker = setup.pipeline_worker
+        worker.add_observer(self._watcher)
+
+        async def on_finished(worker: Any, frame: Frame) -> None:
+            if isinstance(frame, EndFrame | CancelFrame):
+                self._schedule_end(frame)
+                self._finished.set()
+
+        worker.add_event_handler("on_pipeline_finished", on_finished)
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, StartFrame):
+            await self.push_frame(frame, direction)
+            self._started = True
+            if self.conv is not None:
+                self.conv.prefetch()  # the greeting's read
+        elif isinstance(frame, UserStartedSpeakingFrame):
+            if self.prefetch and self.conv is not None and not self.conv.ended:
+                self.conv.prefetch()
+            await self.push_frame(frame, direction)
+        elif isinstance(frame, LLMContextFrame) and direction == FrameDirection.DOWNSTREAM:
+            if frame.speculation:  # a provisional context: the turn's memory as it is, no new turn
+                self._place(frame.context, self._rendered())
+            else:
+                await self._turn(frame.context)
+            await self.push_frame(frame, direction)
+        elif isinstance(frame, EndFrame | CancelFrame):
+            self._schedule_end(frame)  # never held back: the hang-up rides on this frame
+            await self.push_frame(frame, direction)
+        else:
+            await self.push_frame(frame, direction)
+
+    # Turns -------------------------------------------------------------------------------------------
+
+    async def _turn(self, context: LLMContext) -> None:
+        conv = self.conv
+        if conv is None or conv.ended:
+            return
+        started = time.perf_counter()
+        await conv.begin_turn()  # takes the prefetched read; at most the read budget
+        self.turn_waits.append(time.perf_counter() - started)
+        self._forward_user_messages(context)
+        self._place(context, self._rendered())
+
+    def _rendered(self) -> str | None:
+        conv = self.conv
+        if conv is None:
+            return None
+        try:
+            memory: Memory | None = conv.memory
+        except RuntimeError:  # no turn yet
+            memory = None
+        return render_memory(memory, conv.resume if self.transcript else None)
+
+    def _place(self, context: LLMContext, text: str | None) -> None:
+        """The one memory message, replaced in place (found by identity: the app may add its own developer
+        messages), inserted first the first time; removed when there is nothing to say."""
+        messages = context.messages  # the context's own list
+        index = next((i for i, m in enumerate(messages) if m is self._message), None)
+        if text is None:
+            if index is not None:
+                del messages[index]
+            self._message = None
+            return
+        message: dict[str, Any] = {"role": "developer", "content": text}
+        if index is None:
+            messages.insert(0, message)  # type: ignore[arg-type]
+        else:
+            messages[index] = message  # type: ignore[call-overload]
+        self._message = message
+
+    def _forward_user_messages(self, context: LLMContext) -> None:
+        conv = self.conv
+        if conv is None or not self.transcript:
+            return
+        for message in context.messages:
+            if id(message) in self._forwarded or message is self._message:
+                continue
+            if isinstance(message, dict) and message.get("role") == "user":
+                text = _text_of(message.get("content"))
+                if text:
+                    self._add(conv, "user", text, source="asr")
+            self._forwarded.add(id(message))
+            self._kept.append(message)
+
+    def _follow(self, aggregator: LLMAssistantAggregator) -> None:
+        if id(aggregator) in self._followed:
+            return
+        self._followed.add(id(aggregator))
+
+        async def on_stopped(aggregator: Any, message: AssistantTurnStoppedMessage) -> None:
+            self._assistant_turn(message.content, message.interrupted)
+
+        aggregator.add_event_handler("on_assistant_turn_stopped", on_stopped)
+
+    def _assistant_turn(self, content: str, interrupted: bool) -> None:
+        conv = self.conv
+        original = "".join(self._generated)
+        self._generated = []
+        if conv is None or not self.transcript or conv.ended or not content.strip():
+            return
+        source = "llm" if self._spoke or conv.turn_id > 1 else "greeting"
+        self._spoke = True
+        if interrupted:  # content: what was spoken; original: what the LLM had generated when it stopped
+            extra = {"original": original} if original.strip() and original.strip() != content.strip() else {}
+            self._add(conv, "assistant", content, source=source, interrupted=True, **extra)
+        else:
+            self._add(conv, "assistant", content, source=source)
+
+    def _add(self, conv: Conversation, role: str, content: str, **options: Any) -> None:
+        try:
+            conv.add_message(role, content, **options)
+        except (
+            ValueError,
+            RuntimeError,
+        ) as exc:  # refused before sending (too long, ended): not the call's end
+            log.warning(
+                "call %s: a %s message was not added to the transcript: %s", conv.conversation_id, role, exc
+            )
+
+    # Tools -------------------------------------------------------------------------------------------
+
+    def state_tool(
+        self,
+        name: str,
+        description: str,
+        fields: Mapping[str, str] | Iterable[str],
+        *,
+        required: Iterable[str] | None = None,
+    ) -> FunctionSchema:
+        """A tool (a ``FunctionSchema`` with its handler) that writes ``conv.state``: ``fields`` maps each
+        string argument the model passes to the state key it is stored under (or lists keys used as both).
+        The model gets back what was remembered. Put it in ``LLMContext(tools=ToolsSchema(standard_tools=[...]))``."""
+        mapping = dict(fields) if isinstance(fields, Mapping) else {key: key for key in fields}
+
+        async def handler(params: FunctionCallParams) -> None:
+            saved: dict[str, Any] = {}
+            for argument, key in mapping.items():
+                value = params.arguments.get(argument)
+                if value is not None:
+                    saved[argument] = value
+                    if self.conv is not None:
+                        self.conv.state[key] = value
+            await params.result_callback(saved)
+
+        properties = {argument: {"type": "string"} for argument in mapping}
+        return FunctionSchema(name, description, properties, list(required or mapping), handler=handler)
+
+    def outcome_tool(
+        self, name: str = "set_call_outcome", qa_values: Iterable[str] = ("resolved", "unresolved")
+    ) -> FunctionSchema:
+        """A tool that records how the call went (``qa``), sent with the end of the call."""
+        values = list(qa_values)
+
+        async def handler(params: FunctionCallParams) -> None:
+            qa = params.arguments.get("qa")
+            if isinstance(qa, str) and qa in values:
+                self.outcome["qa"] = qa
+                await params.result_callback({"qa": qa})
+            else:
+                await params.result_callback({"error": f"qa must be one of {', '.join(values)}"})
+
+        return FunctionSchema(
+            name,
+            "Record how this call went, before it ends.",
+            {"qa": {"type": "string", "enum": values}},
+            ["qa"],
+            handler=handler,
+        )
+
+    def transfer_tool(
+        self,
+        destinations: Iterable[str],
+        *,
+        name: str = "transfer_call",
+        on_transfer: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> FunctionSchema:
+        """A tool that hands the call over to one of ``destinations``: records ``handoff_to``,
+        ``handoff_reason`` and ``end_reason="transferred"`` for the end, then awaits ``on_transfer(to,
+        reason)``, which does the transfer itself (a SIP REFER, a Twilio redirect: the app's part)."""
+        targets = list(destinations)
+
+        async def handler(params: FunctionCallParams) -> None:
+            to, reason = params.arguments.get("to"), params.arguments.get("reason")
+            if not isinstance(to, str) or to not in targets:
+                await params.result_callback({"error": f"to must be one of {', '.join(targets)}"})
+                return
+            reason = reason if isinstance(reason, str) and reason else "transfer"
+            self.outcome.update(handoff_to=to, handoff_reason=reason, end_reason="transferred")
+            if on_transfer is not None:
+                await on_transfer(to, reason)
+            await params.result_callback({"transferred_to": to})
+
+        return FunctionSchema(
+            name,
+            "Transfer the caller to a human team.",
+            {"to": {"type": "string", "enum": targets}, "reason": {"type": "string"}},
+            ["to", "reason"],
+            handler=handler,
+        )
+
+    # The end -------------------------------------------------------------------------------------------
+
+    def _schedule_end(self, frame: Frame) -> None:
+        if self._end_task is not None:
+            return
+        self.ended_by = type(frame).__name__
+        if self.outcome["end_reason"] is None and isinstance(frame, EndFrame):
+            self.outcome["end_reason"] = "completed"
+        # A plain task, not the processor's: it must outlive the pipeline's teardown.
+        self._end_task = asyncio.get_running_loop().create_task(self._end())
+
+    async def _end(self) -> EndResult | None:
+        conv = self.conv
+        try:
+            if conv is None:
+                return None
+            # Let the terminal frame reach the end of the pipeline first: the assistant aggregator closes
+            # its last turn as it passes, and that turn belongs in the transcript before the end.
+            try:
+                await asyncio.wait_for(self._finished.wait(), END_WAIT)
+            except TimeoutError:
+                pass
+            for _ in range(3):  # the aggregator's event handlers run as tasks
+                await asyncio.sleep(0)
+            return await conv.end(**self.outcome)
+        except CallerMemoryError as exc:  # refused for good; set aside in the outbox
+            log.warning("call %s: the end was refused: %s", conv.conversation_id if conv else None, exc)
+            return None
+        finally:
+            if self._tail is not None:
+                left = _active_tails.get(self._tail, 1) - 1
+                if left > 0:
+                    _active_tails[self._tail] = left
+                else:
+                    _active_tails.pop(self._tail, None)
+                self._tail = None
+
+    async def finished(self) -> EndResult | None:
+        """Wait for the end of the call to be persisted (or queued in the outbox): await it after
+        ``runner.run()`` returns, or in a shutdown handler. None when there was no caller number, or when
+        the pipeline never ended."""
+        if self._end_task is None:
+            return None
+        return await asyncio.shield(self._end_task)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""

@@ -1,0 +1,416 @@
+"""The Pipecat drop-in (``caller_memory.sdk.pipecat``) offline, against the real framework: real pipelines and
+``PipelineWorker``/``WorkerRunner``, the real ``OpenAILLMService`` talking to the loopback FakeLLM, the real
+Caller Memory service (``api``, SQLite), and for the telephony path a fake Twilio media-stream client over a
+real websocket to a FastAPI endpoint served by uvicorn. Every log line of every test is checked for the
+caller's number (``every_log_line``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from caller_memory.sdk import MemoryClient, RetryPolicy
+from caller_memory.sdk.pipecat import CallerMemory, caller_from
+from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
+
+from tests.conftest import OPERATOR_TOKEN, Api
+from tests.frameworks import conftest_pipecat
+from tests.frameworks.conftest_pipecat import Call, SlowService
+from tests.support.fake_llm import FakeLLM
+
+# The shared fixtures (a module of this file's own, not a conftest.py: see its docstring).
+every_log_line = conftest_pipecat.every_log_line
+slow_service = conftest_pipecat.slow_service
+stop_calls = conftest_pipecat.stop_calls
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = "cheese-shop"
+CALLER = "+14155550100"
+MEMORY_ROUTE = "/callers/{identifier}/memory"
+#: The measured figures of the run, printed at the end of each test that makes them (pytest -s shows them).
+FIGURES: dict[str, float] = {}
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """SQLite only: these tests are about the framework, the stores have their own suites."""
+    return f"sqlite:///{tmp_path}/memory.db"
+
+
+@pytest.fixture
+async def shop(api: Api) -> dict[str, str]:
+    reply = await api.call(
+        "PUT",
+        f"/v1/projects/{PROJECT}",
+        token=OPERATOR_TOKEN,
+        json={
+            "memory": {
+                "repeat_caller": {
+                    "state_keys": ["caller_name"],
+                    "retention": "P30D",
+                    "default_region": "US",
+                    "analytics_enabled": True,
+                },
+                "conversation": {"enabled": True},
+            }
+        },
+    )
+    assert reply.status in (200, 201), reply.body
+    return {role: await api.mint(PROJECT, role) for role in ("agent", "admin")}
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as fake:
+        yield fake
+
+
+def client_for(url: str, token: str, tmp_path: Path, **options: Any) -> MemoryClient:
+    """Reads have time by default (a loaded machine): the budget has its own test."""
+    options.setdefault("read_budget", 2.0)
+    return MemoryClient(url, token=token, project=PROJECT, outbox_path=tmp_path / "outbox.db", **options)
+
+
+async def remember(api: Api, admin: str, fields: dict[str, Any]) -> None:
+    reply = await api.call(
+        "PATCH", f"/v1/projects/{PROJECT}/callers/{CALLER}/memory", token=admin, json=fields
+    )
+    assert reply.status == 200, reply.body
+
+
+async def history(api: Api, admin: str, conversation_id: str) -> list[dict[str, Any]]:
+    reply = await api.call(
+        "GET", f"/v1/projects/{PROJECT}/conversations/{conversation_id}/history", token=admin
+    )
+    assert reply.status == 200, reply.body
+    messages: list[dict[str, Any]] = reply.body["contents"]
+    return messages
+
+
+def developer_messages(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m.get("role") in ("developer", "system")]
+
+
+def memory_messages(body: dict[str, Any]) -> list[str]:
+    return [text for text in developer_messages(body) if text.startswith(PREAMBLE)]
+
+
+# Two calls from one number ----------------------------------------------------------------------------------
+
+
+async def test_two_calls_from_one_number_and_the_second_is_greeted_by_name(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path, every_log_line: list[str]
+) -> None:
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        first = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url)
+        await first.start()
+        assert await first.greet() == "Hello! What's your name?"
+        assert await first.says("My name is Ada.") == "Nice to meet you, Ada."
+        assert await first.says("What cheese do you have?") == "Noted."
+        await first.bot_hangs_up()
+        ended = await first.ended()
+        assert first.memory.ended_by == "EndFrame"
+        assert ended.persisted == ("caller_name",) and ended.ignored == () and not ended.queued
+        assert ended.repeat_caller == {}  # a first interaction
+
+        second = Call.build(CallerMemory(client, "call-2", CALLER), llm.base_url)
+        await second.start()
+        assert await second.greet() == "Welcome back, Ada!"
+        assert await second.says("Any gouda today?") == "Noted."
+        assert await second.typed("And brie?") == "Noted."
+        assert second.memory.conv is not None
+        second.memory.conv.state["favourite_colour"] = "blue"  # not one of the project's state_keys
+        await second.caller_hangs_up()
+        ended = await second.ended()
+        assert second.memory.ended_by == "CancelFrame"
+        assert ended.persisted == () and ended.ignored == ("favourite_colour",)
+        assert ended.repeat_caller["REPEAT_CALLER_CONV_ID"] == "call-1"
+        assert ended.repeat_caller["REPEAT_CALLER_QA"] is None
+        FIGURES["hang-up to finished (caller hung up), ms"] = (second.finished_at - second.hung_up_at) * 1000
+
+    # One memory message in the context, replaced in place turn after turn (never appended)...
+    assert len(second.developer_messages) == 1 and second.developer_messages[0] is second.context.messages[0]
+    # ...in every request the model got, tool follow-ups included; none in call 1 (nothing known yet).
+    assert [len(memory_messages(body)) for body in llm.requests[:4]] == [0, 0, 0, 0]
+    assert [len(memory_messages(body)) for body in llm.requests[4:]] == [1, 1, 1]
+    assert all('"caller_name":"Ada"' in memory_messages(body)[0] for body in llm.requests[4:])
+    assert all(CALLER[2:] not in json.dumps(body) for body in llm.requests)
+    # The analytics agree: call-2 is a repeat of call-1.
+    reply = await api.call(
+        "GET", f"/v1/projects/{PROJECT}/analytics/conversations?repeat=true", token=shop["admin"]
+    )
+    assert reply.status == 200, reply.body
+    [repeat] = reply.body["conversations"]
+    assert repeat["conversation_id"] == "call-2"
+    # Pipecat logged each inference, without the context (the memory): PIPECAT_LOG_LLM_CONTEXT=off.
+    inferences = [line for line in every_log_line if "Generating LLM response" in line]
+    assert len(inferences) == len(llm.requests) and not any("caller_name" in line for line in inferences)
+    print(FIGURES)
+
+
+def test_the_caller_number_from_each_telephony_layer() -> None:
+    assert caller_from("+14155550100") == "+14155550100"
+    assert caller_from("") is None  # Telnyx and Exotel without a number
+    assert caller_from(None) is None  # Twilio without the TwiML <Parameter>, Plivo
+    assert caller_from("tel:+14155550100") == "+14155550100"  # Genesys AudioHook's ani
+    assert caller_from("anonymous") is None
+
+
+# The read budget, and stale memory --------------------------------------------------------------------------
+
+
+def timed(llm: FakeLLM) -> list[float]:
+    """When each request reached the model (perf_counter), in order."""
+    arrivals: list[float] = []
+    reply = llm.reply
+
+    def stamped(messages: list[dict[str, Any]]) -> Any:
+        arrivals.append(time.perf_counter())
+        return reply(messages)
+
+    llm.reply = stamped
+    return arrivals
+
+
+async def turn_latencies(call: Call, arrivals: list[float]) -> dict[str, float]:
+    """Seconds from the end of the caller's turn (or the greeting's start) to the model's request."""
+    out: dict[str, float] = {}
+    started = time.perf_counter()
+    await call.greet()
+    out["greeting"] = arrivals[-1] - started
+    await call.speak("Any gouda today?")  # prefetched at UserStartedSpeakingFrame
+    stopped = time.perf_counter()
+    await call.reply()
+    out["spoken"] = arrivals[-1] - stopped
+    started = time.perf_counter()
+    await call.typed("And brie?")  # no speech frames: no prefetch
+    out["typed"] = arrivals[-1] - started
+    return out
+
+
+async def test_a_service_delayed_one_second_costs_a_turn_at_most_the_read_budget(
+    api: Api,
+    shop: dict[str, str],
+    llm: FakeLLM,
+    slow_service: tuple[SlowService, str],
+    tmp_path: Path,
+) -> None:
+    await remember(api, shop["admin"], {"caller_name": "Ada"})
+    proxy, url = slow_service
+    arrivals = timed(llm)
+    budget = 0.15
+    async with client_for(url, shop["agent"], tmp_path, read_budget=budget) as client:
+        fast = Call.build(CallerMemory(client, "call-fast", CALLER), llm.base_url)
+        await fast.start()
+        baseline = await turn_latencies(fast, arrivals)
+        await fast.caller_hangs_up()
+        await fast.ended()
+
+        proxy.memory_delay = 1.0
+        slow = Call.build(CallerMemory(client, "call-slow", CALLER), llm.base_url)
+        await slow.start()
+        delayed = await turn_latencies(slow, arrivals)
+        waits = list(slow.memory.turn_waits)
+        await slow.caller_hangs_up()
+        await slow.ended()
+    for kind in delayed:
+        FIGURES[f"turn latency, {kind}, service delayed 1 s, ms"] = delayed[kind] * 1000
+        FIGURES[f"turn latency, {kind}, service not delayed, ms"] = baseline[kind] * 1000
+    print(FIGURES)
+    # Each turn went on after at most the budget (plus a loaded machine's margin), far from the 1 s delay:
+    # the memory it could not get in time is left out (the greeting is a stranger's).
+    assert len(waits) == 3 and max(waits) < budget + 0.35, waits
+    assert all(delayed[kind] - baseline[kind] < budget + 0.35 for kind in delayed), (delayed, baseline)
+    assert memory_messages(llm.requests[3]) == [] and memory_messages(llm.requests[0]) != []
+
+
+async def test_a_failed_mid_call_read_keeps_the_last_memory_marked_stale(
+    api: Api,
+    shop: dict[str, str],
+    llm: FakeLLM,
+    slow_service: tuple[SlowService, str],
+    tmp_path: Path,
+) -> None:
+    await remember(api, shop["admin"], {"caller_name": "Ada"})
+    proxy, url = slow_service
+    async with client_for(url, shop["agent"], tmp_path) as client:
+        call = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url)
+        await call.start()
+        assert await call.greet() == "Welcome back, Ada!"
+        proxy.down = True  # the service fails (503) mid-call
+        assert await call.says("Any gouda today?") == "Noted."
+        proxy.down = False
+        assert await call.says("And brie?") == "Noted."
+        await call.bot_hangs_up()
+        assert (await call.ended()).persisted == ()
+    fresh, stale, again = (memory_messages(body) for body in llm.requests)
+    assert STALE_NOTE not in fresh[0] and '"caller_name":"Ada"' in fresh[0]
+    assert STALE_NOTE in stale[0] and '"caller_name":"Ada"' in stale[0]  # the last memory, said to be stale
+    assert STALE_NOTE not in again[0] and '"caller_name":"Ada"' in again[0]
+
+
+# The transcript -----------------------------------------------------------------------------------------------
+
+
+async def test_the_transcript_reaches_conversation_memory_with_what_an_interruption_left_spoken(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path
+) -> None:
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        call = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url, pace=0.1)
+        await call.start()
+        await call.greet()
+        assert await call.says("My name is Ada.") == "Nice to meet you, Ada."
+        asked = asyncio.Event()
+        reply = llm.reply
+
+        def noted(messages: list[dict[str, Any]]) -> Any:
+            asked.set()
+            return reply(messages)
+
+        llm.reply = noted
+        await call.speak("Tell me a story.")
+        await asyncio.wait_for(asked.wait(), 10)  # the model is asked...
+        await asyncio.sleep(0.4)  # a few words in...
+        await call.speak("Stop, please.", interrupting=True)  # ...the caller talks over the agent
+        spoken = await call.reply()
+        assert spoken.startswith("word0 word1") and not spoken.endswith("word39 ")
+        assert await call.reply() == "Noted."
+        await call.bot_hangs_up()
+        await call.ended()
+    messages = await history(api, shop["admin"], "call-1")
+    said = [(m["role"], m["content"], m["turn_id"], m["metadata"].get("source")) for m in messages]
+    assert said[:4] == [
+        ("assistant", "Hello! What's your name?", 1, "greeting"),
+        ("user", "My name is Ada.", 2, "asr"),
+        ("assistant", "Nice to meet you, Ada.", 2, "llm"),
+        ("user", "Tell me a story.", 3, "asr"),
+    ]
+    interrupted = messages[4]["metadata"]
+    assert said[4][:2] == ("assistant", spoken) and interrupted["interrupted"] is True
+    # What was spoken, and what the model had generated by then (more, unless it was all spoken).
+    assert interrupted.get("original", spoken).startswith(spoken)
+    assert said[5:] == [("user", "Stop, please.", 4, "asr"), ("assistant", "Noted.", 4, "llm")]
+
+
+# The end of the call --------------------------------------------------------------------------------------------
+
+ENDINGS = {
+    "the bot hangs up": ("bot_hangs_up", "EndFrame"),
+    "the caller hangs up": ("caller_hangs_up", "CancelFrame"),
+    "the worker shuts down": ("worker_shuts_down", "CancelFrame"),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+async def test_the_end_is_persisted_however_the_call_ends_and_never_delays_the_hang_up(
+    ending: str,
+    api: Api,
+    shop: dict[str, str],
+    llm: FakeLLM,
+    slow_service: tuple[SlowService, str],
+    tmp_path: Path,
+) -> None:
+    proxy, url = slow_service
+    async with client_for(url, shop["agent"], tmp_path) as client:
+        call = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url)
+        await call.start()
+        await call.greet()
+        assert await call.says("My name is Ada.") == "Nice to meet you, Ada."
+        proxy.end_delay = 1.0  # a slow end: the hang-up must not wait for it
+        method, frame = ENDINGS[ending]
+        await getattr(call, method)()
+        result = await call.ended()
+    assert call.memory.ended_by == frame
+    assert result is not None and result.persisted == ("caller_name",)
+    runner, finished = call.runner_done_at - call.hung_up_at, call.finished_at - call.hung_up_at
+    FIGURES[f"{ending}: hang-up to runner returned, ms"] = runner * 1000
+    FIGURES[f"{ending}: hang-up to end persisted (end delayed 1 s), ms"] = finished * 1000
+    print(FIGURES)
+    assert runner < 0.9 <= finished < 10, (runner, finished)
+    reply = await api.call("GET", f"/v1/projects/{PROJECT}/callers/{CALLER}/memory", token=shop["admin"])
+    assert reply.body["fields"] == {"caller_name": "Ada"}
+
+
+async def test_an_end_the_service_cannot_take_is_kept_in_the_outbox_and_delivered_later(
+    api: Api,
+    shop: dict[str, str],
+    llm: FakeLLM,
+    slow_service: tuple[SlowService, str],
+    tmp_path: Path,
+) -> None:
+    proxy, url = slow_service
+    fast_retry = {"retry": RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, attempt_timeout=0.5)}
+    async with client_for(url, shop["agent"], tmp_path, **fast_retry) as client:
+        call = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url)
+        await call.start()
+        await call.greet()
+        await call.says("My name is Ada.")
+        proxy.down = True
+        await call.caller_hangs_up()
+        result = await call.ended()
+        assert result is not None and result.queued
+        proxy.down = False
+        await client.flush_outbox()
+    reply = await api.call("GET", f"/v1/projects/{PROJECT}/callers/{CALLER}/memory", token=shop["admin"])
+    assert reply.body["fields"] == {"caller_name": "Ada"}
+
+
+# No number, a number known late -----------------------------------------------------------------------------
+
+
+async def test_no_number_means_no_memory_and_no_error(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path, every_log_line: list[str]
+) -> None:
+    await remember(api, shop["admin"], {"caller_name": "Ada"})
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        call = Call.build(CallerMemory(client, "call-1", caller=""), llm.base_url)  # e.g. Exotel's ""
+        await call.start()
+        assert await call.greet() == "Hello! What's your name?"
+        assert await call.says("My name is Ada.") == "Nice to meet you, Ada."
+        await call.bot_hangs_up()
+        assert await call.ended() is None and call.memory.conv is None
+    assert api.count("GET", MEMORY_ROUTE) == 0
+    said = [line for line in every_log_line if "no caller number" in line]
+    assert len(said) == 1 and "call-1" in said[0]
+
+
+async def test_a_genesys_caller_is_taken_when_the_audiohook_stream_opens(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path
+) -> None:
+    from pipecat.serializers.genesys import GenesysAudioHookSerializer
+
+    await remember(api, shop["admin"], {"caller_name": "Ada"})
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        memory = CallerMemory(client)
+        serializer = GenesysAudioHookSerializer()
+        memory.follow_genesys(serializer)
+        call = Call.build(memory, llm.base_url)
+        await call.start()
+        assert memory.conv is None
+        opened = {
+            "version": "2",
+            "type": "open",
+            "seq": 1,
+            "id": "e160e428-53e2-487c-977d-96989bf5c99d",
+            "parameters": {
+                "conversationId": "090eaa2f-72fa-480a-83e0-8667ff89c0ec",
+                "participant": {"ani": f"tel:{CALLER}", "dnis": "tel:+14155550199"},
+                "media": [{"type": "audio", "format": "PCMU", "channels": ["external"], "rate": 8000}],
+            },
+        }
+        await serializer.deserialize(json.dumps(opened))
+        for _ in range(100):
+            if memory.conv is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert (
+            memory.conv is not None and memory.conv.conversation_id == "090eaa2f-72fa-480a-83e0-8667ff89c0ec"
+        )
+        assert await call.greet() == "Welcome back, Ada!"
+        await call.caller_hangs_up()
+        assert (await call.ended()) is not None
