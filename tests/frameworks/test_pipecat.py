@@ -7,20 +7,35 @@ caller's number (``every_log_line``)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
+import websockets
+from aiohttp import web
 from caller_memory.sdk import MemoryClient, RetryPolicy
 from caller_memory.sdk.pipecat import CallerMemory, caller_from
 from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
+from fastapi import FastAPI, WebSocket
+from pipecat.frames.frames import EndFrame, LLMRunFrame
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.runner.utils import parse_telephony_websocket
+from pipecat.serializers.genesys import GenesysAudioHookSerializer
+from pipecat.serializers.twilio import TwilioFrameSerializer
+from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPIWebsocketTransport
+from pipecat.workers.runner import WorkerRunner
 
 from tests.conftest import OPERATOR_TOKEN, Api
 from tests.frameworks import conftest_pipecat
-from tests.frameworks.conftest_pipecat import Call, SlowService
+from tests.frameworks.conftest_pipecat import Call, Paced, SlowService, aggregators, make_context, make_llm
 from tests.support.fake_llm import FakeLLM
 
 # The shared fixtures (a module of this file's own, not a conftest.py: see its docstring).
@@ -382,7 +397,6 @@ async def test_no_number_means_no_memory_and_no_error(
 async def test_a_genesys_caller_is_taken_when_the_audiohook_stream_opens(
     api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path
 ) -> None:
-    from pipecat.serializers.genesys import GenesysAudioHookSerializer
 
     await remember(api, shop["admin"], {"caller_name": "Ada"})
     async with client_for(api.base_url, shop["agent"], tmp_path) as client:
@@ -414,3 +428,193 @@ async def test_a_genesys_caller_is_taken_when_the_audiohook_stream_opens(
         assert await call.greet() == "Welcome back, Ada!"
         await call.caller_hangs_up()
         assert (await call.ended()) is not None
+
+
+# Twilio, end to end -------------------------------------------------------------------------------------------
+
+
+def twilio(event: str, **fields: Any) -> str:
+    return json.dumps({"event": event, **fields})
+
+
+async def fake_twilio_call(
+    url: str, call_sid: str, parameters: dict[str, str], bots: dict[str, Any], *, caller_hangs_up: bool
+) -> list[str]:
+    """A Twilio media stream as Twilio sends it (``connected``, ``start`` with the TwiML <Parameter>s as
+    ``customParameters``, mu-law ``media``), the caller's words put in as an STT's frames (no STT offline);
+    then the caller hangs up (``stop``, close) or waits for the bot to hang up (the server closes)."""
+
+    said: list[str] = []
+    async with websockets.connect(url) as ws:
+        await ws.send(twilio("connected", protocol="Call", version="1.0.0"))
+        start = {
+            "accountSid": "ACfake",
+            "streamSid": f"MZ{call_sid}",
+            "callSid": call_sid,
+            "tracks": ["inbound"],
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+            "customParameters": parameters,
+        }
+        await ws.send(twilio("start", sequenceNumber="1", streamSid=f"MZ{call_sid}", start=start))
+        silence = base64.b64encode(b"\xff" * 160).decode()  # 20 ms of mu-law silence
+        for i in range(5):
+            media = {"track": "inbound", "chunk": str(i), "timestamp": str(20 * i), "payload": silence}
+            await ws.send(twilio("media", streamSid=f"MZ{call_sid}", media=media))
+        call: Call = await asyncio.wait_for(bots[call_sid], 10)
+        said.append(await call.reply())  # the greeting
+        for line in ("My name is Ada.",) if not caller_hangs_up else ("Any gouda today?",):
+            said.append(await call.says(line))
+        call.hung_up_at = time.perf_counter()
+        if caller_hangs_up:
+            await ws.send(
+                twilio("stop", sequenceNumber="99", streamSid=f"MZ{call_sid}", stop={"callSid": call_sid})
+            )
+            await ws.close()
+        else:
+            await call.worker.queue_frame(EndFrame())  # the bot hangs up
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for _ in ws:  # until the server closes the stream
+                    pass
+    return said
+
+
+# Pipecat's Twilio hang-up uses aiohttp.BasicAuth and post(auth=...), both deprecated in aiohttp 3.14: under this
+# suite's warnings-as-errors the hang-up itself would fail (Pipecat logs it and goes on).
+@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The 'auth' parameter is deprecated:DeprecationWarning")
+async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_parameter(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path, every_log_line: list[str]
+) -> None:
+
+    # The test's own websocket client logs every frame it sends at DEBUG (the start frame holds the number):
+    # that is this test's output, not the framework's or ours.
+    logging.getLogger("websockets.client").setLevel(logging.INFO)
+    hang_ups: list[tuple[str, float]] = []
+
+    async def rest_hang_up(request: web.Request) -> web.Response:  # Twilio's REST API: end the call
+        hang_ups.append((request.match_info["call"], time.perf_counter()))
+        return web.json_response({"status": "completed"})
+
+    rest = web.Application()
+    rest.router.add_post("/2010-04-01/Accounts/{account}/Calls/{call}.json", rest_hang_up)
+    rest_runner = web.AppRunner(rest, access_log=None)
+    await rest_runner.setup()
+    await web.TCPSite(rest_runner, "127.0.0.1", 0).start()
+    rest_url = f"http://127.0.0.1:{rest_runner.addresses[0][1]}"
+
+    bots: dict[str, asyncio.Future[Call]] = {}
+    results: dict[str, asyncio.Future[Any]] = {}
+
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        app = FastAPI()
+
+        @app.websocket("/ws")
+        async def media_stream(websocket: WebSocket) -> None:  # the bot, as a Pipecat app writes it
+            await websocket.accept()
+            _, call_data = await parse_telephony_websocket(websocket)
+            serializer = TwilioFrameSerializer(
+                stream_sid=call_data.stream_id or "",
+                call_sid=call_data.call_id,
+                account_sid="ACfake",
+                auth_token="fake-token",
+                base_url=rest_url,
+            )
+            transport = FastAPIWebsocketTransport(
+                websocket,
+                FastAPIWebsocketParams(
+                    audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False, serializer=serializer
+                ),
+            )
+            memory = CallerMemory(client, call_data.call_id, call_data.from_number)  # the one line
+            llm_service = make_llm(llm.base_url)
+            context = make_context(memory)
+            pair = aggregators(context)
+            pipeline = Pipeline(
+                [
+                    transport.input(),
+                    pair.user(),
+                    memory,
+                    llm_service,
+                    Paced(0),
+                    transport.output(),
+                    pair.assistant(),
+                ]
+            )
+            worker = PipelineWorker(
+                pipeline,
+                enable_rtvi=False,
+                idle_timeout_secs=None,
+                params=PipelineParams(audio_in_sample_rate=8000, audio_out_sample_rate=8000),
+            )
+            call = Call(memory, llm_service, context, worker)
+
+            @pair.assistant().event_handler("on_assistant_turn_stopped")
+            async def said(aggregator: Any, message: Any) -> None:
+                if message.content:
+                    await call.replies.put((message.content, message.interrupted))
+
+            @transport.event_handler("on_client_connected")
+            async def connected(transport: Any, websocket: Any) -> None:
+                await worker.queue_frame(LLMRunFrame())  # the greeting
+
+            @transport.event_handler("on_client_disconnected")
+            async def gone(transport: Any, websocket: Any) -> None:
+                await worker.cancel(reason="the caller hung up")
+
+            runner = WorkerRunner(handle_sigint=False)
+            await runner.add_workers(worker)
+            bots[call_data.call_id or ""].set_result(call)
+            await runner.run()
+            call.runner_done_at = time.perf_counter()
+            await llm_service._client.close()
+            result = await memory.finished()
+            call.finished_at = time.perf_counter()
+            results[call_data.call_id or ""].set_result(result)
+
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="debug", lifespan="off", log_config=None)
+        )
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not server.started:  # noqa: ASYNC110 (uvicorn has no event for it)
+                await asyncio.sleep(0.01)
+            url = f"ws://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/ws"
+            loop = asyncio.get_running_loop()
+            for sid in ("CA0001", "CA0002", "CA0003"):
+                bots[sid], results[sid] = loop.create_future(), loop.create_future()
+            first = await fake_twilio_call(
+                url, "CA0001", {"from_number": CALLER}, bots, caller_hangs_up=False
+            )
+            await asyncio.wait_for(asyncio.shield(results["CA0001"]), 10)
+            second = await fake_twilio_call(
+                url, "CA0002", {"from_number": CALLER}, bots, caller_hangs_up=True
+            )
+            # A TwiML without the <Parameter>: no number, so no memory, and the call goes on.
+            third = await fake_twilio_call(url, "CA0003", {}, bots, caller_hangs_up=True)
+            await asyncio.wait_for(asyncio.gather(*results.values()), 10)
+        finally:
+            server.should_exit = True
+            await serving
+            await rest_runner.cleanup()
+    assert first == ["Hello! What's your name?", "Nice to meet you, Ada."]
+    ended = {sid: future.result() for sid, future in results.items()}
+    assert ended["CA0001"].persisted == ("caller_name",)
+    # The serializer hangs up through Twilio's REST API as the EndFrame goes out (when the caller hung up, the
+    # stream is gone: nothing to hang up).
+    assert [sid for sid, _ in hang_ups] == ["CA0001"]
+    parsed = [line for line in every_log_line if "Parsed - Type: twilio" in line]
+    assert len(parsed) == 3 and "'from': '[number]'" in parsed[0]  # Pipecat's own line, masked
+    assert second == ["Welcome back, Ada!", "Noted."]
+    assert ended["CA0002"].repeat_caller["REPEAT_CALLER_CONV_ID"] == "CA0001"
+    assert third == ["Hello! What's your name?", "Noted."] and ended["CA0003"] is None
+    for sid in ("CA0001", "CA0002"):
+        call = bots[sid].result()
+        FIGURES[f"twilio {sid}: hang-up to runner returned, ms"] = (
+            call.runner_done_at - call.hung_up_at
+        ) * 1000
+        FIGURES[f"twilio {sid}: hang-up to end persisted, ms"] = (call.finished_at - call.hung_up_at) * 1000
+        assert call.finished_at - call.hung_up_at < 10
+    FIGURES["twilio CA0001: hang-up to Twilio REST hang-up, ms"] = (
+        hang_ups[0][1] - bots["CA0001"].result().hung_up_at
+    ) * 1000
+    print(FIGURES)
