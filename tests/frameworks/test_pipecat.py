@@ -11,6 +11,9 @@ import base64
 import contextlib
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,7 +38,15 @@ from pipecat.workers.runner import WorkerRunner
 
 from tests.conftest import OPERATOR_TOKEN, Api
 from tests.frameworks import conftest_pipecat
-from tests.frameworks.conftest_pipecat import Call, Paced, SlowService, aggregators, make_context, make_llm
+from tests.frameworks.conftest_pipecat import (
+    Call,
+    Paced,
+    SlowService,
+    aggregators,
+    leaks,
+    make_context,
+    make_llm,
+)
 from tests.support.fake_llm import FakeLLM
 
 # The shared fixtures (a module of this file's own, not a conftest.py: see its docstring).
@@ -618,3 +629,22 @@ async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_
         hang_ups[0][1] - bots["CA0001"].result().hung_up_at
     ) * 1000
     print(FIGURES)
+
+
+# The example ----------------------------------------------------------------------------------------------------
+
+
+def test_the_example_bot_greets_the_returning_caller_by_name_and_prints_no_number() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "pipecat_bot.py"), "--demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONWARNINGS": "error,ignore:'audioop' is deprecated:DeprecationWarning"},
+    )
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.split("--- call-2")
+    assert "agent: Hello! What's your name?" in first and "persisted ['caller_name']" in first
+    assert "agent: Welcome back, Ada!" in second
+    assert leaks((result.stdout + result.stderr).splitlines()) == []
+    assert "Traceback" not in result.stderr

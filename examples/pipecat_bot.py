@@ -1,0 +1,273 @@
+"""A Pipecat bot with Caller Memory: the caller's name remembered from one call to the next.
+
+The pipeline is the one a phone bot has, minus the audio: ``[user aggregator, CallerMemory, LLM, assistant
+aggregator]``. ``CallerMemory`` is the one line Caller Memory adds (see docs/pipecat.md); a ``save_name``
+tool writes ``conv.state``, which is persisted when the call ends. The caller's words go in as the frames an
+STT and a VAD make, so it runs without a microphone, a phone line or speech services.
+
+Offline, with nothing running (an embedded Caller Memory service on a temporary SQLite file and a tiny
+scripted OpenAI-compatible model, both on loopback)::
+
+    .venv/bin/python examples/pipecat_bot.py --demo
+
+Against your own service (an agent token of a project whose ``state_keys`` include ``caller_name``) and any
+OpenAI-compatible model::
+
+    CALLER_MEMORY_URL=http://127.0.0.1:8080 CALLER_MEMORY_TOKEN=cm_... OPENAI_API_KEY=sk-... \\
+        .venv/bin/python examples/pipecat_bot.py --llm-url https://api.openai.com/v1 --model gpt-4o-mini
+
+Both play two calls from the same number: in the first the caller gives their name, the second is greeted
+with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from caller_memory.sdk import MemoryClient
+from caller_memory.sdk.pipecat import CallerMemory
+from loguru import logger
+from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+from pipecat.frames.frames import (
+    EndFrame,
+    LLMRunFrame,
+    TranscriptionFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMContextAggregatorPair,
+    LLMUserAggregatorParams,
+)
+from pipecat.services.openai.llm import OpenAILLMService
+from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
+from pipecat.utils.time import time_now_iso8601
+from pipecat.workers.runner import WorkerRunner
+
+#: The project configuration this bot expects.
+PROJECT_CONFIG = {
+    "memory": {
+        "repeat_caller": {"state_keys": ["caller_name"], "retention": "P30D", "default_region": "US"},
+        "conversation": {"enabled": True},
+    }
+}
+INSTRUCTIONS = (
+    "You answer the phone for a cheese shop. Greet a caller whose name you know by it. When the caller tells "
+    "you their name, call save_name."
+)
+#: The demo's caller: a US test number (555-01xx), never printed.
+CALLER = "+14155550100"
+
+
+# A tiny scripted model for --demo (an OpenAI-compatible /v1/chat/completions, streamed) -------------------
+
+
+def scripted_reply(messages: list[dict[str, Any]]) -> tuple[str, dict[str, str] | None]:
+    """What the demo's model says: a text, or a save_name call."""
+    last = messages[-1]
+    if last.get("role") == "tool":
+        return f"Nice to meet you, {json.loads(last['content']).get('name', '')}.", None
+    if last.get("role") == "user" and (
+        said := re.search(r"my name is (\w+)", str(last.get("content")), re.I)
+    ):
+        return "", {"name": said.group(1)}
+    memory = " ".join(str(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
+    name = re.search(r'"caller_name":"([^"]*)"', memory)
+    if not any(m.get("role") == "assistant" for m in messages):
+        return (f"Welcome back, {name.group(1)}!" if name else "Hello! What's your name?"), None
+    return "Noted.", None
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    text, tool = scripted_reply(body["messages"])
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+
+    async def send(delta: dict[str, Any], finish: str | None = None) -> None:
+        chunk = {
+            "id": "chatcmpl-demo",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": "demo",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+    await send({"role": "assistant", "content": text})
+    if tool is not None:
+        call = {
+            "index": 0,
+            "id": "call_demo",
+            "type": "function",
+            "function": {"name": "save_name", "arguments": json.dumps(tool)},
+        }
+        await send({"tool_calls": [call]})
+    await send({}, "tool_calls" if tool else "stop")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
+    """Caller Memory in this process on a SQLite file, the project set up over HTTP: (url, agent token)."""
+    import aiohttp
+    from caller_memory.service.app import create_app
+    from caller_memory.service.config import Settings
+    from caller_memory.service.http.access_log import RouteAccessLogger
+
+    operator = secrets.token_urlsafe(24)
+    settings = Settings(
+        pseudonym_key=secrets.token_urlsafe(32).encode(),
+        store_url=f"sqlite:///{workdir}/demo.db",
+        operator_token=operator,
+    )
+    runner = web.AppRunner(create_app(settings), access_log_class=RouteAccessLogger)  # routes, never paths
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {operator}"}) as session:
+        async with session.put(f"{url}/v1/projects/cheese-shop", json=PROJECT_CONFIG) as resp:
+            resp.raise_for_status()
+        async with session.post(f"{url}/v1/projects/cheese-shop/tokens", json={"role": "agent"}) as resp:
+            resp.raise_for_status()
+            token = (await resp.json())["token"]
+    try:
+        yield url, token
+    finally:
+        await runner.cleanup()
+
+
+# The bot --------------------------------------------------------------------------------------------------
+
+
+async def one_call(
+    client: MemoryClient, call_id: str, caller: str, lines: list[str], llm_url: str, model: str
+) -> None:
+    """One call: the greeting, one turn per line the caller says, then the bot hangs up."""
+    memory = CallerMemory(client, conversation_id=call_id, caller=caller)  # the one line
+    llm = OpenAILLMService(
+        api_key=os.environ.get("OPENAI_API_KEY", "sk-demo"),
+        base_url=llm_url,
+        settings=OpenAILLMService.Settings(model=model, system_instruction=INSTRUCTIONS),
+    )
+    save_name = memory.state_tool("save_name", "Remember the caller's name.", {"name": "caller_name"})
+    context = LLMContext(tools=ToolsSchema(standard_tools=[save_name]))
+    pair = LLMContextAggregatorPair(
+        context, user_params=LLMUserAggregatorParams(user_turn_strategies=ExternalUserTurnStrategies())
+    )
+    worker = PipelineWorker(
+        Pipeline([pair.user(), memory, llm, pair.assistant()]), enable_rtvi=False, idle_timeout_secs=60
+    )
+    replies: asyncio.Queue[str] = asyncio.Queue()
+    started = asyncio.Event()
+
+    @pair.assistant().event_handler("on_assistant_turn_stopped")
+    async def said(aggregator: Any, message: Any) -> None:
+        if message.content:
+            await replies.put(message.content)
+
+    @worker.event_handler("on_pipeline_started")
+    async def on_started(worker: Any, frame: Any) -> None:
+        started.set()
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    running = asyncio.create_task(runner.run())
+    await asyncio.wait_for(started.wait(), 30)
+    await worker.queue_frame(LLMRunFrame())  # the greeting
+    print("agent:", await asyncio.wait_for(replies.get(), 30))
+    for line in lines:
+        print("caller:", line)
+        await worker.queue_frames(
+            [
+                UserStartedSpeakingFrame(),  # CallerMemory prefetches the next turn's memory here
+                TranscriptionFrame(text=line, user_id="caller", timestamp=time_now_iso8601()),
+                UserStoppedSpeakingFrame(),
+            ]
+        )
+        print("agent:", await asyncio.wait_for(replies.get(), 30))
+    await worker.queue_frame(EndFrame())  # the bot hangs up
+    await running
+    await llm._client.close()
+    result = await memory.finished()  # the end of the call, persisted (or kept in the outbox)
+    if result is None:
+        print("[call ended: no caller number, nothing remembered]")
+    else:
+        print(
+            f"[call ended: persisted {list(result.persisted)}{' (queued in the outbox)' if result.queued else ''}]"
+        )
+
+
+async def two_calls(
+    url: str, token: str, project: str, llm_url: str, model: str, outbox: Path | None
+) -> None:
+    async with MemoryClient(url, token=token, project=project, outbox_path=outbox) as client:
+        print("--- call-1")
+        await one_call(client, f"call-{secrets.token_hex(4)}", CALLER, ["My name is Ada."], llm_url, model)
+        print("--- call-2")
+        await one_call(client, f"call-{secrets.token_hex(4)}", CALLER, ["Any gouda today?"], llm_url, model)
+
+
+async def demo() -> None:
+    with tempfile.TemporaryDirectory() as workdir:
+        model_app = web.Application()
+        model_app.router.add_post("/v1/chat/completions", chat_completions)
+        async with serving(model_app) as model_url, embedded_service(Path(workdir)) as (url, token):
+            await two_calls(url, token, "cheese-shop", f"{model_url}/v1", "demo", Path(workdir) / "outbox.db")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--demo", action="store_true", help="run offline: an embedded service and a scripted model"
+    )
+    parser.add_argument("--url", default=os.environ.get("CALLER_MEMORY_URL", "http://127.0.0.1:8080"))
+    parser.add_argument("--token", default=os.environ.get("CALLER_MEMORY_TOKEN"), help="an agent token")
+    parser.add_argument("--project", default=os.environ.get("CALLER_MEMORY_PROJECT", "cheese-shop"))
+    parser.add_argument("--llm-url", default="https://api.openai.com/v1", help="an OpenAI-compatible API")
+    parser.add_argument("--model", default="gpt-4o-mini")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="Pipecat's log at DEBUG (numbers masked)"
+    )
+    args = parser.parse_args()
+    logger.remove()  # Pipecat logs at DEBUG to stderr by default
+    logger.add(sys.stderr, level="DEBUG" if args.verbose else "WARNING")
+    if args.demo:
+        asyncio.run(demo())
+        return
+    if not args.token:
+        parser.error("--token (or CALLER_MEMORY_TOKEN) is required unless --demo is given")
+    asyncio.run(two_calls(args.url, args.token, args.project, args.llm_url, args.model, None))
+
+
+if __name__ == "__main__":
+    main()
