@@ -25,7 +25,7 @@ import websockets
 from aiohttp import web
 from caller_memory.sdk import MemoryClient, RetryPolicy
 from caller_memory.sdk.pipecat import CallerMemory, caller_from
-from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
+from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
 from fastapi import FastAPI, WebSocket
 from pipecat.frames.frames import EndFrame, LLMRunFrame
 from pipecat.pipeline.pipeline import Pipeline
@@ -177,6 +177,38 @@ async def test_two_calls_from_one_number_and_the_second_is_greeted_by_name(
     inferences = [line for line in every_log_line if "Generating LLM response" in line]
     assert len(inferences) == len(llm.requests) and not any("caller_name" in line for line in inferences)
     print(FIGURES)
+
+
+async def test_a_callback_after_a_dropped_call_is_offered_where_it_left_off(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path
+) -> None:
+    """The line drops (the pipeline is cancelled; the app marks the call dropped); the callback's first
+    inference gets the dropped call in the same single memory message, for the agent to offer."""
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        dropped = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url)
+        await dropped.start()
+        await dropped.greet()
+        assert await dropped.says("My name is Ada.") == "Nice to meet you, Ada."
+        dropped.memory.outcome["end_reason"] = "dropped"  # what the app knows of its telephony layer
+        await dropped.caller_hangs_up()
+        assert (await dropped.ended()).persisted == ("caller_name",)
+
+        callback = Call.build(CallerMemory(client, "call-2", CALLER), llm.base_url)
+        await callback.start()
+        await callback.greet()
+        assert callback.memory.conv is not None and callback.memory.conv.resume is not None
+        assert callback.memory.conv.resume.conversation_id == "call-1"
+        await callback.bot_hangs_up()
+        await callback.ended()
+    [message] = memory_messages(llm.requests[-1])
+    first, *notes, data = message.split("\n")
+    assert first == PREAMBLE
+    assert RESUME_NOTE in notes
+    document = json.loads(data)
+    assert document["caller_memory"] == {"caller_name": "Ada"}
+    turns = document["dropped_call"]["last_turns"]
+    assert {"role": "assistant", "content": "Nice to meet you, Ada."} in turns
+    assert CALLER[2:] not in message
 
 
 def test_the_caller_number_from_each_telephony_layer() -> None:
