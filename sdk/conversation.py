@@ -41,9 +41,9 @@ from .transcript import (
 
 log = logging.getLogger("caller_memory.sdk")
 
-#: The share of the read budget the start of a conversation may take in the first ``begin_turn()``; the
-#: memory read (after it: the start may have persisted a superseded call's state) has the rest.
-START_SHARE = 0.6
+#: Seconds of the read budget that must be left for the first ``begin_turn()`` to read the memory again
+#: after a start that offered a resume (the start may have persisted the superseded call's state).
+MIN_REREAD = 0.005
 #: The share of a read's timeout that waiting for this conversation's unsent messages may take.
 FLUSH_SHARE = 0.5
 
@@ -226,14 +226,30 @@ class Conversation:
         return self._memory
 
     async def _fetch(self) -> Memory:
-        budget: float | None = None
-        if self._start_pending:
-            self._start_pending = False
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self._client.read_budget
-            await self._start(self._client.read_budget * START_SHARE)
-            budget = max(0.0, deadline - loop.time())
-        return await self._client.read_memory(self.caller, previous=self._memory, budget=budget)
+        if not self._start_pending:
+            return await self._client.read_memory(self.caller, previous=self._memory)
+        # The first turn of a transcript: the start and the read at once, each within the whole budget (one
+        # after the other, a service 100 ms away fitted neither in 150 ms: the greeting had no memory).
+        self._start_pending = False
+        loop = asyncio.get_running_loop()
+        budget = self._client.read_budget
+        deadline = loop.time() + budget
+        read = loop.create_task(self._client.read_memory(self.caller, previous=self._memory, budget=budget))
+        try:
+            await self._start(budget)
+        except BaseException:
+            read.cancel()
+            raise
+        memory = await read
+        left = deadline - loop.time()
+        if self._resume is not None and memory.available and not memory.stale and left > MIN_REREAD:
+            # The start may have ended the caller's dropped call (superseded) and persisted its last
+            # checkpoint, after the read: read again with what is left (a 304 if nothing changed). If that
+            # read fails, the first one stands (the dropped call's state is in resume anyway).
+            again = await self._client.read_memory(self.caller, previous=memory, budget=left)
+            if again.available and not again.stale:
+                memory = again
+        return memory
 
     async def _start(self, seconds: float) -> None:
         buffer = self._buffer

@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from caller_memory.sdk import (
@@ -22,7 +23,7 @@ from caller_memory.sdk import (
 )
 from caller_memory.sdk.render import PREAMBLE, STALE_NOTE
 
-from tests.conftest import Api
+from tests.conftest import OPERATOR_TOKEN, Api
 from tests.sdk.conftest import Forwarder, Serve, valid_end
 
 CALLER = "+14155550100"
@@ -218,3 +219,42 @@ def test_the_memory_is_rendered_as_data_in_one_message() -> None:
     assert render_memory(Memory.unavailable("down")) is None
     assert render_memory(Memory({})) is None
     assert render_memory(Memory({"caller_name": "x"}, blacklisted=True)) is None
+
+
+class Distant(Forwarder):
+    """The real service 200 ms away: every answer is held that long."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.2)
+        return await super().handle(request)
+
+
+async def test_the_first_turn_of_a_transcript_reads_memory_from_a_distant_service(
+    api: Api, serve: Serve, tmp_path: Path
+) -> None:
+    """The start and the first read go at once, each within the whole budget: a service 200 ms away answers
+    both within a 300 ms budget (one after the other, the start had 60% of it, 180 ms, and the greeting had
+    no memory)."""
+    reply = await api.call(
+        "PUT",
+        "/v1/projects/cheese-shop",
+        token=OPERATOR_TOKEN,
+        json={"memory": {"repeat_caller": CONFIG, "conversation": {"enabled": True}}},
+    )
+    assert reply.status in (200, 201), reply.body
+    admin, agent = await api.mint("cheese-shop", "admin"), await api.mint("cheese-shop", "agent")
+    patched = await api.call(
+        "PATCH", f"/v1/projects/cheese-shop/callers/{CALLER}/memory", token=admin, json={"caller_name": "Ada"}
+    )
+    assert patched.status == 200
+    async with aiohttp.ClientSession() as session:
+        url = await serve(Distant(api.base_url, session).handle)
+        async with client_on(url, agent, tmp_path, read_budget=0.3) as client:
+            conv = client.conversation("conv-1", caller=CALLER, transcript=True)
+            started = time.perf_counter()
+            memory = await conv.begin_turn()
+            took = time.perf_counter() - started
+            await conv.end()
+    assert memory.available and memory["caller_name"] == "Ada", memory.reason
+    assert conv.start_error is None and conv.transcript_off is None
+    assert took < 0.3 + 0.1, took
