@@ -40,7 +40,10 @@ VALID_MEMORY: dict[str, Any] = {
 
 
 def client(url: str, tmp_path: Path, **options: Any) -> MemoryClient:
+    """A client whose reads have time (a loaded machine): what a server sends is tested here; the read
+    budget only where a test says so."""
     options.setdefault("retry", FAST)
+    options.setdefault("read_budget", 2.0)
     return MemoryClient(url, token="t", project="p", outbox_path=tmp_path / "o.db", **options)
 
 
@@ -265,7 +268,10 @@ async def test_huge_and_compressed_bodies_are_refused_within_the_budget(
 
     url = await serve(answer)
     # An injected session with aiohttp's defaults (auto_decompress=True) changes nothing: the SDK decodes.
-    async with aiohttp.ClientSession() as session, client(url, tmp_path, session=session) as c:
+    async with (
+        aiohttp.ClientSession() as session,
+        client(url, tmp_path, session=session, read_budget=BUDGET) as c,
+    ):
         conv = c.conversation("conv-1", caller=CALLER)
         started = time.perf_counter()
         memory = await conv.begin_turn()
