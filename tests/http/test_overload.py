@@ -39,7 +39,10 @@ async def test_a_slow_store_gets_a_bounded_number_of_requests(
             refused = [t for status, t in results if status == 503]
             assert len(served) + len(refused) == 60
             assert 1 <= len(served) <= LIMIT
-            assert max(refused) < 0.25  # the excess failed fast, without waiting on the store
+            # The excess failed fast, without waiting on the store: every refusal came before any answer
+            # that waited on it (>= 300 ms). Relative, not a fixed bound: one stall of the shared event loop
+            # (the client and the service are one process here) delays both alike.
+            assert max(refused) < min(served) and min(served) >= 0.3, (max(refused), min(served))
             assert proxy.most_open_connections <= LIMIT + 2  # the store never saw more than the bound
             proxy.delay = 0
             reply = await api.call("GET", memory_path("shop"), token=tokens["agent"])
