@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import re
 import secrets
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from caller_memory.sdk import Conversation, EndResult, MemoryClient, ServiceError
+from demo_support import embedded_service
 
 #: The project configuration this agent expects (apply it with `caller-memory project apply`).
 PROJECT_CONFIG = {
@@ -151,46 +150,14 @@ async def wait_for_inactivity_end(client: MemoryClient, conversation_id: str, ca
     raise RuntimeError(f"{conversation_id} was not ended by inactivity")
 
 
-@contextlib.asynccontextmanager
-async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
-    """Start Caller Memory in this process on a SQLite file; yield (url, agent token)."""
-    import aiohttp
-    from aiohttp import web
-    from caller_memory.service.app import create_app
-    from caller_memory.service.config import Settings
-    from caller_memory.service.http.access_log import RouteAccessLogger
-
-    operator = secrets.token_urlsafe(24)
-    settings = Settings(
-        pseudonym_key=secrets.token_urlsafe(32).encode(),
-        store_url=f"sqlite:///{workdir}/demo.db",
-        operator_token=operator,
-        inactivity_interval=0.25,  # look for silent calls four times a second (every 10 s by default)
-    )
-    # The service's access log names routes, never paths (paths hold phone numbers).
-    runner = web.AppRunner(create_app(settings), access_log_class=RouteAccessLogger)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    # Set the project up as an operator would, through the HTTP API.
-    auth = {"Authorization": f"Bearer {operator}"}
-    async with aiohttp.ClientSession(headers=auth) as session:
-        config = {"memory": {**PROJECT_CONFIG["memory"], "conversation": DEMO_CONVERSATION}}
-        async with session.put(f"{url}/v1/projects/cheese-shop", json=config) as resp:
-            resp.raise_for_status()
-        async with session.post(f"{url}/v1/projects/cheese-shop/tokens", json={"role": "agent"}) as resp:
-            resp.raise_for_status()
-            token = (await resp.json())["token"]
-    try:
-        yield url, token
-    finally:
-        await runner.cleanup()
-
-
 async def demo() -> None:
     with tempfile.TemporaryDirectory() as workdir:
-        async with embedded_service(Path(workdir)) as (url, token):
+        config = {"memory": {**PROJECT_CONFIG["memory"], "conversation": DEMO_CONVERSATION}}
+        # Look for silent calls four times a second (every 10 s by default).
+        async with embedded_service(Path(workdir), "cheese-shop", config, inactivity_interval=0.25) as (
+            url,
+            token,
+        ):
             async with MemoryClient(
                 url, token=token, project="cheese-shop", outbox_path=Path(workdir) / "outbox.db"
             ) as client:

@@ -25,18 +25,15 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import secrets
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from caller_memory.sdk import MemoryClient
 from caller_memory.sdk.livekit import CallMemory, MemoryAgent, remember_caller
+from demo_support import Reply, embedded_service, fake_model, scripted_reply
 from livekit.agents import AgentServer, AgentSession, JobContext, RunContext, cli, function_tool
 from livekit.plugins import openai
 
@@ -101,101 +98,6 @@ async def entrypoint(ctx: JobContext) -> None:
 
 # The offline demo ------------------------------------------------------------------------------------
 
-CALLER_NAME = re.compile(r'"caller_name":"([^"]*)"')
-SAYS_NAME = re.compile(r"my name is (\w+)", re.IGNORECASE)
-
-
-def reply_to(messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
-    """The fake model: text, or a save_name tool call."""
-
-    def text(message: dict[str, Any]) -> str:
-        content = message.get("content")
-        if isinstance(content, list):
-            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        return content if isinstance(content, str) else ""
-
-    last = messages[-1]
-    if last.get("role") == "tool":
-        return f"Nice to meet you, {json.loads(text(last)).get('name', '')}.", None
-    if last.get("role") == "user" and (said := SAYS_NAME.search(text(last))):
-        return "", {"name": said.group(1)}
-    system = "\n".join(text(m) for m in messages if m.get("role") in ("system", "developer"))
-    spoke = any(m.get("role") == "assistant" for m in messages)
-    if not spoke and (known := CALLER_NAME.search(system)):
-        return f"Welcome back, {known.group(1)}!", None
-    return ("Noted." if spoke else "Hello, you've reached the cheese shop! What's your name?"), None
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await request.json()
-    text, tool = reply_to(body["messages"])
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-
-    async def send(delta: dict[str, Any], finish: str | None = None) -> None:
-        chunk = {
-            "id": "chatcmpl-demo",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": "demo",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-
-    await send({"role": "assistant", "content": text})
-    if tool is not None:
-        call = {"index": 0, "id": "call_demo", "type": "function"}
-        call["function"] = {"name": "save_name", "arguments": json.dumps(tool)}
-        await send({"tool_calls": [call]})
-    await send({}, "tool_calls" if tool else "stop")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-@contextlib.asynccontextmanager
-async def fake_model() -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
-    """Caller Memory in this process on a SQLite file, the project set up as an operator would: (url,
-    agent token)."""
-    import aiohttp
-    from caller_memory.service.app import create_app
-    from caller_memory.service.config import Settings
-    from caller_memory.service.http.access_log import RouteAccessLogger
-
-    operator = secrets.token_urlsafe(24)
-    settings = Settings(
-        pseudonym_key=secrets.token_urlsafe(32).encode(),
-        store_url=f"sqlite:///{workdir}/demo.db",
-        operator_token=operator,
-    )
-    runner = web.AppRunner(create_app(settings), access_log_class=RouteAccessLogger)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {operator}"}) as http:
-        async with http.put(f"{url}/v1/projects/cheese-shop", json=PROJECT_CONFIG) as resp:
-            resp.raise_for_status()
-        async with http.post(f"{url}/v1/projects/cheese-shop/tokens", json={"role": "agent"}) as resp:
-            resp.raise_for_status()
-            token = (await resp.json())["token"]
-    try:
-        yield url, token
-    finally:
-        await runner.cleanup()
-
 
 async def one_call(client: MemoryClient, model_url: str, caller: str, call_id: str, lines: list[str]) -> None:
     """One call through a real AgentSession in text mode (no room): a greeting, then the caller's lines."""
@@ -218,14 +120,21 @@ async def one_call(client: MemoryClient, model_url: str, caller: str, call_id: s
         await model.aclose()
 
 
+def greeted(messages: list[dict[str, Any]]) -> Reply:
+    """The demo's model, with this shop's greeting."""
+    return scripted_reply(messages, "Hello, you've reached the cheese shop! What's your name?")
+
+
 async def demo(url: str | None, token: str | None, project: str) -> None:
     caller = "+14155550100"  # a 555-01xx number: never printed
     run = secrets.token_hex(3)
     with tempfile.TemporaryDirectory() as workdir:
         async with contextlib.AsyncExitStack() as stack:
             if url is None or token is None:
-                url, token = await stack.enter_async_context(embedded_service(Path(workdir)))
-            model_url = await stack.enter_async_context(fake_model())
+                url, token = await stack.enter_async_context(
+                    embedded_service(Path(workdir), project, PROJECT_CONFIG)
+                )
+            model_url = await stack.enter_async_context(fake_model(greeted))
             client = await stack.enter_async_context(
                 MemoryClient(url, token=token, project=project, outbox_path=Path(workdir) / "outbox.db")
             )

@@ -24,21 +24,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
-import re
 import secrets
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from caller_memory.sdk import MemoryClient
 from caller_memory.sdk.pipecat import CallerMemory
+from demo_support import embedded_service, fake_model
 from loguru import logger
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
@@ -73,97 +68,6 @@ INSTRUCTIONS = (
 )
 #: The demo's caller: a US test number (555-01xx), never printed.
 CALLER = "+14155550100"
-
-
-# A tiny scripted model for --demo (an OpenAI-compatible /v1/chat/completions, streamed) -------------------
-
-
-def scripted_reply(messages: list[dict[str, Any]]) -> tuple[str, dict[str, str] | None]:
-    """What the demo's model says: a text, or a save_name call."""
-    last = messages[-1]
-    if last.get("role") == "tool":
-        return f"Nice to meet you, {json.loads(last['content']).get('name', '')}.", None
-    if last.get("role") == "user" and (
-        said := re.search(r"my name is (\w+)", str(last.get("content")), re.I)
-    ):
-        return "", {"name": said.group(1)}
-    memory = " ".join(str(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
-    name = re.search(r'"caller_name":"([^"]*)"', memory)
-    if not any(m.get("role") == "assistant" for m in messages):
-        return (f"Welcome back, {name.group(1)}!" if name else "Hello! What's your name?"), None
-    return "Noted.", None
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await request.json()
-    text, tool = scripted_reply(body["messages"])
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-
-    async def send(delta: dict[str, Any], finish: str | None = None) -> None:
-        chunk = {
-            "id": "chatcmpl-demo",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": "demo",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-
-    await send({"role": "assistant", "content": text})
-    if tool is not None:
-        call = {
-            "index": 0,
-            "id": "call_demo",
-            "type": "function",
-            "function": {"name": "save_name", "arguments": json.dumps(tool)},
-        }
-        await send({"tool_calls": [call]})
-    await send({}, "tool_calls" if tool else "stop")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def embedded_service(workdir: Path) -> AsyncIterator[tuple[str, str]]:
-    """Caller Memory in this process on a SQLite file, the project set up over HTTP: (url, agent token)."""
-    import aiohttp
-    from caller_memory.service.app import create_app
-    from caller_memory.service.config import Settings
-    from caller_memory.service.http.access_log import RouteAccessLogger
-
-    operator = secrets.token_urlsafe(24)
-    settings = Settings(
-        pseudonym_key=secrets.token_urlsafe(32).encode(),
-        store_url=f"sqlite:///{workdir}/demo.db",
-        operator_token=operator,
-    )
-    runner = web.AppRunner(create_app(settings), access_log_class=RouteAccessLogger)  # routes, never paths
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {operator}"}) as session:
-        async with session.put(f"{url}/v1/projects/cheese-shop", json=PROJECT_CONFIG) as resp:
-            resp.raise_for_status()
-        async with session.post(f"{url}/v1/projects/cheese-shop/tokens", json={"role": "agent"}) as resp:
-            resp.raise_for_status()
-            token = (await resp.json())["token"]
-    try:
-        yield url, token
-    finally:
-        await runner.cleanup()
 
 
 # The bot --------------------------------------------------------------------------------------------------
@@ -239,10 +143,11 @@ async def two_calls(
 
 async def demo() -> None:
     with tempfile.TemporaryDirectory() as workdir:
-        model_app = web.Application()
-        model_app.router.add_post("/v1/chat/completions", chat_completions)
-        async with serving(model_app) as model_url, embedded_service(Path(workdir)) as (url, token):
-            await two_calls(url, token, "cheese-shop", f"{model_url}/v1", "demo", Path(workdir) / "outbox.db")
+        async with (
+            fake_model() as model_url,
+            embedded_service(Path(workdir), "cheese-shop", PROJECT_CONFIG) as (url, token),
+        ):
+            await two_calls(url, token, "cheese-shop", model_url, "demo", Path(workdir) / "outbox.db")
 
 
 def main() -> None:
