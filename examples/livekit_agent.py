@@ -4,13 +4,20 @@ As a LiveKit worker (SIP calls reach it through a LiveKit SIP trunk and dispatch
 is the SIP participant's ``sip.phoneNumber``)::
 
     CALLER_MEMORY_URL=http://127.0.0.1:8080 CALLER_MEMORY_TOKEN=cm_... CALLER_MEMORY_PROJECT=cheese-shop \\
-    LIVEKIT_URL=... LIVEKIT_API_KEY=... LIVEKIT_API_SECRET=... OPENAI_API_KEY=... \\
+    LIVEKIT_URL=... LIVEKIT_API_KEY=... LIVEKIT_API_SECRET=... \\
     .venv/bin/python examples/livekit_agent.py start
+
+Without ``--demo``, the command line is LiveKit's (``start``, ``dev``, ``console``...; ``--help`` shows it).
+The worker's models are LiveKit Inference descriptors (``"openai/gpt-4.1-mini"``...), which need a LiveKit
+Cloud project; put plugin objects there for your own providers.
 
 Offline, with nothing but this repository: ``--demo`` plays two calls from one number through a real
 ``AgentSession`` in text mode, against a small fake model served on loopback by this script, and a Caller
-Memory service (an embedded one on a temporary SQLite file, or yours with ``--url``/``--token``/``--project``,
-whose project must store ``caller_name`` and have conversation memory on)::
+Memory service: an embedded one on a temporary SQLite file, or yours, but only with ``--url`` and
+``--token`` (and ``--project``) on the command line, whose project must store ``caller_name`` and have
+conversation memory on. The demo ignores the ``CALLER_MEMORY_*`` variables, so that it stays offline
+(``--demo --help`` lists its options). It needs ``livekit-plugins-openai`` (the offline model speaks
+OpenAI's API)::
 
     .venv/bin/python examples/livekit_agent.py --demo
 
@@ -33,9 +40,7 @@ from typing import Any
 
 from caller_memory.sdk import MemoryClient
 from caller_memory.sdk.livekit import CallMemory, MemoryAgent, remember_caller
-from demo_support import Reply, embedded_service, fake_model, scripted_reply
 from livekit.agents import AgentServer, AgentSession, JobContext, RunContext, cli, function_tool
-from livekit.plugins import openai
 
 INSTRUCTIONS = (
     "You are the cheese shop's receptionist. Greet returning callers by name. When a caller tells you "
@@ -79,7 +84,7 @@ async def entrypoint(ctx: JobContext) -> None:
         token=os.environ["CALLER_MEMORY_TOKEN"],
         project=os.environ.get("CALLER_MEMORY_PROJECT", "cheese-shop"),
     )
-    await client.__aenter__()
+    await client.open()  # closed in finish(), below
     await ctx.connect()
     participant = await ctx.wait_for_participant()  # the SIP caller
     session: AgentSession[Any] = AgentSession(
@@ -97,10 +102,14 @@ async def entrypoint(ctx: JobContext) -> None:
 
 
 # The offline demo ------------------------------------------------------------------------------------
+# Its helpers (and livekit-plugins-openai, for the fake model) are imported inside the demo only, so that
+# a copy of this file used as a template runs as a worker without examples/demo_support.py.
 
 
 async def one_call(client: MemoryClient, model_url: str, caller: str, call_id: str, lines: list[str]) -> None:
     """One call through a real AgentSession in text mode (no room): a greeting, then the caller's lines."""
+    from livekit.plugins import openai
+
     model = openai.LLM(model="demo", base_url=model_url, api_key="demo")
     session: AgentSession[Any] = AgentSession(llm=model, vad=None, turn_handling={"turn_detection": None})
     call = remember_caller(session, client, caller=caller, conversation_id=call_id)
@@ -120,12 +129,13 @@ async def one_call(client: MemoryClient, model_url: str, caller: str, call_id: s
         await model.aclose()
 
 
-def greeted(messages: list[dict[str, Any]]) -> Reply:
-    """The demo's model, with this shop's greeting."""
-    return scripted_reply(messages, "Hello, you've reached the cheese shop! What's your name?")
-
-
 async def demo(url: str | None, token: str | None, project: str) -> None:
+    """Two calls from one number, against the service at ``url`` or, without one, an embedded one."""
+    from demo_support import Reply, embedded_service, fake_model, scripted_reply
+
+    def greeted(messages: list[dict[str, Any]]) -> Reply:  # the demo's model, with this shop's greeting
+        return scripted_reply(messages, "Hello, you've reached the cheese shop! What's your name?")
+
     caller = "+14155550100"  # a 555-01xx number: never printed
     run = secrets.token_hex(3)
     with tempfile.TemporaryDirectory() as workdir:
@@ -134,6 +144,11 @@ async def demo(url: str | None, token: str | None, project: str) -> None:
                 url, token = await stack.enter_async_context(
                     embedded_service(Path(workdir), project, PROJECT_CONFIG)
                 )
+                print(
+                    f"[Caller Memory: embedded in this process, on a temporary SQLite file, project {project}]"
+                )
+            else:
+                print(f"[Caller Memory: {url}, project {project}]")
             model_url = await stack.enter_async_context(fake_model(greeted))
             client = await stack.enter_async_context(
                 MemoryClient(url, token=token, project=project, outbox_path=Path(workdir) / "outbox.db")
@@ -145,15 +160,35 @@ async def demo(url: str | None, token: str | None, project: str) -> None:
 
 
 def main() -> None:
-    if "--demo" not in sys.argv[1:]:
+    argv = sys.argv[1:]
+    if "--demo" not in argv:
+        if "--help" in argv or "-h" in argv:  # LiveKit's help does not know the demo: say it here
+            print(
+                "This script also runs offline, without LiveKit: --demo (see --demo --help). "
+                "LiveKit's command line follows.\n",
+                file=sys.stderr,
+            )
         cli.run_app(server)  # LiveKit's command line: start, dev, console...
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--demo", action="store_true", help="two calls from one number, offline")
-    parser.add_argument("--url", default=os.environ.get("CALLER_MEMORY_URL"))
-    parser.add_argument("--token", default=os.environ.get("CALLER_MEMORY_TOKEN"))
-    parser.add_argument("--project", default=os.environ.get("CALLER_MEMORY_PROJECT", "cheese-shop"))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] + " The offline demo: two calls from one number.",
+        epilog="The demo reads no environment variable: without --url and --token it embeds its own "
+        "service, so that it stays offline. Without --demo, the command line is LiveKit's worker "
+        "(start, dev, console; it reads CALLER_MEMORY_URL, CALLER_MEMORY_TOKEN, CALLER_MEMORY_PROJECT).",
+    )
+    parser.add_argument("--demo", action="store_true", help="play two calls from one number, offline")
+    parser.add_argument(
+        "--url", help="a Caller Memory service to use instead of the embedded one (with --token)"
+    )
+    parser.add_argument("--token", help="an agent token of --project on the --url service")
+    parser.add_argument(
+        "--project",
+        default="cheese-shop",
+        help="the project (on --url: it must store caller_name and have conversation memory on; default: %(default)s)",
+    )
     args = parser.parse_args()
+    if (args.url is None) != (args.token is None):
+        parser.error("--url and --token go together (without both, the demo embeds its own service)")
     asyncio.run(demo(args.url, args.token, args.project))
 
 

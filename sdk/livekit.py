@@ -10,6 +10,7 @@ transcript into conversation memory, and the end of the call persisted however t
         ...
 
     async def entrypoint(ctx: JobContext) -> None:
+        client = await MemoryClient(url, token=token, project=project).open()  # aclose() it after the end
         await ctx.connect()
         participant = await ctx.wait_for_participant()
         session = AgentSession(llm=..., stt=..., tts=..., vad=...)
@@ -223,7 +224,8 @@ class CallMemory:
 
     @property
     def memory(self) -> Memory | None:
-        """The memory of the current turn, or None before the first read finished (or without a caller)."""
+        """The memory of the current turn, or None before the first read finished (or without a caller).
+        To wait for the read: :meth:`memory_message`."""
         turn = self._turn
         if turn is None or not turn.done() or turn.cancelled():
             return None
@@ -481,9 +483,11 @@ def remember_caller(
     The caller and the conversation id come from ``participant``'s SIP attributes (``sip.phoneNumber``,
     ``sip.callID``) or from ``caller`` and ``conversation_id`` (which win); later with
     ``CallMemory.set_caller()``. Take the participant from ``await ctx.wait_for_participant()`` (it needs
-    the connected room). With ``job``, the job's shutdown waits for the end, and a caller whose line drops
-    ends the call at once. The session's agents should derive from :class:`MemoryAgent`. Masks phone
-    numbers in LiveKit's logs (:func:`mask_livekit_logs`)."""
+    the connected room). With ``job``, the job's shutdown waits for the end; with both ``job`` and
+    ``participant``, a caller whose line drops ends the call at once, as ``dropped`` (with ``job`` alone,
+    the call ends with the job). ``channel`` (``"phone"``): resume and supersession need the same channel
+    on both calls. The session's agents should derive from :class:`MemoryAgent`. Masks phone numbers in
+    LiveKit's logs (:func:`mask_livekit_logs`)."""
     mask_livekit_logs()
     if participant is not None:
         number, call_id = caller_from_participant(participant)

@@ -217,6 +217,36 @@ async def test_a_service_slowed_to_1_s_costs_a_turn_at_most_the_budget_and_the_l
         await proxy.close()
 
 
+async def test_memory_message_waits_for_the_read_where_call_memory_is_still_none(
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """The realtime-model recipe of docs/livekit.md: the memory for an agent's instructions, before any
+    turn (call.memory is None then), waited for within the budget; the greeting then reuses that turn."""
+    await remember_ada(api, tokens["admin"])
+    proxy = LossyProxy(int(api.base_url.rsplit(":", 1)[1]))
+    await proxy.start()
+    try:
+        async with make_client(f"http://127.0.0.1:{proxy.port}", tokens["agent"], tmp_path, 3.0) as client:
+            session = sessions.new()
+            proxy.delay = 0.3  # the read is not done when the agent asks for it
+            call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_realtime")
+            agent = Shopkeeper(instructions=INSTRUCTIONS)
+            await session.start(agent)
+            assert call.memory is None
+            text = await call.memory_message(agent.chat_ctx)
+            assert text is not None and PREAMBLE in text and "Ada" in text
+            await agent.update_instructions(INSTRUCTIONS + "\n\n" + text)
+            proxy.delay = 0.0
+            reads = api.count("GET", "/memory")
+            await session.generate_reply()
+            assert last_text(session) == "Welcome back, Ada!"
+            assert api.count("GET", "/memory") == reads  # the greeting's turn is the one already read
+            await session.aclose()
+            assert (await call.wait_ended()) is not None
+    finally:
+        await proxy.close()
+
+
 async def test_prefetch_when_the_caller_starts_speaking_hides_the_read(
     api: Api, tokens: dict[str, str], sessions: Sessions, tmp_path: Path
 ) -> None:
@@ -410,6 +440,47 @@ async def test_the_example_agent_plays_two_calls_against_a_real_service(
     assert "persisted ['caller_name']" in first
     assert "agent: Welcome back, Ada!" in second
     assert "4155550100" not in stdout + stderr and "555-0100" not in stdout + stderr
+
+
+async def test_the_example_demo_ignores_the_environment_and_stays_offline() -> None:
+    # An unreachable service in the environment: the worker's variables, which --demo must not read.
+    env = {
+        **os.environ,
+        "CALLER_MEMORY_URL": "http://127.0.0.1:9",
+        "CALLER_MEMORY_TOKEN": "cm_unreachable",
+        "PYTHONWARNINGS": "error",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "livekit_agent.py"),
+        "--demo",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 50)
+    stdout = out.decode()
+    assert process.returncode == 0, err.decode()
+    assert stdout.startswith("[Caller Memory: embedded in this process")
+    assert "agent: Welcome back, Ada!" in stdout and "(queued)" not in stdout
+
+
+async def test_the_example_copied_as_a_template_runs_without_demo_support_and_names_the_demo(
+    tmp_path: Path,
+) -> None:
+    template = tmp_path / "agent.py"
+    template.write_text((ROOT / "examples" / "livekit_agent.py").read_text())
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(template),
+        "--help",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 50)
+    assert process.returncode == 0, err.decode()
+    assert "--demo" in err.decode() and "start" in out.decode()
 
 
 async def test_a_callback_after_a_dropped_call_is_offered_resume(
