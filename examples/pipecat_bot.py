@@ -10,11 +10,14 @@ scripted OpenAI-compatible model, both on loopback)::
 
     .venv/bin/python examples/pipecat_bot.py --demo
 
-Against your own service (an agent token of a project whose ``state_keys`` include ``caller_name``) and any
-OpenAI-compatible model::
+Against your own service (an agent token of a project whose ``state_keys`` include ``caller_name`` and
+with ``conversation.enabled``) and any OpenAI-compatible model::
 
     CALLER_MEMORY_URL=http://127.0.0.1:8080 CALLER_MEMORY_TOKEN=cm_... OPENAI_API_KEY=sk-... \\
         .venv/bin/python examples/pipecat_bot.py --llm-url https://api.openai.com/v1 --model gpt-4o-mini
+
+``--help`` lists the options. As a template for your own bot, copy ``one_call`` and ``two_calls``; only
+``--demo`` needs ``demo_support.py`` (next to this file).
 
 Both play two calls from the same number: in the first the caller gives their name, the second is greeted
 with it.
@@ -31,9 +34,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# Pipecat logs to stderr at DEBUG from its import on (its version banner first, even before --help): start
+# at WARNING; main() sets the level asked for. loguru reads LOGURU_LEVEL when it is first imported.
+os.environ.setdefault("LOGURU_LEVEL", "WARNING")
+
 from caller_memory.sdk import MemoryClient
 from caller_memory.sdk.pipecat import CallerMemory
-from demo_support import embedded_service, fake_model
 from loguru import logger
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
@@ -121,6 +127,8 @@ async def one_call(
         print("agent:", await asyncio.wait_for(replies.get(), 30))
     await worker.queue_frame(EndFrame())  # the bot hangs up
     await running
+    # Pipecat 1.14's OpenAILLMService never closes its AsyncOpenAI client and has no public call that does:
+    # without this, its connection pool is left open (a ResourceWarning at exit).
     await llm._client.close()
     result = await memory.finished()  # the end of the call, persisted (or kept in the outbox)
     if result is None:
@@ -142,6 +150,9 @@ async def two_calls(
 
 
 async def demo() -> None:
+    # Imported here, not at the top: a copy of this file used as a template runs without demo_support.py.
+    from demo_support import embedded_service, fake_model
+
     with tempfile.TemporaryDirectory() as workdir:
         async with (
             fake_model() as model_url,
@@ -150,28 +161,55 @@ async def demo() -> None:
             await two_calls(url, token, "cheese-shop", model_url, "demo", Path(workdir) / "outbox.db")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, the epilog as written."""
+
+
+EPILOG = """environment:
+  CALLER_MEMORY_URL, CALLER_MEMORY_TOKEN, CALLER_MEMORY_PROJECT  the defaults of --url, --token, --project
+  OPENAI_API_KEY  the model's API key (not needed with --demo)
+
+--demo ignores --url, --token, --project, --llm-url and --model: it runs an embedded service and a scripted
+model, both on loopback, and removes them when it ends."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog=EPILOG, formatter_class=_Help
+    )
     parser.add_argument(
         "--demo", action="store_true", help="run offline: an embedded service and a scripted model"
     )
-    parser.add_argument("--url", default=os.environ.get("CALLER_MEMORY_URL", "http://127.0.0.1:8080"))
-    parser.add_argument("--token", default=os.environ.get("CALLER_MEMORY_TOKEN"), help="an agent token")
-    parser.add_argument("--project", default=os.environ.get("CALLER_MEMORY_PROJECT", "cheese-shop"))
-    parser.add_argument("--llm-url", default="https://api.openai.com/v1", help="an OpenAI-compatible API")
-    parser.add_argument("--model", default="gpt-4o-mini")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("CALLER_MEMORY_URL", "http://127.0.0.1:8080"),
+        help="the Caller Memory service",
+    )
+    parser.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,  # not shown by --help: it is a secret
+        help="an agent token of the project (default: $CALLER_MEMORY_TOKEN)",
+    )
+    parser.add_argument(
+        "--project", default=os.environ.get("CALLER_MEMORY_PROJECT", "cheese-shop"), help="the project"
+    )
+    parser.add_argument(
+        "--llm-url", default="https://api.openai.com/v1", help="an OpenAI-compatible API's base URL"
+    )
+    parser.add_argument("--model", default="gpt-4o-mini", help="the model's name at --llm-url")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="Pipecat's log at DEBUG (numbers masked)"
     )
     args = parser.parse_args()
-    logger.remove()  # Pipecat logs at DEBUG to stderr by default
+    logger.remove()  # Pipecat's default sink, and the one LOGURU_LEVEL set
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "WARNING")
     if args.demo:
         asyncio.run(demo())
         return
-    if not args.token:
+    token = getattr(args, "token", None) or os.environ.get("CALLER_MEMORY_TOKEN")
+    if not token:
         parser.error("--token (or CALLER_MEMORY_TOKEN) is required unless --demo is given")
-    asyncio.run(two_calls(args.url, args.token, args.project, args.llm_url, args.model, None))
+    asyncio.run(two_calls(args.url, token, args.project, args.llm_url, args.model, None))
 
 
 if __name__ == "__main__":

@@ -10,28 +10,19 @@
     await runner.run()
     await memory.finished()  # the end of the call, persisted (or kept in the outbox)
 
-What it does, and why there:
-
-- **Memory in every turn, without delaying it.** The read starts when the pipeline starts (so the greeting is
-  personal) and again when the caller starts speaking (``UserStartedSpeakingFrame``: the read is hidden behind
-  their speech). The user aggregator's ``LLMContextFrame`` passes this processor on its way to the LLM: the
-  turn takes the read (``conv.begin_turn()``, which waits at most the client's read budget) and the memory goes
-  into the shared ``LLMContext`` as **one** ``developer`` message (:func:`~caller_memory.sdk.render_memory`,
-  framed as data), replaced in place every turn, never appended. Function-call follow-ups are sent by the
-  assistant aggregator upstream, straight to the LLM, with the same context: they reuse the turn's memory.
+- **Memory in every turn, without delaying it.** The read starts when the pipeline starts (the greeting) and
+  when the caller starts speaking (``UserStartedSpeakingFrame``: hidden behind their speech). The user
+  aggregator's ``LLMContextFrame`` takes it (``conv.begin_turn()``, at most the read budget) and puts it in
+  the shared ``LLMContext`` as **one** ``developer`` message (:func:`~caller_memory.sdk.render_memory`),
+  replaced in place every turn. Function-call follow-ups go straight to the LLM and reuse it.
 - **Tools** (:meth:`CallerMemory.state_tool`, :meth:`~CallerMemory.outcome_tool`,
   :meth:`~CallerMemory.transfer_tool`) write ``conv.state`` and the outcome of the call.
-- **The transcript** (``transcript=True``, the default): the user messages the context gains, and each
-  assistant turn as the assistant aggregator closes it (an interrupted one with what was spoken and, as
-  ``original``, what the LLM generated) go to the service's conversation memory in the background. After a
-  dropped call, ``conv.resume`` is rendered into the same message for the agent to offer.
-- **The end of the call**, however it ends (``EndFrame``: the bot hung up; ``CancelFrame``: the caller hung
-  up, a cancel, the idle timeout, a worker shut down): it runs in its own task, so the frame that carries the
-  hang-up is never held back; :meth:`CallerMemory.finished` waits for it. ``conv.end()`` keeps the request in
-  the SDK's durable outbox from the start, so it is not lost even if the process dies first.
-- **Logs.** Pipecat logs through loguru at DEBUG by default, including the telephony handshake (the caller's
-  number) and the whole LLM context on every inference (the memory). Importing this module installs
-  :func:`install_log_redaction` (see there, and docs/pipecat.md).
+- **The transcript** (``transcript=True``): user messages and assistant turns (an interrupted one with what
+  was spoken, and the generated text as ``original``) go to conversation memory in the background.
+- **The end of the call**, however it ends (``EndFrame``, ``CancelFrame``), in its own task so that the frame
+  carrying the hang-up is never held back; :meth:`CallerMemory.finished` waits for it.
+- **Logs.** Pipecat logs the caller's number and the whole LLM context through loguru at DEBUG: importing
+  this module installs :func:`install_log_redaction`. See docs/pipecat.md.
 
 This is the only module of the SDK that imports Pipecat; it is imported only by Pipecat users.
 """
@@ -42,6 +33,7 @@ import asyncio
 import logging
 import os
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -68,7 +60,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor, F
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
 from . import _wire
-from .client import MemoryClient
+from .client import CONVERSATION_ID, MemoryClient
 from .conversation import Conversation, EndResult
 from .errors import CallerMemoryError
 from .memory import Memory
@@ -159,15 +151,12 @@ def install_log_redaction() -> None:
     """Keep the caller's number and memory out of Pipecat's logs. Idempotent; called at import and again by
     every :class:`CallerMemory` (so that it is back after an app replaced it).
 
-    - A loguru patcher (:func:`redact_log_record`). loguru has one patcher per process and no public way to
-      read it: the one found (``logger._core.patcher``, best effort) runs after ours, so an app's own patcher
-      keeps working. An app that calls ``logger.configure(patcher=...)`` after this replaces ours: call
-      :func:`redact_log_record` from it (or create the CallerMemory after it, which chains it again).
-    - ``PIPECAT_LOG_LLM_CONTEXT=off`` unless the environment already sets it: the LLM services then log each
-      inference without the context, which holds the memory message (and what the caller said). Pipecat reads
-      it once, when the first LLM service is made; if that already happened with the default (``full``), the
-      mode it cached is set to ``off`` too. Set ``PIPECAT_LOG_LLM_CONTEXT=full`` yourself to keep the context
-      in your DEBUG logs (the memory is then in them).
+    - A loguru patcher (:func:`redact_log_record`), chained before the app's own (found, best effort, as
+      ``logger._core.patcher``: loguru has no public way to read it). A later ``logger.configure(patcher=...)``
+      replaces it: call :func:`redact_log_record` from yours (or create the CallerMemory after it).
+    - ``PIPECAT_LOG_LLM_CONTEXT=off`` unless the environment sets it: LLM services then log inferences
+      without the context (the memory, the caller's words); Pipecat's cached mode too, if an LLM service was
+      already made. ``PIPECAT_LOG_LLM_CONTEXT=full`` keeps the context (and the memory) in DEBUG logs.
     - A masking filter on the std-logging ``uvicorn.error`` logger, which logs every websocket frame at DEBUG
       (a Twilio ``start`` frame's tail is its custom parameters: the number).
     """
@@ -234,13 +223,18 @@ class CallerMemory(FrameProcessor):
     """Caller Memory in a Pipecat pipeline, between the user context aggregator and the LLM.
 
     - ``client``: an open :class:`~caller_memory.sdk.MemoryClient` (one per process, shared by the calls).
-    - ``conversation_id``: the call's id from the telephony layer (``call_data.call_id``).
+    - ``conversation_id``: the call's id from the telephony layer (``call_data.call_id``). Without one, or
+      with one the service would refuse, a ``pc-<hex>`` id is generated (logged once, at WARNING).
     - ``caller``: the caller's number (``call_data.from_number``), or None: no number means no memory for
-      this call (not an error; said once in the log, without a number). Set it later with
+      this call (not an error; said once in the log, at INFO, without a number). Set it later with
       :meth:`set_caller` (Genesys AudioHook: :meth:`follow_genesys`).
-    - ``channel``, ``agent``: as for ``client.conversation()``; ``transcript``: keep what is said in the
-      service's conversation memory (the project needs ``conversation.enabled``).
+    - ``channel``, ``agent``: as for ``client.conversation()`` (``channel`` is ``"phone"`` here: resume and
+      supersession work within one channel); ``transcript``: keep what is said in the service's
+      conversation memory (the project needs ``conversation.enabled``).
     - ``prefetch``: start the next turn's read when the caller starts speaking (True).
+    - ``name``: the processor's name in Pipecat's logs and metrics.
+
+    What it logs goes to the std-logging logger ``caller_memory.sdk.pipecat`` (not loguru).
 
     ``conv`` is the call's :class:`~caller_memory.sdk.Conversation` (None without a number): write
     ``conv.state`` from your own tools too. ``outcome`` is sent with the end (``qa``, ``handoff_reason``,
@@ -253,7 +247,7 @@ class CallerMemory(FrameProcessor):
         conversation_id: str | None = None,
         caller: str | None = None,
         *,
-        channel: str = "voice",
+        channel: str = "phone",
         agent: str | None = None,
         transcript: bool = True,
         prefetch: bool = True,
@@ -289,6 +283,7 @@ class CallerMemory(FrameProcessor):
         self._watcher = _Watcher(self)
         self._finished = asyncio.Event()
         self._end_task: asyncio.Task[EndResult | None] | None = None
+        self._no_number_said = False
         if caller is not None or conversation_id is not None:
             self.set_caller(caller, conversation_id)
 
@@ -297,7 +292,8 @@ class CallerMemory(FrameProcessor):
     def set_caller(self, caller: str | None, conversation_id: str | None = None) -> Conversation | None:
         """Name the caller (and the conversation id) of this call, also after it started (Genesys gives the
         number only once the stream is open). The first number wins; without one there is no memory. If the
-        pipeline already runs, the memory read starts at once."""
+        pipeline already runs, the memory read starts at once. A missing id, or one the service would refuse
+        (1-128 letters, digits, '.', '_', ':' or '-'), is replaced by a generated ``pc-<hex>`` one."""
         if conversation_id is not None:
             self._conversation_id = conversation_id
         if self.conv is not None:
@@ -305,15 +301,16 @@ class CallerMemory(FrameProcessor):
         number = caller_from(caller)
         if number is None:
             if caller is not None or self._conversation_id is not None:
-                log.info(
-                    "call %s: no caller number from the telephony layer; no caller memory for this call",
-                    self._conversation_id,
-                )
+                self._say_no_number()
             return None
-        if self._conversation_id is None:
-            raise ValueError("a conversation_id is needed with the caller (the call's id)")
+        given = self._conversation_id
+        if not isinstance(given, str) or not CONVERSATION_ID.fullmatch(given):
+            # As the LiveKit drop-in does. The refused id is not logged: it may be the number itself.
+            why = "no conversation id" if given is None else "a conversation id the service would refuse"
+            given = self._conversation_id = f"pc-{secrets.token_hex(8)}"
+            log.warning("%s; using the generated %s", why, given)
         self.conv = self.client.conversation(
-            self._conversation_id,
+            given,
             caller=number,
             channel=self.channel,
             agent=self.agent,
@@ -325,6 +322,15 @@ class CallerMemory(FrameProcessor):
         if self._started:
             self.conv.prefetch()
         return self.conv
+
+    def _say_no_number(self) -> None:
+        if not self._no_number_said:
+            self._no_number_said = True
+            log.info(
+                "call %s: no caller number from the telephony layer; no caller memory for this call "
+                "unless set_caller() names one",
+                self._conversation_id or "(no id yet)",
+            )
 
     def follow_genesys(self, serializer: Any) -> None:
         """Take the caller from a Genesys AudioHook serializer when its ``open`` message arrives (the
@@ -357,6 +363,8 @@ class CallerMemory(FrameProcessor):
             self._started = True
             if self.conv is not None:
                 self.conv.prefetch()  # the greeting's read
+            else:
+                self._say_no_number()
         elif isinstance(frame, UserStartedSpeakingFrame):
             if self.prefetch and self.conv is not None and not self.conv.ended:
                 self.conv.prefetch()
@@ -453,10 +461,7 @@ class CallerMemory(FrameProcessor):
     def _add(self, conv: Conversation, role: str, content: str, **options: Any) -> None:
         try:
             conv.add_message(role, content, **options)
-        except (
-            ValueError,
-            RuntimeError,
-        ) as exc:  # refused before sending (too long, ended): not the call's end
+        except (ValueError, RuntimeError) as exc:  # refused before sending (too long, ended)
             log.warning(
                 "call %s: a %s message was not added to the transcript: %s", conv.conversation_id, role, exc
             )
@@ -490,9 +495,12 @@ class CallerMemory(FrameProcessor):
         return FunctionSchema(name, description, properties, list(required or mapping), handler=handler)
 
     def outcome_tool(
-        self, name: str = "set_call_outcome", qa_values: Iterable[str] = ("resolved", "unresolved")
+        self,
+        name: str = "set_call_outcome",
+        qa_values: Iterable[str] = ("resolved", "unresolved", "escalated"),
     ) -> FunctionSchema:
-        """A tool that records how the call went (``qa``), sent with the end of the call."""
+        """A tool that records how the call went (``qa``, one of ``qa_values``: the same three as the
+        LiveKit drop-in's by default), sent with the end of the call."""
         values = list(qa_values)
 
         async def handler(params: FunctionCallParams) -> None:
@@ -567,8 +575,8 @@ class CallerMemory(FrameProcessor):
             for _ in range(3):  # the aggregator's event handlers run as tasks
                 await asyncio.sleep(0)
             return await conv.end(**self.outcome)
-        except CallerMemoryError as exc:  # refused for good; set aside in the outbox
-            log.warning("call %s: the end was refused: %s", conv.conversation_id if conv else None, exc)
+        except CallerMemoryError as exc:  # a refusal (set aside in the outbox) or an unusable outbox
+            log.warning("call %s: the end was not taken: %s", conv.conversation_id if conv else None, exc)
             return None
         finally:
             if self._tail is not None:
@@ -581,8 +589,12 @@ class CallerMemory(FrameProcessor):
 
     async def finished(self) -> EndResult | None:
         """Wait for the end of the call to be persisted (or queued in the outbox): await it after
-        ``runner.run()`` returns, or in a shutdown handler. None when there was no caller number, or when
-        the pipeline never ended."""
+        ``runner.run()`` returns, or in a shutdown handler.
+
+        None when there was no caller number, when the pipeline never ended, or when ``conv.end()`` raised
+        a :class:`~caller_memory.sdk.errors.CallerMemoryError`: it does not raise those but logs them at
+        WARNING (a refusal is then in ``client.outbox.rejected()``; with ``OutboxUnavailableError`` the end
+        is lost). It raises the ValueError of a ``conv.state`` that JSON cannot carry."""
         if self._end_task is None:
             return None
         return await asyncio.shield(self._end_task)

@@ -437,6 +437,52 @@ async def test_no_number_means_no_memory_and_no_error(
     assert len(said) == 1 and "call-1" in said[0]
 
 
+async def test_no_number_and_no_arguments_at_all_is_said_once_when_the_call_starts(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path, every_log_line: list[str]
+) -> None:
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        call = Call.build(CallerMemory(client), llm.base_url)
+        await call.start()
+        assert await call.greet() == "Hello! What's your name?"
+        await call.bot_hangs_up()
+        assert await call.ended() is None
+    said = [line for line in every_log_line if "no caller number" in line]
+    assert len(said) == 1 and said[0].startswith("std caller_memory.sdk.pipecat:")
+
+
+@pytest.mark.parametrize("given", [None, "call 1\n", CALLER], ids=["missing", "invalid", "the-number"])
+async def test_a_call_without_a_usable_conversation_id_gets_a_generated_one(
+    api: Api,
+    shop: dict[str, str],
+    llm: FakeLLM,
+    tmp_path: Path,
+    every_log_line: list[str],
+    given: str | None,
+) -> None:
+    """As the LiveKit drop-in does: no id, or one the service would refuse (a line break; the number, which
+    starts with '+'), is not an error: a pc-<hex> id is used, said once in the log, the number never."""
+    await remember(api, shop["admin"], {"caller_name": "Ada"})
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        memory = CallerMemory(client, given, caller=CALLER)
+        assert memory.conv is not None and memory.conv.conversation_id.startswith("pc-")
+        assert memory.conv.channel == "phone"  # the LiveKit drop-in's default too: resume is per channel
+        call = Call.build(memory, llm.base_url)
+        await call.start()
+        assert await call.greet() == "Welcome back, Ada!"
+        await call.bot_hangs_up()
+        conversation_id = memory.conv.conversation_id
+        result = await call.ended()
+        assert result.conversation_id == conversation_id and not result.queued
+    assert await history(api, shop["admin"], conversation_id)
+    said = [line for line in every_log_line if "using the generated" in line]
+    assert len(said) == 1 and conversation_id in said[0]
+
+
+def test_the_outcome_tool_offers_the_same_qa_values_as_the_livekit_drop_in() -> None:
+    schema = CallerMemory(MemoryClient("http://127.0.0.1:9", token="t", project=PROJECT)).outcome_tool()
+    assert schema.properties["qa"]["enum"] == ["resolved", "unresolved", "escalated"]
+
+
 async def test_a_genesys_caller_is_taken_when_the_audiohook_stream_opens(
     api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path
 ) -> None:
@@ -680,3 +726,20 @@ def test_the_example_bot_greets_the_returning_caller_by_name_and_prints_no_numbe
     assert "agent: Welcome back, Ada!" in second
     assert leaks((result.stdout + result.stderr).splitlines()) == []
     assert "Traceback" not in result.stderr
+
+
+def test_a_copy_of_the_example_as_a_template_needs_no_demo_support_and_its_help_no_banner(
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "my_bot.py"
+    copy.write_text((ROOT / "examples" / "pipecat_bot.py").read_text())
+    env = {key: value for key, value in os.environ.items() if key != "LOGURU_LEVEL"}
+    result = subprocess.run(
+        [sys.executable, str(copy), "--help"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--demo" in result.stdout and "CALLER_MEMORY_TOKEN" in result.stdout
+    assert result.stderr == ""  # no Pipecat banner, no warning
+    env.pop("CALLER_MEMORY_TOKEN", None)
+    result = subprocess.run([sys.executable, str(copy)], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2 and "--token (or CALLER_MEMORY_TOKEN) is required" in result.stderr
