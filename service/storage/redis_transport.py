@@ -131,8 +131,8 @@ class Call:
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         self.timer.cancel()
         if self.expired and kind is asyncio.CancelledError and self.task.uncancel() == 0:
-            # Cancelled by the timer alone (not also from outside). The connection was closed on the way
-            # out, so no late reply can be mistaken for another command's.
+            # Cancelled by the timer alone (not also from outside). Its late replies are dropped by the
+            # lane (matched by their order), and the lane is retired.
             timeout = TimeoutError(f"{self.operation} timed out after {self.seconds:g} s")
             raise StoreUnavailable(
                 f"Redis did not answer {self.operation} within {self.seconds:g} s"
@@ -241,8 +241,21 @@ class _Waiting:
         self.replies: list[Any] = []
 
 
+class LaneNotSent(RedisConnectionError):
+    """The lane failed before this call's commands were written: nothing of them ran, so it may be sent
+    again on another lane (the one failure :meth:`StandaloneTransport.run` retries)."""
+
+
+class LaneLost(RedisConnectionError):
+    """The lane failed after this call's commands were written: they may have run (or be running), so the
+    call fails; it is never sent again (a write retried after it landed would apply twice)."""
+
+
 #: What a lane's reader gets when the replies read so far are incomplete (a RESP3 reply may be ``False``).
 _INCOMPLETE = object()
+#: Bytes written to a lane and not yet taken by the server beyond which it takes no new call (a hung server
+#: must not make the process buffer every request's commands).
+MAX_UNSENT_BYTES = 16 << 20
 
 
 def _reply_error(message: str) -> ResponseError:
@@ -258,14 +271,17 @@ class Lane:
     A call's commands are packed into the lane's next write; every call queued before the event loop runs
     again goes out in that one write, and Redis reads them in one go. One reader task takes the replies as
     they come, many per read, and hands each call its own: calls are answered in the order they were written,
-    so a reply is matched by its place, and a call that gave up (its store call timed out) simply leaves its
-    replies to be dropped. Per call this saves a connection checkout, a send and a receive system call and a
-    wakeup of the reading coroutine: under load most of a call's own cost in the transport.
+    so a reply is matched by its place (out-of-band RESP3 pushes are not replies: they are skipped), and a
+    call that gave up (its store call timed out) leaves its replies to be dropped. Per call this saves a
+    connection checkout, a send and a receive system call and a wakeup of the reading coroutine: under load
+    most of a call's own cost in the transport.
 
-    A lane on which a call timed out is *retired*: the next calls open a new one, and it is closed once no call
-    waits on it any more (or after a store timeout more), as a timed-out connection was closed before; so a
-    hung server cannot grow an unbounded queue on one connection. The connection itself is made by redis-py
-    (address, TLS, AUTH, HELLO 3, SELECT, all as the URL says); the lane then reads and writes its stream.
+    A lane on which a call was cancelled (its store call timed out) is *retired*: the next calls open a new
+    one, and it is closed once no call waits on it any more (each waits at most its own store call's time),
+    so a hung server cannot grow an unbounded queue on one connection. If the connection fails, the calls
+    whose commands were not written yet fail with :class:`LaneNotSent` (safe to send again), the others with
+    :class:`LaneLost` (never sent again). The connection itself is made by redis-py (address, TLS, AUTH,
+    HELLO 3, SELECT, all as the URL says); the lane then reads and writes its stream.
     """
 
     __slots__ = ("connection", "failure", "loop", "out", "reader", "retired", "waiting", "writer")
@@ -283,7 +299,10 @@ class Lane:
 
     def send(self, packed: bytes, count: int) -> asyncio.Future[list[Any]]:
         if self.failure is not None:
-            raise RedisConnectionError(f"the connection to Redis was lost: {self.failure}")
+            raise LaneNotSent(f"the connection to Redis was lost: {self.failure}")
+        if self.writer.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+            self.retired = True  # the server takes nothing: the next calls try a new connection
+            raise LaneNotSent(f"Redis has not taken the last {MAX_UNSENT_BYTES >> 20} MiB written to it")
         future: asyncio.Future[list[Any]] = self.loop.create_future()
         self.waiting.append(_Waiting(future, count))
         if not self.out:
@@ -293,7 +312,7 @@ class Lane:
 
     def _flush(self) -> None:
         out, self.out = self.out, []
-        if self.failure is None:
+        if self.failure is None and out:
             self.writer.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -301,6 +320,7 @@ class Lane:
             protocolError=InvalidResponse, replyError=_reply_error, notEnoughData=_INCOMPLETE
         )
         waiting = self.waiting
+        push = hiredis.PushNotification
         try:
             while True:
                 data = await reader.read(65536)
@@ -308,6 +328,8 @@ class Lane:
                     raise RedisConnectionError("Redis closed the connection")
                 parser.feed(data)
                 while (reply := parser.gets()) is not _INCOMPLETE:
+                    if type(reply) is push:
+                        continue  # out of band (maintenance notices, invalidations): no call's reply
                     if not waiting:
                         raise InvalidResponse("Redis sent a reply that no command asked for")
                     call = waiting[0]
@@ -316,16 +338,15 @@ class Lane:
                         waiting.popleft()
                         if not call.future.done():
                             call.future.set_result(call.replies)
-                if self.retired and not any(not call.future.done() for call in waiting):
+                if self.retired and self.idle():
                     break
         except asyncio.CancelledError:
             self._fail(RedisConnectionError("the Redis store was closed"))
             raise
         except (OSError, RedisError) as exc:
             self._fail(exc if isinstance(exc, RedisError) else RedisConnectionError(str(exc)))
-        except BaseException as exc:  # pragma: no cover - a parser failure
+        except Exception as exc:  # a reply hiredis cannot parse
             self._fail(RedisConnectionError(f"unreadable reply from Redis: {exc!r}"))
-            raise
         else:
             self._fail(RedisConnectionError("the connection to Redis was retired"))
         finally:
@@ -335,23 +356,31 @@ class Lane:
         """Let redis-py close its connection (and forget its stream)."""
         await self.connection.disconnect(nowait=True)
 
+    def idle(self) -> bool:
+        """No call waits for a reply on this lane."""
+        return all(call.future.done() for call in self.waiting)
+
     def _fail(self, failure: BaseException) -> None:
         if self.failure is None:
             self.failure = failure
-        while self.waiting:
-            future = self.waiting.popleft().future
-            if not future.done():
-                future.set_exception(failure)
-        self.writer.close()
+        unsent = len(self.out)  # the last calls queued, whose commands were not written yet
+        self.out = []
+        written = len(self.waiting) - unsent
+        for index, call in enumerate(self.waiting):
+            if not call.future.done():
+                kind = LaneLost if index < written else LaneNotSent
+                call.future.set_exception(kind(f"the connection to Redis was lost: {failure}"))
+        self.waiting.clear()
+        self.writer.transport.abort()  # nothing queued to send goes out after this
 
-    def retire(self, grace: float) -> None:
-        """No new calls; closed once none waits any more, at the latest after ``grace`` seconds."""
-        if self.retired:
-            return
+    def retire(self) -> None:
+        """No new calls; closed as soon as no call waits any more (see :meth:`release`)."""
         self.retired = True
-        if any(not call.future.done() for call in self.waiting):
-            self.loop.call_later(grace, self.close)
-        else:
+        self.release()
+
+    def release(self) -> None:
+        """After a call on a retired lane ended (answered, failed or cancelled): close it if it was the last."""
+        if self.retired and self.failure is None and self.idle():
             self.close()
 
     def close(self) -> None:
@@ -451,9 +480,12 @@ class StandaloneTransport(RedisTransport):
 
     async def run(self, *commands: Command, replicate: bool | None = None) -> list[Any]:
         """(See :meth:`RedisTransport.run`.) The commands go out on the shared :class:`Lane`, in its next
-        write. A lost connection is retried once on a new lane: it hides a connection that went away between
-        calls (server restart, idle cut by a proxy). A call cancelled while it waits (the :class:`Call`
-        timeout) retires its lane, so that the next calls do not queue behind whatever held it up."""
+        write. A lane that failed before they were written (:class:`LaneNotSent`) is replaced and they are
+        sent once more; once written, a lost connection fails the call (:class:`LaneLost`: they may have
+        run). A call cancelled while it waits (the :class:`Call` timeout) retires its lane, so that the next
+        calls do not queue behind whatever held it up."""
+        if not commands:
+            return []
         lane = self._lane
         if lane is None or lane.retired or lane.failure is not None:
             lane = await self._open_lane(lane)
@@ -461,14 +493,17 @@ class StandaloneTransport(RedisTransport):
         try:
             try:
                 replies = await lane.send(packed, len(commands))
-            except RedisConnectionError:
+            except LaneNotSent:  # nothing of it ran: once more, on a new lane
+                lane.release()
                 lane = await self._open_lane(lane)
                 replies = await lane.send(packed, len(commands))
         except asyncio.CancelledError:
             if self._lane is lane:
                 self._lane = None
-            lane.retire(self.limits.timeout)
+            lane.retire()
             raise
+        finally:
+            lane.release()
         if len(replies) == 1:
             if isinstance(replies[0], ResponseError):
                 raise replies[0]
@@ -484,10 +519,18 @@ class StandaloneTransport(RedisTransport):
         lane = self._lane
         if lane is not None and lane is not stale and not lane.retired and lane.failure is None:
             return lane
-        if self._opening is None:
+        opening = self._opening
+        if opening is None:
             opening = self._opening = asyncio.ensure_future(self._connect_lane())
             opening.add_done_callback(self._opened)
-        return await asyncio.shield(self._opening)
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if opening.cancelled() and task is not None and not task.cancelling():
+                # The store was closed while the lane was being connected: not this task's cancellation.
+                raise StoreUnavailable("the Redis store was closed") from None
+            raise
 
     def _opened(self, opening: asyncio.Future[Lane]) -> None:
         if self._opening is opening:

@@ -5,12 +5,18 @@ replies, calls that give up, a hung or restarted server). A real redis-server ea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
 import pytest
 from caller_memory.service.domain.errors import StoreUnavailable
-from caller_memory.service.storage.redis_transport import Call, ConnectionLimits, StandaloneTransport
+from caller_memory.service.storage.redis_transport import (
+    Call,
+    ConnectionLimits,
+    LaneLost,
+    StandaloneTransport,
+)
 from redis.exceptions import NoScriptError, ResponseError
 
 from tests.support.redis_server import RedisServer
@@ -94,16 +100,96 @@ async def test_a_call_that_gives_up_leaves_no_reply_to_the_next_calls() -> None:
             await transport.aclose()
 
 
-async def test_a_restarted_server_is_reached_again_without_a_failed_call() -> None:
+async def test_a_restarted_server_is_reached_again_and_nothing_written_is_sent_twice() -> None:
+    """A call written to a connection that turns out to be gone fails (its commands may have run before the
+    server went away: it is not sent again); the next call opens a new lane."""
     with RedisServer() as server:
         transport = transport_on(server)
         await transport.open()
         try:
             assert await transport.run(("PING",)) == [b"PONG"]
             server.stop()
-            server.start()  # same port; the lane's connection is gone
+            server.start()  # same port; the lane's connection is gone, and the lane does not know it yet
+            with contextlib.suppress(LaneLost):
+                await transport.run(("INCR", "n"))
             assert await transport.run(("SET", "k", "v"), ("GET", "k")) == [b"OK", b"v"]
+            assert (await transport.run(("GET", "n")))[0] in (None, b"1")  # never 2
             assert await clients(server) == 1  # the new lane (redis-py's client has not reconnected)
+        finally:
+            await transport.aclose()
+
+
+async def test_out_of_band_pushes_are_no_calls_replies() -> None:
+    """RESP3 pushes (client tracking's invalidations here; maintenance notices on managed Redis) come on the
+    same connection between replies: they are skipped, never handed to a waiting call."""
+    with RedisServer() as server:
+        transport = transport_on(server)
+        await transport.open()
+        try:
+            await transport.run(("SET", "tracked", "old"))
+            # This connection asks to be told when the keys it reads change: each change pushes a message.
+            assert await transport.run(("CLIENT", "TRACKING", "ON"), ("GET", "tracked")) == [b"OK", b"old"]
+            for round_ in range(20):
+                writer = server.client()
+                writer.set("tracked", f"v{round_}")  # an invalidation push to the lane
+                writer.close()
+                replies = await asyncio.gather(
+                    transport.run(("GET", "tracked")), *(transport.run(("ECHO", f"e{i}")) for i in range(5))
+                )
+                assert replies == [[f"v{round_}".encode()], *([f"e{i}".encode()] for i in range(5))]
+        finally:
+            await transport.aclose()
+
+
+async def test_a_long_call_outlives_the_retirement_of_its_lane_and_runs_once() -> None:
+    """A call with a long bound (a sweep) on a lane that another call's timeout retires is answered, once:
+    the lane closes only when nothing waits on it."""
+    with RedisServer() as server:
+        transport = transport_on(server, timeout=0.3)
+        await transport.open()
+        try:
+            script = "redis.call('INCR', KEYS[1]); local t = redis.call('TIME'); " + (
+                "while true do local n = redis.call('TIME'); "
+                "if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 600000 then break end end; return 1"
+            )
+
+            async def long() -> list[object]:
+                async with Call("sweep", 5.0):
+                    return await transport.run(("EVAL", script, 1, "runs"))
+
+            slow = asyncio.ensure_future(long())
+            await asyncio.sleep(0.05)
+            with pytest.raises(StoreUnavailable):  # stuck behind the script: times out, retires the lane
+                async with Call("read", 0.2):
+                    await transport.run(("GET", "x"))
+            assert await slow == [1]
+            assert await transport.run(("GET", "runs")) == [b"1"]
+        finally:
+            await transport.aclose()
+
+
+async def test_closing_while_a_lane_connects_fails_its_waiters_as_unavailable() -> None:
+    with RedisServer() as server:
+        transport = transport_on(server, timeout=5.0)
+        await transport.open()
+        os.kill(server.pid, signal.SIGSTOP)  # the lane's handshake will hang
+        try:
+            waiting = asyncio.ensure_future(transport.run(("PING",)))
+            await asyncio.sleep(0.1)
+            await transport.aclose()
+            with pytest.raises(StoreUnavailable, match="closed"):
+                await waiting
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+
+
+async def test_a_call_of_no_command_answers_at_once_and_jams_nothing() -> None:
+    with RedisServer() as server:
+        transport = transport_on(server)
+        await transport.open()
+        try:
+            assert await transport.run() == []
+            assert await transport.run(("PING",)) == [b"PONG"]
         finally:
             await transport.aclose()
 
@@ -115,11 +201,17 @@ async def test_closing_fails_the_calls_waiting_and_a_closed_transport_refuses() 
         await transport.run(("PING",))
         os.kill(server.pid, signal.SIGSTOP)
         try:
-            waiting = asyncio.ensure_future(transport.run(("GET", "k")))
+
+            async def get() -> list[object]:
+                async with Call("get", 2.0):
+                    return await transport.run(("GET", "k"))
+
+            waiting = asyncio.ensure_future(get())
             await asyncio.sleep(0.05)
             await transport.aclose()
-            with pytest.raises(StoreUnavailable, match="not open"):  # its retry found the store closed
+            with pytest.raises(StoreUnavailable, match="closed") as failed:  # written: not sent again
                 await waiting
+            assert isinstance(failed.value.__cause__, LaneLost)
         finally:
             os.kill(server.pid, signal.SIGCONT)
         with pytest.raises(StoreUnavailable, match="not open"):
