@@ -119,26 +119,15 @@ class Memory(Mapping[str, Any]):
 
     def _as_stale(self, reason: str) -> Memory:
         """This memory served again after a failed read (same fields and ETag)."""
-        return Memory(
-            self._fields,
-            reason=reason,
-            etag=self.etag,
-            expires_at=self.expires_at,
-            blacklisted=self.blacklisted,
-            valid_until=self.valid_until,
-            stale=True,
-        )
+        return self._served(stale=True, reason=reason)
 
     def _as_fresh(self) -> Memory:
         """This memory confirmed by the service (a 304 on its ETag)."""
-        if not self.stale:
-            return self
-        return Memory(
-            self._fields,
-            etag=self.etag,
-            expires_at=self.expires_at,
-            blacklisted=self.blacklisted,
-            valid_until=self.valid_until,
+        return self._served(stale=False, reason=None) if self.stale else self
+
+    def _served(self, *, stale: bool, reason: str | None) -> Memory:
+        return _restore(
+            self._fields, True, reason, self.etag, self.expires_at, self.blacklisted, self.valid_until, stale
         )
 
     def __repr__(self) -> str:
