@@ -157,9 +157,11 @@ class ConnectionLimits:
     #: Seconds a store call may take (the service's store timeout).
     timeout: float
     connect_timeout: float
-    #: Connections kept per server (per node, on a cluster).
+    #: Connections kept per server (per node, on a cluster); on one server, redis-py's client's (the hot path
+    #: shares one lane, whatever this says).
     max_connections: int
-    #: Seconds a connection may sit idle before it is PINGed again before use.
+    #: Seconds a connection may sit idle before it is PINGed again before use (a lane needs no probe: its
+    #: reader sees a closed connection at once).
     health_check_interval: int
 
 
