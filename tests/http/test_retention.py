@@ -70,7 +70,12 @@ async def test_a_sweep_elsewhere_holds_the_lease(api: Api, shop: dict[str, str])
 
 
 async def test_two_services_sweeping_at_once_do_not_double_run(store_url: str, clock: FakeClock) -> None:
-    async with running_api(store_url, clock) as first, running_api(store_url, clock) as second:
+    # A generous store timeout: this is about two sweeps excluding each other, not speed (four sweeps of two
+    # services in this one process outlasted the default 0.5 s once on a cluster in CI).
+    async with (
+        running_api(store_url, clock, store_timeout=5.0) as first,
+        running_api(store_url, clock, store_timeout=5.0) as second,
+    ):
         tokens = await first.project_with_tokens("shop", {"state_keys": ["a"], "field_ttls": {"a": "PT1S"}})
         for i in range(20):
             await first.call(
