@@ -98,6 +98,11 @@ _active_tails: dict[str, int] = {}
 _TAIL = 7
 
 
+#: Generated ids are hex written with the letters g-p for 0-9: no run of digits in them that the logs'
+#: number masking would take for a phone number.
+_NO_DIGITS = str.maketrans("0123456789", "ghijklmnop")
+
+
 def _digits(text: str) -> str:
     return "".join(c for c in text if c.isdigit())
 
@@ -307,7 +312,7 @@ class CallerMemory(FrameProcessor):
         if not isinstance(given, str) or not CONVERSATION_ID.fullmatch(given):
             # As the LiveKit drop-in does. The refused id is not logged: it may be the number itself.
             why = "no conversation id" if given is None else "a conversation id the service would refuse"
-            given = self._conversation_id = f"pc-{secrets.token_hex(8)}"
+            given = self._conversation_id = f"pc-{secrets.token_hex(8).translate(_NO_DIGITS)}"
             log.warning("%s; using the generated %s", why, given)
         self.conv = self.client.conversation(
             given,
