@@ -210,7 +210,8 @@ class CallMemory:
 
     def _conversation(self, caller: str, conversation_id: str | None) -> Conversation:
         return self.client.conversation(
-            conversation_id or f"lk-{secrets.token_hex(8)}",
+            conversation_id
+            or f"lk-{secrets.token_hex(8).translate(str.maketrans('0123456789', 'ghijklmnop'))}",
             caller=caller,
             channel=self.channel,
             agent=self.agent,
