@@ -585,7 +585,7 @@ async def test_redis_analytics_of_the_earlier_release_are_read_by_their_hour(
 async def test_redis_over_a_unix_socket() -> None:
     with RedisServer(unix_socket=True) as server:
         assert server.url.startswith("unix://")
-        store = RedisStore(server.url)
+        store = RedisStore(server.url, socket_timeout=5.0)
         await store.open()
         try:
             subject, t = new_subject(), now_ms()
