@@ -115,12 +115,18 @@ class TranscriptCalls:
             answer = _answer(HistoryAnswer, reply, conversation_id)
         return answer, headers.get("ETag")
 
-    async def context(self, conversation_id: str, max_tokens: int, seconds: float) -> ContextAnswer:
+    async def context(
+        self,
+        conversation_id: str,
+        max_tokens: int,
+        seconds: float,
+        trust: Mapping[str, str] | None = None,
+    ) -> ContextAnswer:
         reply = await self._call(
             "GET",
             ("conversations", conversation_id, "context"),
             seconds=seconds,
-            params={"max_tokens": str(max_tokens)},
+            params={"max_tokens": str(max_tokens), **(trust or {})},
             limit=MAX_TRANSCRIPT_ANSWER_BYTES,
         )
         answer = _answer(ContextAnswer, reply, conversation_id)

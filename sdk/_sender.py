@@ -130,14 +130,17 @@ class TranscriptBuffer:
         channel: str,
         agent: str | None,
         state: Callable[[], Mapping[str, Any]],
+        trust: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
-        """``state`` returns ``conv.state`` checked for JSON (ValueError otherwise)."""
+        """``state`` returns ``conv.state`` checked for JSON (ValueError otherwise); ``trust`` the members
+        that carry the call's caller-ID trust as it is now (a step-up check may pass mid-call)."""
         self._host = host
         self.conversation_id = conversation_id
         self._caller = caller
         self._channel = channel
         self._agent = agent
         self._state = state
+        self._trust = trust
         # Message ids: random per conversation object (a new process continuing the call gets new ones),
         # then a sequence number.
         self._prefix = f"m{secrets.token_hex(6)}"
@@ -327,6 +330,10 @@ class TranscriptBuffer:
         document["messages"] = [orjson.Fragment(item.encoded) for item in items]
         if state is not None:
             document["state"] = orjson.Fragment(state)
+        if self._trust is not None:
+            # With every batch, like the caller: the service keeps of a checkpoint only what the call may write,
+            # and a batch may start the conversation (the attestation is recorded with it).
+            document.update(self._trust())
         # When it was first tried (the outbox keeps it): an erasure of the caller after it wins.
         document["sent_at"] = sent_at if sent_at is not None else int(time.time() * 1000)
         return _Batch(items, state, orjson.dumps(document), starts)

@@ -24,6 +24,8 @@ MAX_BODY_BYTES = 1024 * 1024
 #: underscores, brackets) between them. Digits of any script count (``\d`` is Unicode-aware).
 _NUMBER = re.compile(r"[+\uff0b]?\d(?:[\s\-./_()\u2010-\u2015\u00a0]{0,3}\d){6,}")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+#: A project-defined account identifier (``account:A-1234``, any case), up to what delimits it in a URL or JSON.
+_ACCOUNT = re.compile(r"(?i)(?<![^\W_])account:[^\s/?#&=\"'`|<>,;()\[\]{}]+")
 
 
 class AnswerTooLarge(ValueError):
@@ -31,7 +33,8 @@ class AnswerTooLarge(ValueError):
 
 
 def mask(text: str) -> str:
-    """``text`` with anything shaped like a phone number or an e-mail address replaced.
+    """``text`` with anything shaped like a phone number, an e-mail address or an ``account:`` identifier
+    replaced.
 
     Percent-encoding is undone first (repeatedly: ``%252B`` is ``%2B`` is ``+``), so that an error page
     echoing the request path (``/callers/%2B1%20415%20555%200100/memory``) shows no number in any form.
@@ -42,7 +45,13 @@ def mask(text: str) -> str:
         if again == decoded:
             break
         decoded = again
-    return _EMAIL.sub("[email]", _NUMBER.sub("[number]", decoded))
+    # Identifiers first: an address or an account id may hold a run of digits.
+    masked = (
+        _ACCOUNT.sub("account:[id]", _EMAIL.sub("[email]", decoded))
+        if ":" in decoded or "@" in decoded
+        else decoded
+    )
+    return _NUMBER.sub("[number]", masked)
 
 
 class MaskingFilter(logging.Filter):
@@ -103,6 +112,10 @@ class _Answer(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
+#: A call's caller-ID attestation as the service normalised it (SPEC section 13).
+Attestation = Literal["A", "B", "C", "failed", "unknown"]
+
+
 class MemoryAnswer(_Answer):
     """``GET .../callers/{identifier}/memory`` 200 (the ``Memory`` schema of the OpenAPI document)."""
 
@@ -112,6 +125,9 @@ class MemoryAnswer(_Answer):
     #: Absent from services before it (nothing is then served stale).
     valid_until: str | None = None
     blacklisted: bool
+    #: Caller-ID trust (absent from services before it: nothing withheld, no attestation).
+    withheld: list[str] = Field(default_factory=list)
+    attestation: Attestation | None = None
 
 
 class EndAnswer(_Answer):
@@ -125,6 +141,8 @@ class EndAnswer(_Answer):
     repeat_caller: dict[str, Any]
     #: Added with conversation memory; a service from before it does not send it.
     late: bool = False
+    #: State keys the call could not write or delete (caller-ID trust); absent before it.
+    withheld: list[str] = Field(default_factory=list)
 
 
 class FieldError(_Answer):
@@ -232,6 +250,8 @@ class ResumeAnswer(_Answer):
     summary: SummarySectionAnswer | None
     last_turns: list[MessageAnswer]
     state: dict[str, Any] | None
+    #: State keys left out of ``state`` (caller-ID trust); absent before it.
+    withheld: list[str] = Field(default_factory=list)
 
 
 class StartedAnswer(_Answer):
@@ -266,6 +286,8 @@ class ProfileSectionAnswer(_Answer):
     tokens: Count
     fields: dict[str, Any]
     omitted: list[str]
+    #: State keys left out for caller-ID trust; absent before it.
+    withheld: list[str] = Field(default_factory=list)
 
 
 class RecentTurnsAnswer(_Answer):

@@ -20,6 +20,7 @@ from yarl import URL
 from ._calls import TranscriptCalls
 from ._delivery import Delivery
 from ._sender import TranscriptBuffer
+from ._trust import checked_attestation, checked_step_up, query
 from ._wire import (
     MAX_BODY_BYTES,
     AnswerTooLarge,
@@ -240,8 +241,11 @@ class MemoryClient(Delivery):
         channel: str = "voice",
         agent: str | None = None,
         transcript: bool = False,
+        attestation: str | None = None,
+        step_up: bool = False,
     ) -> Conversation:
-        """A conversation with ``caller`` (a phone number, in any form the project can read).
+        """A conversation with ``caller``: a phone number in any form the project can read,
+        ``email:ada@example.com`` or ``account:A-1234``.
 
         ``conversation_id`` is the id your voice platform gives the call: 1-128 letters, digits, '.', '_',
         ':' or '-', starting with a letter or digit (ValueError otherwise, e.g. for a trailing line break).
@@ -250,6 +254,14 @@ class MemoryClient(Delivery):
         memory: the first ``begin_turn()`` starts the conversation (and learns ``conv.resume``), and
         ``conv.add_message()`` sends messages in the background. With it, ``channel`` and ``agent`` are
         1-64 letters, digits, '.', '_', ':' or '-' (ValueError otherwise).
+
+        ``attestation`` is the call's caller-ID attestation as the telephony provider gave it (Twilio's
+        ``StirVerstat``, Telnyx's ``verstat``, ...; the service normalises it) or ``A``, ``B``, ``C``,
+        ``failed``, ``unknown``; None when the call has none. ``step_up``: the caller already passed a
+        step-up check (a PIN, a one-time code) before this conversation; later, ``conv.step_up_passed()``.
+        Both go with every read, the start and the end: what the call does not qualify for is withheld
+        (``conv.memory.withheld``) and cannot be written. ValueError for an attestation no provider sends
+        (not a string, over 64 characters, not printable ASCII).
         """
         if not isinstance(caller, str):
             raise ValueError(f"caller must be a string, not {type(caller).__name__}")
@@ -266,7 +278,14 @@ class MemoryClient(Delivery):
         if agent is not None:
             check_name(agent, "agent")
         return Conversation(
-            self, conversation_id, caller, channel=channel, agent=agent, transcript=transcript
+            self,
+            conversation_id,
+            caller,
+            channel=channel,
+            agent=agent,
+            transcript=transcript,
+            attestation=checked_attestation(attestation),
+            step_up=checked_step_up(step_up),
         )
 
     # Requests -----------------------------------------------------------------------------------------
@@ -344,14 +363,25 @@ class MemoryClient(Delivery):
         )
 
     async def read_memory(
-        self, caller: str, *, previous: Memory | None = None, budget: float | None = None
+        self,
+        caller: str,
+        *,
+        previous: Memory | None = None,
+        budget: float | None = None,
+        attestation: str | None = None,
+        step_up: bool = False,
     ) -> Memory:
         """The caller's memory within ``budget`` seconds (the client's ``read_budget``), or an empty
         unavailable one; never raises because of the service.
 
+        ``attestation`` and ``step_up`` are the reading call's caller-ID trust (see :meth:`conversation`):
+        the fields it does not qualify for are left out and named in ``Memory.withheld``. ValueError, before
+        anything is sent, for an attestation no provider sends or a ``step_up`` that is not a bool.
+
         If the read fails (a timeout, the service down or failing, an open circuit) and ``previous`` (the
         last memory read of this caller) is still within its ``valid_until``, that is served again with
         ``stale`` True: no field of it has expired yet. A refused request (a 4xx) is never answered so."""
+        trust = query(checked_attestation(attestation), checked_step_up(step_up))
         if budget is not None and budget <= 0:
             return _stale_or(previous, "no time left in the read budget")
         probe = self.circuit.is_open
@@ -359,7 +389,7 @@ class MemoryClient(Delivery):
             return _stale_or(previous, "circuit open: recent reads failed")
         verdict: bool | None = None  # True: the service works; False: it failed; None: no verdict
         try:
-            memory, verdict = await self._read(caller, previous, budget or self.read_budget)
+            memory, verdict = await self._read(caller, previous, budget or self.read_budget, trust)
             if verdict is False:
                 memory = _stale_or(previous, memory.reason or "the read failed")
         finally:
@@ -371,13 +401,17 @@ class MemoryClient(Delivery):
                 self.circuit.release()
         return memory
 
-    async def _read(self, caller: str, previous: Memory | None, budget: float) -> tuple[Memory, bool | None]:
+    async def _read(
+        self, caller: str, previous: Memory | None, budget: float, trust: Mapping[str, str]
+    ) -> tuple[Memory, bool | None]:
         headers = dict(self._headers)
         if previous is not None and previous.available and previous.etag:
+            # The service's ETag covers what the call's trust withheld: a read with more trust gets a 200.
             headers["If-None-Match"] = previous.etag
+        url = self._url("callers", caller, "memory")
         try:
             status, resp_headers, body = await self._request(
-                "GET", self._url("callers", caller, "memory"), seconds=budget, headers=headers
+                "GET", url.with_query(trust) if trust else url, seconds=budget, headers=headers
             )
         except ServiceUnavailableError as exc:
             log.warning("memory read failed: %s", exc)
@@ -393,6 +427,8 @@ class MemoryClient(Delivery):
                 expires_at=answer.expires_at,
                 blacklisted=answer.blacklisted,
                 valid_until=answer.valid_until,
+                withheld=tuple(answer.withheld),
+                attestation=answer.attestation,
             ), True
         if status == 200:
             error: Exception = ServiceUnavailableError("the answer was not the service's (is the URL right?)")
@@ -429,6 +465,7 @@ class MemoryClient(Delivery):
             replayed=headers.get("Idempotent-Replayed") == "true",
             erased=ended.erased,
             late=ended.late,
+            withheld=tuple(ended.withheld),
         )
 
     async def end_conversation(self, conversation_id: str, body: dict[str, Any]) -> EndResult:
@@ -560,9 +597,10 @@ class MemoryClient(Delivery):
         channel: str,
         agent: str | None,
         state: Callable[[], Mapping[str, Any]],
+        trust: Callable[[], Mapping[str, Any]] | None = None,
     ) -> TranscriptBuffer:
         buffer = TranscriptBuffer(
-            self, conversation_id, caller=caller, channel=channel, agent=agent, state=state
+            self, conversation_id, caller=caller, channel=channel, agent=agent, state=state, trust=trust
         )
         self._buffers[conversation_id] = buffer
         return buffer
@@ -610,8 +648,14 @@ class MemoryClient(Delivery):
     ) -> tuple[HistoryAnswer | OpenAIHistoryAnswer | None, str | None]:
         return await self._calls.history(conversation_id, params, seconds, etag)
 
-    async def _context(self, conversation_id: str, max_tokens: int, seconds: float) -> ContextAnswer:
-        return await self._calls.context(conversation_id, max_tokens, seconds)
+    async def _context(
+        self,
+        conversation_id: str,
+        max_tokens: int,
+        seconds: float,
+        trust: Mapping[str, str] | None = None,
+    ) -> ContextAnswer:
+        return await self._calls.context(conversation_id, max_tokens, seconds, trust)
 
     async def _put_summary(self, conversation_id: str, body: bytes, seconds: float) -> StatusAnswer:
         return await self._calls.put_summary(conversation_id, body, seconds)

@@ -9,7 +9,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, overload
@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, overload
 import orjson
 
 from ._sender import TranscriptBuffer
+from ._trust import body_members, query
 from ._wire import ContextAnswer, HistoryAnswer, OpenAIHistoryAnswer, StartedAnswer, StatusAnswer
 from .errors import ServiceError, ServiceUnavailableError
 from .memory import Memory
@@ -68,6 +69,9 @@ class EndResult:
     #: The service had already ended the conversation (by inactivity, or a callback superseded it): the
     #: state was applied as a merge patch (a field written later stays); analytics stayed as recorded.
     late: bool = False
+    #: State keys of ``conv.state`` this call was not allowed to write or delete (caller-ID trust: it did
+    #: not qualify for their class); they were not stored.
+    withheld: tuple[str, ...] = ()
 
 
 class _Transport(Protocol):
@@ -80,7 +84,13 @@ class _Transport(Protocol):
     call_timeout: float
 
     async def read_memory(
-        self, caller: str, *, previous: Memory | None = None, budget: float | None = None
+        self,
+        caller: str,
+        *,
+        previous: Memory | None = None,
+        budget: float | None = None,
+        attestation: str | None = None,
+        step_up: bool = False,
     ) -> Memory: ...
 
     async def _end_conversation(
@@ -95,6 +105,7 @@ class _Transport(Protocol):
         channel: str,
         agent: str | None,
         state: Callable[[], Mapping[str, Any]],
+        trust: Callable[[], Mapping[str, Any]] | None = None,
     ) -> TranscriptBuffer: ...
 
     async def _start_conversation(
@@ -105,7 +116,13 @@ class _Transport(Protocol):
         self, conversation_id: str, params: dict[str, str], seconds: float, etag: str | None
     ) -> tuple[HistoryAnswer | OpenAIHistoryAnswer | None, str | None]: ...
 
-    async def _context(self, conversation_id: str, max_tokens: int, seconds: float) -> ContextAnswer: ...
+    async def _context(
+        self,
+        conversation_id: str,
+        max_tokens: int,
+        seconds: float,
+        trust: Mapping[str, str] | None = None,
+    ) -> ContextAnswer: ...
 
     async def _put_summary(self, conversation_id: str, body: bytes, seconds: float) -> StatusAnswer: ...
 
@@ -134,6 +151,8 @@ class Conversation:
         channel: str = "voice",
         agent: str | None = None,
         transcript: bool = False,
+        attestation: str | None = None,
+        step_up: bool = False,
     ) -> None:
         self._client = client
         self.conversation_id = conversation_id
@@ -143,6 +162,8 @@ class Conversation:
         self.channel = channel
         #: The agent that handles the call (``metadata.agent`` of its assistant and tool messages).
         self.agent = agent
+        self._attestation = attestation
+        self._step_up = step_up
         #: What to remember about the caller; written at the end of the conversation, keys in state_keys only.
         self.state: dict[str, Any] = State()
         self._memory: Memory | None = None
@@ -160,6 +181,7 @@ class Conversation:
                 channel=channel,
                 agent=agent,
                 state=lambda: checked_state(self.state),
+                trust=self._trust_members,
             )
         self._start_pending = transcript
         self._resume: Resume | None = None
@@ -178,6 +200,42 @@ class Conversation:
                 "call `await conv.begin_turn()` at the start of each turn before reading conv.memory"
             )
         return self._memory
+
+    # Caller-ID trust ------------------------------------------------------------------------------------
+
+    @property
+    def attestation(self) -> str | None:
+        """The call's caller-ID attestation as given to ``client.conversation()`` (the service normalises it;
+        ``conv.memory.attestation`` is what it made of it), or None."""
+        return self._attestation
+
+    @property
+    def step_up(self) -> bool:
+        """Whether the caller passed a step-up check in this call (:meth:`step_up_passed`)."""
+        return self._step_up
+
+    def step_up_passed(self) -> None:
+        """The caller passed a step-up check (the agent verified a PIN or a one-time code): from now on every
+        read, checkpoint and the end carry ``step_up``, so the fields that need it are read and may be
+        written. The next :meth:`begin_turn` reads again with it (a prefetch started before is not taken).
+        It cannot be taken back within the call; calling it again does nothing."""
+        if self._step_up:
+            return
+        self._step_up = True
+        self._prefetch = None  # read with the old trust: left to finish unseen (its result is not used)
+        self._history_cache.clear()
+
+    def _trust_members(self) -> dict[str, Any]:
+        return body_members(self._attestation, self._step_up)
+
+    def _read(self, previous: Memory | None, budget: float | None = None) -> Coroutine[Any, Any, Memory]:
+        return self._client.read_memory(
+            self.caller,
+            previous=previous,
+            budget=budget,
+            attestation=self._attestation,
+            step_up=self._step_up,
+        )
 
     @property
     def turn_id(self) -> int:
@@ -227,14 +285,14 @@ class Conversation:
 
     async def _fetch(self) -> Memory:
         if not self._start_pending:
-            return await self._client.read_memory(self.caller, previous=self._memory)
+            return await self._read(self._memory)
         # The first turn of a transcript: the start and the read at once, each within the whole budget (one
         # after the other, a service 100 ms away fitted neither in 150 ms: the greeting had no memory).
         self._start_pending = False
         loop = asyncio.get_running_loop()
         budget = self._client.read_budget
         deadline = loop.time() + budget
-        read = loop.create_task(self._client.read_memory(self.caller, previous=self._memory, budget=budget))
+        read = loop.create_task(self._read(self._memory, budget))
         try:
             await self._start(budget)
         except BaseException:
@@ -246,7 +304,7 @@ class Conversation:
             # The start may have ended the caller's dropped call (superseded) and persisted its last
             # checkpoint, after the read: read again with what is left (a 304 if nothing changed). If that
             # read fails, the first one stands (the dropped call's state is in resume anyway).
-            again = await self._client.read_memory(self.caller, previous=memory, budget=left)
+            again = await self._read(memory, left)
             if again.available and not again.stale:
                 memory = again
         return memory
@@ -257,6 +315,7 @@ class Conversation:
         body: dict[str, Any] = {"caller": self.caller, "channel": self.channel}
         if self.agent is not None:
             body["agent"] = self.agent
+        body.update(self._trust_members())
         try:
             started = await self._client._start_conversation(self.conversation_id, body, seconds)
         except (ServiceError, ServiceUnavailableError) as exc:
@@ -433,6 +492,7 @@ class Conversation:
             params["after_turn"] = str(check_integer(after_turn, "after_turn", 0, MAX_INT))
         if limit is not None:
             params["limit"] = str(check_integer(limit, "limit", 1, MAX_PAGE))
+        params.update(query(self._attestation, self._step_up))
         seconds = _seconds(budget, self._client.call_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -476,7 +536,9 @@ class Conversation:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         unsent = await self._flushed(seconds * FLUSH_SHARE)
-        answer = await self._client._context(self.conversation_id, tokens, _left(deadline, loop))
+        answer = await self._client._context(
+            self.conversation_id, tokens, _left(deadline, loop), query(self._attestation, self._step_up)
+        )
         return context_of(answer, unsent)
 
     async def set_summary(
@@ -568,6 +630,8 @@ class Conversation:
                 }
                 if end_reason is not None:  # only when given: a service from before it refuses the member
                     body["end_reason"] = end_reason
+                # Likewise only when they say something: what the call may write and delete.
+                body.update(self._trust_members())
                 self._result = await self._client._end_conversation(self.conversation_id, body, self._buffer)
             return self._result
 

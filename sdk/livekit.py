@@ -32,6 +32,10 @@ Why it is built this way (LiveKit Agents 1.8):
   caller's hang-up, an error) and from a job shutdown callback that also waits for it: a job shut down by
   its worker runs its shutdown callbacks with a few seconds left before the process is killed. The end is
   kept in the SDK's outbox from its first moment, so even a killed process does not lose it.
+- Caller-ID trust: the call's STIR/SHAKEN verification result comes from its SIP headers, which LiveKit puts
+  in the SIP participant's attributes when the inbound trunk asks for them (``include_headers``: ``sip.h.*``,
+  or ``headers_to_attributes``): :func:`attestation_from_participant`. It goes with every read and the end,
+  and so does a step-up check passed mid-call (:meth:`CallMemory.step_up_passed`).
 - LiveKit logs room names and SIP identities (both usually hold the number) and what the caller says: a
   filter on LiveKit's loggers masks every phone number in their records (see :func:`mask_livekit_logs`).
   Its tracing spans copy ``sip.phoneNumber``; only the application can turn that off (docs/livekit.md).
@@ -64,6 +68,7 @@ from livekit.agents import (
 from livekit.agents.llm.chat_context import DYNAMIC_INSTRUCTIONS_MESSAGE_ID
 from livekit.agents.voice.generation import INSTRUCTIONS_MESSAGE_ID
 
+from . import _trust
 from ._wire import mask
 from .client import MemoryClient
 from .conversation import Conversation, EndResult
@@ -72,10 +77,12 @@ from .render import render_memory
 
 __all__ = [
     "MEMORY_MESSAGE_ID",
+    "SIP_ATTESTATION_ATTRIBUTES",
     "SIP_CALL_ID",
     "SIP_PHONE_NUMBER",
     "CallMemory",
     "MemoryAgent",
+    "attestation_from_participant",
     "caller_from_participant",
     "mask_livekit_logs",
     "memory_tools",
@@ -88,6 +95,13 @@ __all__ = [
 #: usually contain the number, so they are not used).
 SIP_PHONE_NUMBER = "sip.phoneNumber"
 SIP_CALL_ID = "sip.callID"
+#: Where the call's attestation is looked for when no attribute is named, in this order. LiveKit maps the
+#: INVITE's headers to ``sip.h.<name in lower case>`` when the inbound trunk's ``include_headers`` asks for
+#: them: ``SIP_X_HEADERS`` brings Twilio Elastic SIP Trunking's ``X-Twilio-VerStat`` (its value is the
+#: verification result), ``SIP_ALL_HEADERS`` also ``P-Asserted-Identity``, whose ``verstat`` parameter is
+#: where Telnyx (and carriers following 3GPP TS 24.229) put it. ``From`` is not read by default: a caller
+#: writes their own From header.
+SIP_ATTESTATION_ATTRIBUTES = ("sip.h.x-twilio-verstat", "sip.h.p-asserted-identity")
 #: The id of the one memory message in each inference's context.
 MEMORY_MESSAGE_ID = "caller_memory"
 #: LiveKit's ids of the instructions messages (whose values "must not change", says LiveKit): the memory
@@ -127,6 +141,31 @@ def caller_from_participant(participant: rtc.Participant) -> tuple[str | None, s
     return attributes.get(SIP_PHONE_NUMBER) or None, attributes.get(SIP_CALL_ID) or None
 
 
+def attestation_from_participant(participant: rtc.Participant, attribute: str | None = None) -> str | None:
+    """The call's caller-ID attestation in a SIP participant's attributes, or None: no SIP participant, or no
+    attestation (outside North America, a trunk that maps no header).
+
+    ``attribute`` names the one to read (what a trunk's ``headers_to_attributes`` maps the header to, or a
+    ``sip.h.*`` header of your carrier's); its value is the verification result itself or a header holding a
+    ``verstat`` parameter. Without it, :data:`SIP_ATTESTATION_ATTRIBUTES` are read in order. A value found
+    that is not a STIR/SHAKEN verification result (``TN-Validation-...``, ``No-TN-Validation``, a bare level)
+    counts as ``"failed"``: one that cannot be read grants nothing."""
+    if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_SIP:
+        return None  # a browser or another agent sets its own attributes: they attest nothing
+    attributes = participant.attributes
+    for name in (attribute,) if attribute is not None else SIP_ATTESTATION_ATTRIBUTES:
+        value = attributes.get(name)
+        if not value:
+            continue
+        lowered = value.lower()
+        # A header with a URI (P-Asserted-Identity, From) holds it as a parameter, or not at all.
+        header = "verstat" in lowered or "sip:" in lowered or "tel:" in lowered or "<" in value
+        found = _trust.from_provider(value, header=header)
+        if found is not None:
+            return found
+    return None
+
+
 @dataclass
 class _Pending:
     """A transcript message waiting for its turn's read (its turn id is known once the read is done)."""
@@ -154,11 +193,15 @@ class CallMemory:
         channel: str = "phone",
         agent: str | None = None,
         transcript: bool = True,
+        attestation: str | None = None,
+        step_up: bool = False,
     ) -> None:
         self.client = client
         self.channel = channel
         self.agent = agent
         self.transcript = transcript
+        self._attestation = _trust.checked_attestation(attestation)
+        self._step_up = _trust.checked_step_up(step_up)
         self.conversation: Conversation | None = None
         self._state: dict[str, Any] = {}
         self._outcome: dict[str, str | None] = {"qa": None, "handoff_reason": None, "handoff_to": None}
@@ -216,7 +259,17 @@ class CallMemory:
             channel=self.channel,
             agent=self.agent,
             transcript=self.transcript,
+            attestation=self._attestation,
+            step_up=self._step_up,
         )
+
+    def step_up_passed(self) -> None:
+        """The caller passed a step-up check (your tool verified a PIN or a one-time code): from the next turn
+        on, the reads and the end carry it, so the fields that need it are read and may be written. Before the
+        caller is known, it is kept for the conversation."""
+        self._step_up = True
+        if self.conversation is not None:
+            self.conversation.step_up_passed()
 
     @property
     def state(self) -> dict[str, Any]:
@@ -478,6 +531,9 @@ def remember_caller(
     channel: str = "phone",
     agent: str | None = None,
     transcript: bool = True,
+    attestation: str | None = None,
+    attestation_attribute: str | None = None,
+    step_up: bool = False,
 ) -> CallMemory:
     """The one line: caller memory for the call ``session`` serves. Call it before ``session.start()``.
 
@@ -488,11 +544,18 @@ def remember_caller(
     ``participant``, a caller whose line drops ends the call at once, as ``dropped`` (with ``job`` alone,
     the call ends with the job). ``channel`` (``"phone"``): resume and supersession need the same channel
     on both calls. The session's agents should derive from :class:`MemoryAgent`. Masks phone numbers in
-    LiveKit's logs (:func:`mask_livekit_logs`)."""
+    LiveKit's logs (:func:`mask_livekit_logs`).
+
+    The call's caller-ID attestation is ``attestation`` (the provider's value as given, or ``A``, ``B``,
+    ``C``, ``failed``, ``unknown``), else the participant's (:func:`attestation_from_participant`, reading
+    ``attestation_attribute`` or :data:`SIP_ATTESTATION_ATTRIBUTES`). ``step_up``: the caller already passed
+    a step-up check; later, :meth:`CallMemory.step_up_passed`."""
     mask_livekit_logs()
     if participant is not None:
         number, call_id = caller_from_participant(participant)
         caller, conversation_id = caller or number, conversation_id or call_id
+        if attestation is None:
+            attestation = attestation_from_participant(participant, attestation_attribute)
     call = CallMemory(
         client,
         caller=caller,
@@ -500,6 +563,8 @@ def remember_caller(
         channel=channel,
         agent=agent,
         transcript=transcript,
+        attestation=attestation,
+        step_up=step_up,
     )
     call.attach(session)
     if job is not None:

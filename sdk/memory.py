@@ -19,10 +19,17 @@ class Memory(Mapping[str, Any]):
     earliest expiry of its fields, so that a field that expired since is never served.
     Values are the JSON values stored; a structured value is shared with this snapshot, so treat it as
     read-only too (``fields()`` returns a deep copy).
+
+    ``withheld`` names the state keys this call does not qualify for (caller-ID trust: the project sets the
+    attestation or step-up check each class of field needs): they are never in the mapping, whether or not
+    the caller has them, and the end of the call cannot write or delete them. ``attestation`` is the call's
+    attestation as the service counted it (``A``, ``B``, ``C``, ``failed``, ``unknown``). A service from before
+    caller-ID trust sends neither: ``()`` and None.
     """
 
     __slots__ = (
         "_fields",
+        "attestation",
         "available",
         "blacklisted",
         "etag",
@@ -30,6 +37,7 @@ class Memory(Mapping[str, Any]):
         "reason",
         "stale",
         "valid_until",
+        "withheld",
     )
 
     _fields: dict[str, Any]
@@ -40,6 +48,8 @@ class Memory(Mapping[str, Any]):
     blacklisted: bool
     valid_until: str | None
     stale: bool
+    withheld: tuple[str, ...]
+    attestation: str | None
 
     def __init__(
         self,
@@ -52,6 +62,8 @@ class Memory(Mapping[str, Any]):
         blacklisted: bool = False,
         valid_until: str | None = None,
         stale: bool = False,
+        withheld: tuple[str, ...] = (),
+        attestation: str | None = None,
     ) -> None:
         set_ = object.__setattr__
         set_(self, "_fields", dict(fields))
@@ -62,6 +74,8 @@ class Memory(Mapping[str, Any]):
         set_(self, "blacklisted", blacklisted)
         set_(self, "valid_until", valid_until)
         set_(self, "stale", stale)
+        set_(self, "withheld", tuple(withheld))
+        set_(self, "attestation", attestation)
 
     @classmethod
     def unavailable(cls, reason: str) -> Memory:
@@ -101,6 +115,8 @@ class Memory(Mapping[str, Any]):
             self.blacklisted,
             self.valid_until,
             self.stale,
+            self.withheld,
+            self.attestation,
         )
 
     def _rebuilt(self, fields: dict[str, Any]) -> Memory:
@@ -127,13 +143,23 @@ class Memory(Mapping[str, Any]):
 
     def _served(self, *, stale: bool, reason: str | None) -> Memory:
         return _restore(
-            self._fields, True, reason, self.etag, self.expires_at, self.blacklisted, self.valid_until, stale
+            self._fields,
+            True,
+            reason,
+            self.etag,
+            self.expires_at,
+            self.blacklisted,
+            self.valid_until,
+            stale,
+            self.withheld,
+            self.attestation,
         )
 
     def __repr__(self) -> str:
         if not self.available:
             return f"<Memory unavailable: {self.reason}>"
-        return f"<Memory {sorted(self._fields)}{' stale' if self.stale else ''}>"
+        withheld = f" withheld {sorted(self.withheld)}" if self.withheld else ""
+        return f"<Memory {sorted(self._fields)}{withheld}{' stale' if self.stale else ''}>"
 
 
 def _restore(
@@ -145,6 +171,8 @@ def _restore(
     blacklisted: bool,
     valid_until: str | None = None,
     stale: bool = False,
+    withheld: tuple[str, ...] = (),
+    attestation: str | None = None,
 ) -> Memory:
     return Memory(
         fields,
@@ -155,4 +183,6 @@ def _restore(
         blacklisted=blacklisted,
         valid_until=valid_until,
         stale=stale,
+        withheld=withheld,
+        attestation=attestation,
     )

@@ -4,7 +4,12 @@
 
     from caller_memory.sdk.pipecat import CallerMemory
 
-    memory = CallerMemory(client, conversation_id=call_data.call_id, caller=call_data.from_number)
+    memory = CallerMemory(
+        client,
+        conversation_id=call_data.call_id,
+        caller=call_data.from_number,
+        attestation=attestation_from(call_data),  # Twilio's StirVerstat, if your TwiML passes it
+    )
     pipeline = Pipeline([transport.input(), stt, pair.user(), memory, llm, tts, transport.output(), pair.assistant()])
     ...
     await runner.run()
@@ -21,6 +26,9 @@
   was spoken, and the generated text as ``original``) go to conversation memory in the background.
 - **The end of the call**, however it ends (``EndFrame``, ``CancelFrame``), in its own task so that the frame
   carrying the hang-up is never held back; :meth:`CallerMemory.finished` waits for it.
+- **Caller-ID trust.** The call's STIR/SHAKEN attestation (:func:`attestation_from`, or ``attestation=``) and a
+  step-up check passed mid-call (:meth:`CallerMemory.step_up_passed`) go with every read and the end: the
+  fields the call does not qualify for are withheld (``conv.memory.withheld``).
 - **Logs.** Pipecat logs the caller's number and the whole LLM context through loguru at DEBUG: importing
   this module installs :func:`install_log_redaction`. See docs/pipecat.md.
 
@@ -59,7 +67,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor, FrameProcessorSetup
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
-from . import _wire
+from . import _trust, _wire
 from .client import CONVERSATION_ID, MemoryClient
 from .conversation import Conversation, EndResult
 from .errors import CallerMemoryError
@@ -71,6 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CallerMemory",
+    "attestation_from",
     "caller_from",
     "install_log_redaction",
     "redact_log_record",
@@ -198,6 +207,35 @@ def caller_from(value: object) -> str | None:
     return number if any(c.isdigit() for c in number) else None
 
 
+#: The names under which the telephony data may carry the call's attestation (any case): Twilio's own
+#: parameter name, which your TwiML gives the ``<Parameter>`` of its ``<Stream>``, and the generic ones.
+_ATTESTATION_KEYS = frozenset({"stirverstat", "x-twilio-verstat", "verstat", "attestation"})
+
+
+def attestation_from(call_data: object) -> str | None:
+    """The call's caller-ID attestation in the telephony data Pipecat parsed (``parse_telephony_websocket``'s
+    ``call_data``), or None when it has none.
+
+    Twilio posts ``StirVerstat`` (``TN-Validation-Passed-A``...) to your voice webhook, not on the media
+    stream: pass it in the TwiML as a ``<Parameter name="StirVerstat">`` of the ``<Stream>``, like the number;
+    Pipecat puts the parameters in ``call_data.body``. Telnyx, Exotel and Plivo send none on the stream:
+    pass ``attestation=`` from your call webhook yourself (docs/pipecat.md). A value found that is not a
+    STIR/SHAKEN verification result (``TN-Validation-...``, ``No-TN-Validation``, a bare level) counts as
+    ``"failed"``: one that cannot be read grants nothing."""
+    for place in (_member(call_data, "body"), call_data):
+        if isinstance(place, Mapping):
+            for key, value in place.items():
+                if isinstance(key, str) and key.casefold() in _ATTESTATION_KEYS:
+                    return _trust.from_provider(value)
+    return None
+
+
+def _member(call_data: object, name: str) -> object:
+    if isinstance(call_data, Mapping):
+        return call_data.get(name)
+    return getattr(call_data, name, None)
+
+
 # The processor --------------------------------------------------------------------------------------------
 
 
@@ -236,6 +274,9 @@ class CallerMemory(FrameProcessor):
     - ``channel``, ``agent``: as for ``client.conversation()`` (``channel`` is ``"phone"`` here: resume and
       supersession work within one channel); ``transcript``: keep what is said in the service's
       conversation memory (the project needs ``conversation.enabled``).
+    - ``attestation``: the call's caller-ID attestation as the provider gave it (:func:`attestation_from`
+      finds Twilio's; the service normalises it), None for none; ``step_up``: the caller already passed a
+      step-up check. Later: :meth:`step_up_passed`.
     - ``prefetch``: start the next turn's read when the caller starts speaking (True).
     - ``name``: the processor's name in Pipecat's logs and metrics.
 
@@ -257,6 +298,8 @@ class CallerMemory(FrameProcessor):
         transcript: bool = True,
         prefetch: bool = True,
         name: str | None = None,
+        attestation: str | None = None,
+        step_up: bool = False,
     ) -> None:
         super().__init__(name=name)
         install_log_redaction()
@@ -277,6 +320,8 @@ class CallerMemory(FrameProcessor):
         #: The terminal frame that ended the call ("EndFrame", "CancelFrame"), once seen.
         self.ended_by: str | None = None
         self._conversation_id = conversation_id
+        self._attestation = _trust.checked_attestation(attestation)
+        self._step_up = _trust.checked_step_up(step_up)
         self._tail: str | None = None
         self._started = False
         self._message: dict[str, Any] | None = None  # the one memory message, in the context
@@ -294,13 +339,19 @@ class CallerMemory(FrameProcessor):
 
     # The caller --------------------------------------------------------------------------------------
 
-    def set_caller(self, caller: str | None, conversation_id: str | None = None) -> Conversation | None:
+    def set_caller(
+        self, caller: str | None, conversation_id: str | None = None, *, attestation: str | None = None
+    ) -> Conversation | None:
         """Name the caller (and the conversation id) of this call, also after it started (Genesys gives the
         number only once the stream is open). The first number wins; without one there is no memory. If the
         pipeline already runs, the memory read starts at once. A missing id, or one the service would refuse
-        (1-128 letters, digits, '.', '_', ':' or '-'), is replaced by a generated ``pc-<hex>`` one."""
+        (1-128 letters, digits, '.', '_', ':' or '-'), is replaced by a generated ``pc-<hex>`` one.
+        ``attestation``, when given, replaces the one the processor was made with (before the caller is
+        named; after, the call has the one it started with)."""
         if conversation_id is not None:
             self._conversation_id = conversation_id
+        if attestation is not None and self.conv is None:
+            self._attestation = _trust.checked_attestation(attestation)
         if self.conv is not None:
             return self.conv
         number = caller_from(caller)
@@ -320,6 +371,8 @@ class CallerMemory(FrameProcessor):
             channel=self.channel,
             agent=self.agent,
             transcript=self.transcript,
+            attestation=self._attestation,
+            step_up=self._step_up,
         )
         self._tail = _tail(number)
         if self._tail is not None:
@@ -336,6 +389,14 @@ class CallerMemory(FrameProcessor):
                 "unless set_caller() names one",
                 self._conversation_id or "(no id yet)",
             )
+
+    def step_up_passed(self) -> None:
+        """The caller passed a step-up check (your tool verified a PIN or a one-time code): from the next turn
+        on, the reads and the end carry it (``conv.step_up_passed()``), so the fields that need it are read and
+        may be written. Before the caller is named, it is kept for the conversation."""
+        self._step_up = True
+        if self.conv is not None:
+            self.conv.step_up_passed()
 
     def follow_genesys(self, serializer: Any) -> None:
         """Take the caller from a Genesys AudioHook serializer when its ``open`` message arrives (the

@@ -267,6 +267,9 @@ class ContextProfile:
     tokens: int
     #: Fields left out to keep the profile within its cap.
     omitted: tuple[str, ...]
+    #: State keys this call does not qualify for (caller-ID trust): left out whether or not the caller has
+    #: them.
+    withheld: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +376,9 @@ class Resume:
     last_turns: tuple[TranscriptMessage, ...]
     #: Its last state checkpoint (``conv.state`` as last sent), or None.
     state: Mapping[str, Any] | None = field(default=None, hash=False)
+    #: State keys left out of ``state`` because this call does not qualify for them (caller-ID trust); the
+    #: summary and the last turns are left out too when it does not qualify for the ``sensitive`` class.
+    withheld: tuple[str, ...] = ()
 
     @classmethod
     def _of(cls, answer: _wire.ResumeAnswer) -> Resume:
@@ -387,6 +393,7 @@ class Resume:
             summary_through_turn=summary.through_turn if summary else None,
             last_turns=_messages(answer.last_turns),
             state=None if answer.state is None else MappingProxyType(copy.deepcopy(answer.state)),
+            withheld=tuple(answer.withheld),
         )
 
     def to_openai(self) -> list[dict[str, str]]:
@@ -440,6 +447,7 @@ def context_of(answer: _wire.ContextAnswer, unsent: int) -> Context:
             fields=MappingProxyType(copy.deepcopy(sections.profile.fields)),
             tokens=sections.profile.tokens,
             omitted=tuple(sections.profile.omitted),
+            withheld=tuple(sections.profile.withheld),
         ),
         summary=None
         if summary is None

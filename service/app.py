@@ -21,6 +21,7 @@ from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
 from .domain.lifecycle import Lifecycle
 from .domain.limits import MAX_BODY_BYTES
+from .domain.links import LinkService
 from .domain.memory import MemoryService
 from .domain.registry import ProjectRegistry
 from .domain.retention import AuditLog, Sweeper
@@ -37,6 +38,7 @@ from .http.analytics_routes import routes as analytics_routes
 from .http.conversation_routes import routes as conversation_routes
 from .http.dashboard import routes as dashboard_routes
 from .http.keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
+from .http.link_routes import routes as link_routes
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.routes import routes
@@ -79,6 +81,7 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         audit=audit,
         sweeper=Sweeper(store, clock, batch=settings.sweep_batch, archive=archive),
         archive=archive,
+        links=LinkService(store, memory, audit, clock),
     )
 
 
@@ -160,6 +163,7 @@ def create_app(
     app.add_routes(conversation_routes)
     app.add_routes(dashboard_routes)
     app.add_routes(webhook_routes)
+    app.add_routes(link_routes)
     return app
 
 

@@ -1,5 +1,6 @@
-"""Logging set-up. Every record is masked as it is written (anything shaped like a phone number or a token),
-as a last line of defence: the code itself never logs identifiers or secrets."""
+"""Logging set-up. Every record is masked as it is written (anything shaped like a phone number, an e-mail
+address, an ``email:`` or ``account:`` identifier or a token), as a last line of defence: the code itself
+never logs identifiers or secrets."""
 
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _TOKEN_LIKE = re.compile(r"\b(cm_[0-9a-f]{12}_)[A-Za-z0-9_-]+")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
+#: What ends an identifier written after its ``email:`` or ``account:`` prefix in a log line: whitespace, and
+#: what delimits it in a URL, a JSON string, a quoted repr or Markdown. Everything else up to there is masked, also
+#: characters the service would refuse in it (a refused identifier is still someone's).
+_ID_RUN = r"[^\s/?#&=\"'`|<>,;()\[\]{}]+"
+#: Identifiers of the other kinds (SPEC section 13), prefix in any case, not inside a longer word. No space
+#: is taken between prefix and identifier, so that the service's own prose ("account: ids are ...") stays
+#: readable; an address written after "email: " is caught by _EMAIL.
+_EMAIL_ID = re.compile(rf"(?i)(?<![^\W_])email:{_ID_RUN}")
+_ACCOUNT_ID = re.compile(rf"(?i)(?<![^\W_])account:{_ID_RUN}")
+#: A bare e-mail address: a local part of the characters addresses use (Unicode letters and digits too;
+#: not '/', which separates path segments, nor quotes) and a domain with at least one dot. It starts only
+#: where such a run starts, so that a long run without an '@' is scanned once, not once per character.
+_EMAIL = re.compile(r"(?<![\w.!#$*+^`{|}~-])[\w.!#$*+^`{|}~-]+@(?:[\w-]+\.)+[\w-]+")
+
 
 def _unescape(match: re.Match[str]) -> str:
     text = match.group()
@@ -59,12 +74,19 @@ def _phone(match: re.Match[str]) -> str:
 
 
 def mask_text(text: str) -> str:
-    """Mask credentials and phone-number-shaped digit runs, in every form the service accepts an identifier
-    in; escaped forms are decoded first (a masked line shows them decoded)."""
+    """Mask credentials, ``email:`` and ``account:`` identifiers, e-mail addresses and phone-number-shaped
+    digit runs, in every form the service accepts an identifier in; escaped forms are decoded first (a
+    masked line shows them decoded)."""
     if "%" in text or "\\x" in text:
         text = unescaped(text)
     text = _TOKEN_LIKE.sub(r"\1***", text)
     text = _BEARER.sub(r"\1***", text)
+    if ":" in text or "@" in text:
+        # Before the numbers: an address or an account id may hold a digit run, and a number masked first
+        # would leave the rest of the identifier readable around "[number]".
+        text = _EMAIL_ID.sub("[email]", text)
+        text = _ACCOUNT_ID.sub("account:[id]", text)
+        text = _EMAIL.sub("[email]", text)
     return _PHONE_LIKE.sub(_phone, text)
 
 

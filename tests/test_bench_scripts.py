@@ -81,3 +81,26 @@ def test_webhooks_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
     for rate in results["deliveries"].values():
         assert rate["deliveries_per_s"] > 0 and rate["invalid"] == 0 and rate["duplicates"] == 0
     assert len(results["targets"]) == 2 + len(results["deliveries"])
+
+
+@pytest.mark.timeout(240)  # about 20 s; a busy shared machine may take several times that
+def test_identity_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
+    """bench/identity.py --smoke: the real service and its redis-server, callers written and emails linked
+    through the API, every side's reads for a fraction of a second; every side answers without errors, the
+    linked read costs the round trips it is counted at, and the JSON holds every figure the targets are
+    judged on (a smoke run's figures mean nothing)."""
+    output = tmp_path / "identity.json"
+    cmd = [sys.executable, str(BENCH / "identity.py"), "--smoke", "--no-pin", "--output", str(output)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=230, cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    assert "Targets" in run.stdout
+    results = json.loads(output.read_text())
+    sides = ("today", "first", "linked", "trust", "trust-passed")
+    for side in sides:
+        assert results["peak"][side]["ok"] > 0 and results["peak"][side]["errors"] == 0, side
+        assert results["open_50"][side]["ok"] > 0, side
+        assert results["round_trips"][side]["statuses"] == {"200": results["plan"]["counted_reads"]}, side
+    trips = results["round_trips"]
+    assert trips["linked"]["round_trips_per_read"] > trips["first"]["round_trips_per_read"]
+    assert results["peak"]["ratio_linked"]["per_round"]
+    assert len(results["targets"]) == 5

@@ -220,3 +220,97 @@ async def test_malformed_requests_holding_a_number_are_logged_masked(api: Api, c
     for record in quoted:
         text = record.getMessage() + (record.exc_text or "")
         assert not TEST_NUMBERS.search(canonical_digits(text)), text
+
+
+# E-mail and account identifiers (SPEC sections 13 and 14), in every form the service takes them -------------
+
+#: (as written, what the masked line shows in its place).
+_IDENTIFIERS = [
+    ("email:ada@example.com", "[email]"),
+    ("EMAIL:Ada.Lovelace+calls@Example.CO.UK", "[email]"),
+    ("Email:ada_l@mail.example.com", "[email]"),
+    ("email:ädä@exämple.de", "[email]"),
+    ("email:4155550100@example.com", "[email]"),  # digits in an address: no number left around "[number]"
+    ("ada@example.com", "[email]"),
+    ("account:A-1234", "account:[id]"),
+    ("ACCOUNT:a.b_c-9", "account:[id]"),
+    ("Account:4155550100", "account:[id]"),  # an account id that is all digits
+    ("account:" + "x" * 80, "account:[id]"),  # longer than the service takes: still someone's
+]
+
+
+def _identifier_encodings(form: str) -> list[str]:
+    from urllib.parse import quote
+
+    once = quote(form, safe="")  # ':' as %3A, '@' as %40
+    return [
+        form,
+        once,
+        once.lower(),  # %3a, %40: hex digits in either case
+        quote(once, safe=""),  # encoded twice over
+        quote(form, safe=":"),  # only '@' encoded
+        quote(form, safe="@"),  # only ':' encoded
+        repr(form.encode())[2:-1],  # how aiohttp quotes the bytes of a request line it refuses
+    ]
+
+
+@pytest.mark.parametrize(("form", "masked_as"), _IDENTIFIERS)
+def test_email_and_account_identifiers_are_masked_in_every_escape(form: str, masked_as: str) -> None:
+    secret = form.split(":", 1)[-1] if form.lower().startswith(("email:", "account:")) else form
+    local = secret.split("@")[0]
+    for written in _identifier_encodings(form):
+        for line in (
+            f"Invalid char in url path: b'GET /v1/projects/shop/callers/{written}/memory\\x01 HTTP/1.1'",
+            f'{{"identifier": "{written}", "merge": true}}',
+            f"link refused for {written}; retry later",
+            f"GET /v1/projects/shop/callers/%2B14155550100/links/{written}?x=1",
+        ):
+            masked = mask_text(line)
+            assert masked_as in masked, (written, masked)
+            assert local.lower() not in masked.lower(), (written, masked)
+            assert "@" not in masked and "%40" not in masked.lower(), (written, masked)
+            assert not TEST_NUMBERS.search(canonical_digits(masked)), (written, masked)
+
+
+def test_the_rest_of_a_line_around_an_identifier_is_kept() -> None:
+    assert (
+        mask_text("GET /v1/projects/shop/callers/email:ada@example.com/memory HTTP/1.1")
+        == "GET /v1/projects/shop/callers/[email]/memory HTTP/1.1"
+    )
+    assert mask_text('{"identifier": "Account:A-1234", "merge": true}') == (
+        '{"identifier": "account:[id]", "merge": true}'
+    )
+    assert (
+        mask_text("mail sent to ada@example.com, cc bob@example.org.") == "mail sent to [email], cc [email]."
+    )
+    assert mask_text("email: ada@example.com") == "email: [email]"
+    assert mask_text("callers/email%3Aada%40example.com?a=b") == "callers/[email]?a=b"
+    # The phone and token masking are unchanged beside them.
+    assert mask_text("account:A-1 and +1 415 555 0100 and cm_0123456789ab_s3cr3t") == (
+        "account:[id] and [number] and cm_0123456789ab_***"
+    )
+
+
+def test_prose_about_identifiers_is_not_masked() -> None:
+    for kept in (
+        "identifier: account: ids are 1-64 letters, digits, '.', '_' or '-'",
+        "identifier: not an e-mail address (email: needs one)",
+        "identifiers are written `email:` or `account:` before the id",
+        "linked 2 identifiers: kinds phone, email, account",
+        "the account was erased",
+        "listening on http://127.0.0.1:18080",
+    ):
+        assert mask_text(kept) == kept
+
+
+def test_an_identifier_inside_a_longer_word_is_not_one() -> None:
+    assert mask_text("subaccount:x") == "subaccount:x"
+    assert mask_text("myemail:x") == "myemail:x"
+
+
+def test_masking_a_long_line_stays_linear() -> None:
+    line = "a" * 200_000 + " x@y.example " + "b" * 200_000 + ":" + "c" * 200_000
+    started = time.perf_counter()
+    masked = mask_text(line)
+    assert time.perf_counter() - started < 1.0
+    assert "[email]" in masked and "x@y" not in masked

@@ -1,5 +1,5 @@
-"""After a realistic run, no phone number in any form is in the store (every byte), the logs, the metrics, the
-webhook payloads a receiver got, or the archive."""
+"""After a realistic run, no phone number, email address or account id in any form is in the store (every
+byte), the logs, the metrics, the webhook payloads a receiver got, or the archive."""
 
 from __future__ import annotations
 
@@ -77,12 +77,28 @@ def forms(e164: str, written: list[str]) -> set[str]:
     return out
 
 
+#: Email addresses and account ids the run links, reads, ends, says and erases through, and their forms.
+EMAILS = ["ada.lovelace@example.com", "grace@navy.example.org", "tester@example.com"]  # the last: blacklisted
+ACCOUNTS = ["acct-zeta-qx", "KX-778"]
+
+
+def identifier_forms() -> set[str]:
+    out: set[str] = set()
+    for email in EMAILS:
+        local, _, domain = email.partition("@")
+        out |= {email, email.upper(), f"{local}%40{domain}", f"{local.title()}@{domain.title()}"}
+    return out | set(ACCOUNTS)
+
+
 ALL_FORMS = sorted(
-    {f for e164, written in NUMBERS.items() for f in forms(e164, written)}, key=len, reverse=True
+    {f for e164, written in NUMBERS.items() for f in forms(e164, written)} | identifier_forms(),
+    key=len,
+    reverse=True,
 )
 
 
 def find_numbers(blob: bytes) -> list[str]:
+    """Every phone number, email address or account id of the run found in ``blob``."""
     return [f for f in ALL_FORMS if f.encode() in blob]
 
 
@@ -90,9 +106,52 @@ REPEAT_CALLER = {
     "analytics_enabled": True,
     "state_keys": ["caller_name", "booking_day", "phone_on_file", "verified"],
     "field_ttls": {"verified": "PT1H"},
-    "identifier_blacklist": ["020 7946 0000"],
+    "identifier_blacklist": ["020 7946 0000", "email:tester@example.com"],
     "default_region": "GB",
+    "identity_linking": True,
 }
+
+
+async def calls_through_other_identifiers(api: Api, agent: str, admin: str) -> None:
+    """Link emails and account ids, read and end through them in every form, say them in a transcript, send
+    malformed ones, erase through one."""
+    base = "/v1/projects/cheese-shop/callers"
+    conversations = "/v1/projects/cheese-shop/conversations"
+    ada, grace = EMAILS[0], EMAILS[1]
+    links = [(f"email:{ada.upper()}", "+14155550100"), (f"account:{ACCOUNTS[0]}", "+14155550100"),
+             (f"Email:{grace}", "+33612345678"), (f"account:{ACCOUNTS[1]}", "+33612345678")]  # fmt: skip
+    for identifier, phone in links:
+        reply = await api.call("POST", f"{base}/{phone}/links", token=admin, json={"identifier": identifier})
+        assert reply.status == 201, reply.body
+    await api.call("GET", f"{base}/{links[0][1]}/links", token=admin)
+    local, _, domain = ada.partition("@")
+    for form in (
+        f"email:{ada}",
+        f"EMAIL:{local}%40{domain}",
+        f"email:%20{ada.title()}",
+        f"account:{ACCOUNTS[0]}",
+    ):
+        await api.call("GET", f"{base}/{form}/memory?attestation=TN-Validation-Passed-A", token=agent)
+        await api.call("PATCH", f"{base}/{form}/memory", token=admin, json={"caller_name": "Ada"})
+    for i, identifier in enumerate([f"email:{grace}", f"account:{ACCOUNTS[1]}", f"email:{EMAILS[2]}"]):
+        body = {"caller": identifier, "state": {"booking_day": "Monday"}, "outcome": {"qa": "resolved"}}
+        await api.call("POST", f"{conversations}/x{i}/end", token=agent, json=body)
+    # A call through an email in which the caller spells out their email and account id.
+    start = {"caller": f"email:{ada}", "channel": "chat"}
+    await api.call("POST", f"{conversations}/mail-1/start", token=agent, json=start)
+    said = [f"write to {ada} or {ada.upper()}", f"my account is {ACCOUNTS[0]}", f"or mail {grace}"]
+    messages = [{"role": "user", "content": text, "turn_id": n} for n, text in enumerate(said)]
+    body = {"caller": f"email:{ada}", "channel": "chat", "messages": messages}
+    await api.call("POST", f"{conversations}/mail-1/messages", token=agent, json=body)
+    await api.call("POST", f"{conversations}/mail-1/end", token=agent, json={"caller": f"email:{ada}"})
+    # Malformed ones, in paths and bodies, and links that are refused.
+    await api.call("GET", f"{base}/email:{local}@@{domain}/memory", token=agent)
+    await api.call("GET", f"{base}/account:{ACCOUNTS[0]}!/memory", token=agent)
+    await api.call("POST", f"{base}/+14155550100/links", token=admin, json={"identifier": f"email:{local}"})
+    await api.call("POST", f"{base}/+14155550100/links", token=agent, json={"identifier": f"email:{grace}"})
+    await api.call("POST", f"{base}/+14155550100/links", token=admin, json={"identifier": f"email:{grace}"})
+    await api.call("DELETE", f"{base}/+14155550100/links/account:{ACCOUNTS[0]}", token=admin)
+    await api.call("DELETE", f"{base}/email:{grace}", token=admin)  # erases +33612345678's profile too
 
 
 async def calls_with_spoken_numbers(api: Api, agent: str, admin: str) -> None:
@@ -143,6 +202,7 @@ async def realistic_run(api: Api, receiver: str) -> None:
     agent = await api.mint("cheese-shop", "agent")
     base = "/v1/projects/cheese-shop/callers"
     await calls_with_spoken_numbers(api, agent, admin)
+    await calls_through_other_identifiers(api, agent, admin)
     for e164, written in NUMBERS.items():
         if e164 == "+4915112345678":
             continue
@@ -272,3 +332,6 @@ async def test_no_phone_number_in_store_or_logs(
 def test_the_forms_catch_a_leak() -> None:
     assert find_numbers(b"caller 4155550100 said") == ["4155550100"]
     assert "+44 7700 900123" in find_numbers(b"+44 7700 900123")
+    assert find_numbers(b"to ADA.LOVELACE@EXAMPLE.COM") == ["ADA.LOVELACE@EXAMPLE.COM"]
+    assert find_numbers(b"GET /callers/email:ada.lovelace%40example.com") == ["ada.lovelace%40example.com"]
+    assert find_numbers(b"account acct-zeta-qx") == ["acct-zeta-qx"]

@@ -4,22 +4,27 @@ over the Store directly.
 
 Operations: patch a field, delete a field, erase a caller, blacklist or un-blacklist a caller, change a
 field's TTL, move the clock, sweep, and restart (the service, and the store with it: the Redis server is
-restarted from its append-only file, the SQLite file reopened).
+restarted from its append-only file, the SQLite file reopened). Over the Store, also: link an identifier to
+a profile (with or without merge, under a limit), unlink it, and write or erase through an alias as the
+domain does (on ProfileMoved, to the profile).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.fields import StoredField, live_fields
+from caller_memory.service.domain.link_store import Link, LinkStatus, ProfileMoved
 from caller_memory.service.domain.store import CallerRef, Store
 from caller_memory.service.storage import open_store
 from hypothesis import HealthCheck, settings
@@ -33,6 +38,7 @@ T = TypeVar("T")
 CALLERS = ["+14155550100", "+14155550101", "+447700900123"]
 NAMES = ["a", "b", "c"]
 TTLS = [60, 600, 3600]  # seconds
+LINK_TTLS = [600, 7200]  # seconds
 RETENTION = 86_400
 STEPS = settings(
     max_examples=20,
@@ -263,8 +269,20 @@ def test_the_service_on_redis_agrees_with_a_model(persistent_redis: RedisServer)
 # Over the Store --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Alias:
+    """The model of one link: the alias's record and the profile's list entry, which the Store keeps
+    together (a link's expiry is one time)."""
+
+    profile: str
+    link_id: str
+    linked_at: int
+    expires_at: int
+
+
 class StoreMachine(RuleBasedStateMachine):
-    """The Store alone: writes with explicit times, reads filtered with the current TTLs."""
+    """The Store alone: writes with explicit times, reads filtered with the current TTLs; links between the
+    callers, modelled as a dict of aliases."""
 
     make_store: Any
 
@@ -273,12 +291,27 @@ class StoreMachine(RuleBasedStateMachine):
         self.runner = LoopThread()
         self.clock = FakeClock()
         self.model = Model(self.clock)
+        self.aliases: dict[str, Alias] = {}
+        self.link_ids = (f"link-{n}" for n in itertools.count())
         self.store: Store = self.make_store()
         self.runner.run(self.store.open())
 
     def teardown(self) -> None:
         self.runner.run(self.store.close())
         self.runner.close()
+
+    def profile_of(self, caller: str) -> str | None:
+        """The profile ``caller`` is a live alias of, in the model."""
+        alias = self.aliases.get(caller)
+        return alias.profile if alias is not None and alias.expires_at > self.clock.now_ms() else None
+
+    def links_of(self, profile: str) -> dict[str, Alias]:
+        return {subject: a for subject, a in self.aliases.items() if self.profile_of(subject) == profile}
+
+    def stored_live(self, caller: str) -> dict[str, tuple[object, int, int]]:
+        """The caller's fields alive by their stored expiry (what the store calls memory, whatever the TTLs)."""
+        now = self.clock.now_ms()
+        return {name: f for name, f in self.model.fields[caller].items() if f[2] > now}
 
     @rule(caller=st.sampled_from(CALLERS), name=st.sampled_from(NAMES), value=st.none() | st.integers(0, 9))
     def patch(self, caller: str, name: str, value: int | None) -> None:
@@ -289,14 +322,95 @@ class StoreMachine(RuleBasedStateMachine):
             else {name: StoredField(json.dumps(value).encode(), now + self.model.ttl[name] * 1000, now)}
         )
         deletes = [name] if value is None else []
+        profile = self.profile_of(caller)
+        if profile is not None:
+            # An alias is never written: the domain writes to its profile instead.
+            with pytest.raises(ProfileMoved) as moved:
+                self.runner.run(self.store.patch_fields(CallerRef("shop", caller), sets, deletes, now))
+            assert moved.value.profile == profile
+            caller = profile
         self.runner.run(self.store.patch_fields(CallerRef("shop", caller), sets, deletes, now))
         self.model.write(caller, name, value)
 
     @rule(caller=st.sampled_from(CALLERS))
     def erase(self, caller: str) -> None:
+        """As the domain erases a caller: the whole profile, with each identifier linked to it."""
         now = self.clock.now_ms()
-        self.runner.run(self.store.erase_caller(CallerRef("shop", caller), now, now + 1000))
-        self.model.fields[caller] = {}
+        profile = self.runner.run(self.store.resolve_profile(CallerRef("shop", caller), now))
+        assert profile == (self.profile_of(caller) or caller)
+        links = self.runner.run(self.store.list_links(CallerRef("shop", profile), now))
+        for subject in [link.subject for link in links] + [profile]:
+            self.runner.run(self.store.erase_caller(CallerRef("shop", subject), now, now + 1000))
+            self.model.fields[subject] = {}
+            self.aliases.pop(subject, None)
+
+    @rule(
+        profile=st.sampled_from(CALLERS),
+        subject=st.sampled_from(CALLERS),
+        merge=st.booleans(),
+        max_links=st.sampled_from([1, 2]),
+        ttl=st.sampled_from(LINK_TTLS),
+    )
+    def link(self, profile: str, subject: str, merge: bool, max_links: int, ttl: int) -> None:
+        now = self.clock.now_ms()
+        new = Link(next(self.link_ids), "phone", subject, now, now + ttl * 1000)
+        call = self.store.link_identifier(
+            CallerRef("shop", profile), new, merge=merge, max_links=max_links, now_ms=now
+        )
+        moved_to = self.profile_of(profile)
+        if moved_to is not None:
+            with pytest.raises(ProfileMoved) as moved:
+                self.runner.run(call)
+            assert moved.value.profile == moved_to
+            return
+        result = self.runner.run(call)
+        existing = self.links_of(profile).get(subject)
+        if subject == profile:
+            expected = LinkStatus.SAME
+        elif existing is not None:
+            expected = LinkStatus.RENEWED
+        elif len(self.links_of(profile)) >= max_links:
+            expected = LinkStatus.TOO_MANY
+        elif self.profile_of(subject) is not None:
+            expected = LinkStatus.ELSEWHERE
+        elif self.links_of(subject):
+            expected = LinkStatus.HAS_LINKS
+        elif self.stored_live(subject) and not merge:
+            expected = LinkStatus.NEEDS_MERGE
+        else:
+            expected = LinkStatus.LINKED
+        assert result.status is expected, (result, expected)
+        if expected is LinkStatus.RENEWED:
+            assert existing is not None and result.link is not None
+            assert (result.link.link_id, result.link.linked_at) == (existing.link_id, existing.linked_at)
+            self.aliases[subject] = Alias(profile, existing.link_id, existing.linked_at, new.expires_at)
+        elif expected is LinkStatus.LINKED:
+            assert result.link == new
+            # The merge rule: each of the identifier's fields moves unless the profile's was written as late.
+            mine = self.stored_live(profile)
+            moving = {
+                name: f
+                for name, f in self.stored_live(subject).items()
+                if name not in mine or f[1] > mine[name][1]
+            }
+            assert result.fields_merged == len(moving)
+            self.model.fields[profile].update(moving)
+            self.model.fields[subject] = {}
+            self.aliases[subject] = Alias(profile, new.link_id, now, new.expires_at)
+
+    @rule(profile=st.sampled_from(CALLERS), subject=st.sampled_from(CALLERS), by_id=st.booleans())
+    def unlink(self, profile: str, subject: str, by_id: bool) -> None:
+        now = self.clock.now_ms()
+        existing = self.links_of(profile).get(subject)
+        named = (
+            {"link_id": existing.link_id if existing else "no-such-link"} if by_id else {"subject": subject}
+        )
+        removed = self.runner.run(self.store.unlink_identifier(CallerRef("shop", profile), now, **named))
+        if existing is None:
+            assert removed is None
+            return
+        assert removed == Link(existing.link_id, "phone", subject, existing.linked_at, existing.expires_at)
+        del self.aliases[subject]
 
     @rule(name=st.sampled_from(NAMES), ttl=st.sampled_from(TTLS))
     def change_ttl(self, name: str, ttl: int) -> None:
@@ -317,9 +431,17 @@ class StoreMachine(RuleBasedStateMachine):
         now = self.clock.now_ms()
         ttl_ms = {name: ttl * 1000 for name, ttl in self.model.ttl.items()}
         for caller in CALLERS:
-            stored = self.runner.run(self.store.read_fields(CallerRef("shop", caller), now))
+            ref = CallerRef("shop", caller)
+            profile = self.profile_of(caller) or caller
+            assert self.runner.run(self.store.resolve_profile(ref, now)) == profile
+            stored = self.runner.run(self.store.read_fields(ref, now))
             live = {n: json.loads(f.value) for n, f in live_fields(stored, ttl_ms, now).items()}
-            assert live == self.model.view(caller)
+            assert live == self.model.view(profile)
+            listed = self.runner.run(self.store.list_links(ref, now))
+            assert {(link.subject, link.link_id, link.expires_at) for link in listed} == {
+                (subject, a.link_id, a.expires_at) for subject, a in self.links_of(caller).items()
+            }
+            assert [link.linked_at for link in listed] == sorted(link.linked_at for link in listed)
 
 
 def test_the_store_agrees_with_a_model(tmp_path: Path, persistent_redis: RedisServer) -> None:

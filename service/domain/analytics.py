@@ -80,6 +80,8 @@ def increments(entry: ConversationEntry, new_buckets: Iterable[str]) -> list[Cou
         values["ttc:" + ttc_bucket((entry.hour - entry.first.hour) // HOUR_MS)] = 1
         for dimension in BREAKDOWNS:
             values[f"first_{dimension}:" + orjson.dumps(getattr(entry.first, dimension)).decode()] = 1
+        # Repeat calls by their own caller-ID attestation (how many returning callers were verified).
+        values["repeat_attestation:" + orjson.dumps(entry.attestation).decode()] = 1
     new = set(new_buckets)
     return [
         Counters(kind, bucket_start(kind, entry.hour), values | ({"distinct": 1} if kind in new else {}))
@@ -131,6 +133,7 @@ class AnalyticsService:
         now: int,
         ended_by: str = "explicit",
         end_reason: str | None = None,
+        attestation: str | None = None,
     ) -> ConversationEntry:
         """List and count a conversation from what the end of it found (:attr:`EndResult.analytics`).
         Idempotent: a replay records nothing again, and completes a recording that an earlier attempt could
@@ -146,6 +149,7 @@ class AnalyticsService:
             first=found.first,
             ended_by=ended_by,
             end_reason=end_reason,
+            attestation=attestation,
         )
         recording = Recording(
             caller=caller,
@@ -230,6 +234,7 @@ def summarise(buckets: Sequence[Counters], first: int, last: int, interval: Inte
     totals = {"conversations": 0, "repeat": 0, "first": 0}
     ttc: dict[str, int] = dict.fromkeys((name for name, _ in TTC_BUCKETS), 0)
     breakdowns: dict[str, dict[str, int]] = {d: {} for d in BREAKDOWNS}
+    attestations: dict[str, int] = {}
     for start in range(first, last + 1, BUCKET_MS[interval]):
         values = by_start.get(start, {})
         conversations, repeat = values.get("conversations", 0), values.get("repeat", 0)
@@ -251,6 +256,8 @@ def summarise(buckets: Sequence[Counters], first: int, last: int, interval: Inte
                 ttc[value] = ttc.get(value, 0) + amount
             elif kind.startswith("first_") and kind[6:] in breakdowns:
                 breakdowns[kind[6:]][value] = breakdowns[kind[6:]].get(value, 0) + amount
+            elif kind == "repeat_attestation":
+                attestations[value] = attestations.get(value, 0) + amount
     return {
         "interval": interval,
         "from": iso_utc(first),
@@ -270,5 +277,6 @@ def summarise(buckets: Sequence[Counters], first: int, last: int, interval: Inte
             "qa": _breakdown(breakdowns["qa"], totals["repeat"]),
             "handoff_reason": _breakdown(breakdowns["handoff_reason"], totals["repeat"]),
             "handoff_to": _breakdown(breakdowns["handoff_to"], totals["repeat"]),
+            "attestation": _breakdown(attestations, totals["repeat"]),
         },
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -14,12 +14,14 @@ from .clock import Clock
 from .errors import Conflict, InvalidIdentifier, InvalidInput
 from .fields import StoredField
 from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
+from .link_store import ProfileMoved
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
 from .reports import RepeatCallerMetrics
 from .store import CallerRef, EndResult, EndStatus, EndWrite, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
 from .transcript_store import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
+from .trust import CallTrust
 from .webhooks import EndedEvent
 
 
@@ -38,6 +40,8 @@ class ConversationEnd:
     #: An explicit end of a conversation the service had already ended (by inactivity or supersession):
     #: its state was applied as a merge patch (a later write wins), analytics left as recorded.
     late: bool = False
+    #: State keys the call did not qualify for (:mod:`.trust`): whatever ``state`` said of them was dropped.
+    withheld: list[str] = field(default_factory=list)
 
 
 #: How an end may say the call ended (SPEC section 14).
@@ -63,25 +67,35 @@ class StateChanges:
     sets: dict[str, bytes]
     deletes: list[str]
     ignored: list[str]
+    #: Keys of the state the call may not write or delete (:mod:`.trust`).
+    withheld: list[str] = field(default_factory=list)
 
     @property
     def persisted(self) -> list[str]:
         return sorted([*self.sets, *self.deletes])
 
 
-def split_state(project: Project, state: dict[str, Any], *, where: str = "state") -> StateChanges:
+def split_state(
+    project: Project, state: dict[str, Any], *, where: str = "state", withheld: tuple[str, ...] = ()
+) -> StateChanges:
+    """``state`` split into sets, deletes and ignored keys (not in ``state_keys``, or ``withheld`` from the
+    call: neither written nor deleted)."""
     sets: dict[str, bytes] = {}
     deletes: list[str] = []
     ignored: list[str] = []
+    refused: list[str] = []
     for name, value in state.items():
         check_field_name(name, where=f"{where}.{name}")
         if name not in project.ttl_ms:
             ignored.append(name)
+        elif withheld and name in withheld:
+            encode_value(f"{where}.{name}", value)  # still checked: bad input is refused whoever sends it
+            refused.append(name)
         elif value is None:
             deletes.append(name)
         else:
             sets[name] = encode_value(f"{where}.{name}", value)
-    return StateChanges(sets, deletes, sorted(ignored))
+    return StateChanges(sets, deletes, sorted(ignored), sorted(refused))
 
 
 def outcome_body(outcome: Outcome) -> dict[str, Any]:
@@ -134,6 +148,7 @@ class ConversationService:
         received_at: int | None = None,
         ended_at: int | None = None,
         end_reason: str | None = None,
+        call: CallTrust | None = None,
     ) -> ConversationEnd:
         """``received_at`` is when the request arrived (default: now); ``ended_at`` when the client says the
         conversation ended (its first attempt to send this). The write counts as made at the earlier of the
@@ -141,7 +156,10 @@ class ConversationService:
 
         With conversation memory on, the end also ends the transcript. If the service ended it already (by
         inactivity or supersession), this is a *late* end: its state is applied as a merge patch written at
-        ``made_at`` (a field written later stays), analytics stay as recorded, and ``late`` is true."""
+        ``made_at`` (a field written later stays), analytics stay as recorded, and ``late`` is true.
+
+        ``call``: the call's trust (:mod:`.trust`); the state keys it does not qualify for are neither written
+        nor deleted, and listed in ``withheld``. Through a linked identifier, the end is the profile's."""
         check_conversation_id(conversation_id)
         if end_reason is not None and end_reason not in END_REASONS:
             raise InvalidInput(f"end_reason must be one of {', '.join(END_REASONS)}", field="end_reason")
@@ -149,7 +167,8 @@ class ConversationService:
             who = self._memory.caller(project, caller)
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
-        changes = split_state(project, state)
+        withheld = project.trust.withheld(call)
+        changes = split_state(project, state, withheld=withheld)
         if who.blacklisted:
             # Nothing is read, written or counted for a blacklisted caller; a retry is as harmless.
             return ConversationEnd(conversation_id, [], sorted(state), True, {}, False)
@@ -167,12 +186,14 @@ class ConversationService:
         )
         verdict = _Verdict()
         if project.conversation.enabled:
-            verdict = await self._judge(key, who.subject, end_reason, outcome, now)
+            if project.identity_linking:  # the transcript is the profile's, started through any identifier
+                ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
+            verdict = await self._judge(key, ref.subject, end_reason, outcome, now)
             if verdict.late:
                 return await self._late_end(
                     project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
                 )
-        result = await self.persist(
+        result, ref = await self.persist(
             project,
             ref,
             conversation_id,
@@ -210,6 +231,7 @@ class ConversationService:
                 now=now,
                 ended_by="explicit",
                 end_reason=end_reason,
+                attestation=None if call is None else call.attestation,
             )
             repeat_caller = metrics(entry.first)
         if not verdict.finished:  # a retry of a completed end: its archive and webhooks were made then
@@ -217,7 +239,7 @@ class ConversationService:
                 project,
                 EndedEvent(
                     key=key,
-                    subject=who.subject,
+                    subject=ref.subject,
                     channel=channel,
                     ended_by="explicit",
                     end_reason=end_reason,
@@ -238,6 +260,7 @@ class ConversationService:
             blacklisted=False,
             repeat_caller=repeat_caller,
             replayed=result.status is EndStatus.REPLAYED,
+            withheld=changes.withheld,
         )
 
     async def _judge(
@@ -287,7 +310,7 @@ class ConversationService:
         outcome: Outcome,
     ) -> ConversationEnd:
         now = self._clock.now_ms()
-        result = await self.persist(
+        result, ref = await self.persist(
             project,
             ref,
             conversation_id + LATE_SUFFIX,
@@ -329,6 +352,7 @@ class ConversationService:
             repeat_caller={},
             replayed=result.status is EndStatus.REPLAYED,
             late=True,
+            withheld=changes.withheld,
         )
 
     async def persist(
@@ -343,10 +367,11 @@ class ConversationService:
         written_at: int | None,
         analytics_outcome: Outcome | None,
         now: int,
-    ) -> EndResult:
+    ) -> tuple[EndResult, CallerRef]:
         """The first step of every end (explicit, late, inactivity, supersession): the caller's memory and
         the conversation's record, exactly once per ``record_id``. ``written_at`` (None: now) is the write
-        time of the fields: a field written after it stays as it is."""
+        time of the fields: a field written after it stays as it is. Returns the result and the caller it
+        was written for: ``ref``, or the profile ``ref`` is linked to."""
         at = now if written_at is None else written_at
         stored = {
             name: StoredField(value=value, expires_at=at + project.ttl_ms[name], written_at=at)
@@ -369,4 +394,8 @@ class ConversationService:
             analytics=analytics,
             written_at=written_at,
         )
-        return await self._store.end_conversation(end, now)
+        try:
+            return await self._store.end_conversation(end, now), ref
+        except ProfileMoved as moved:  # a linked identifier: the end is the profile's
+            profile = CallerRef(ref.project, moved.profile)
+            return await self._store.end_conversation(replace(end, caller=profile), now), profile

@@ -52,12 +52,13 @@ class UnsupportedCharset(CallerMemoryError, ValueError):
 
 
 class InvalidIdentifier(InvalidInput):
-    """The caller identifier is not a possible phone number."""
+    """The caller identifier is not a possible phone number (or not a valid identifier of another kind)."""
 
     type_slug = "invalid-identifier"
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"identifier is not a possible phone number: {reason}", field="identifier")
+    def __init__(self, reason: str, *, kind: str = "phone") -> None:
+        what = "a possible phone number" if kind == "phone" else f"a valid {kind} identifier"
+        super().__init__(f"identifier is not {what}: {reason}", field="identifier")
 
 
 class InvalidConfiguration(InvalidInput):

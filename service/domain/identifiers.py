@@ -1,8 +1,15 @@
-"""Caller identifiers: parsing to E.164 and pseudonymisation at rest.
+"""Caller identifiers: parsing to a canonical form and pseudonymisation at rest.
 
-A raw phone number never leaves this module towards the store: the store sees only
-``pseudonym(project, e164)``, an HMAC-SHA256 keyed with the server secret. The project is part of the
-message, so one caller's pseudonyms in two projects cannot be linked without the key.
+Three kinds (SPEC section 13): a phone number (canonical form E.164, ``+14155550100``), an email address
+(``email:`` then the address trimmed and case-folded as a whole: ``email:ada@example.com``) and a
+project-defined account id (``account:`` then 1-64 of ``[A-Za-z0-9._-]``, kept as written). The prefixes are
+read case-insensitively.
+
+A raw identifier never leaves this module towards the store: the store sees only
+``pseudonym(project, canonical)``, an HMAC-SHA256 keyed with the server secret. The project is part of the
+message, so one caller's pseudonyms in two projects cannot be linked without the key; the canonical form starts
+with ``+``, ``email:`` or ``account:``, so pseudonyms of different kinds never collide (and a phone number's is
+the one it always was).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from functools import lru_cache
 import phonenumbers
 
 from .errors import InvalidIdentifier
-from .limits import MAX_IDENTIFIER_CHARS
+from .limits import MAX_EMAIL_CHARS, MAX_IDENTIFIER_CHARS
 
 _PARSE_REASONS = {
     phonenumbers.NumberParseException.INVALID_COUNTRY_CODE: (
@@ -57,6 +64,59 @@ def normalize(raw: str, default_region: str | None = None) -> str:
     if not phonenumbers.is_possible_number(number):
         raise InvalidIdentifier("not a possible number for its country (wrong length)")
     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+
+
+EMAIL_PREFIX = "email:"
+ACCOUNT_PREFIX = "account:"
+_ACCOUNT_RE = re.compile(r"\A[A-Za-z0-9._-]{1,64}\Z")
+#: What an address may not hold anywhere: whitespace, controls, and the characters that quote or separate.
+_EMAIL_BAD = re.compile(r"[\s\x00-\x1f\x7f<>()\[\],;:\\\"]")
+_EMAIL_HELP = (
+    "it is 'email:' then one address: a local part, '@' and a domain with a dot, "
+    f"at most {MAX_EMAIL_CHARS} characters, without spaces or quotes"
+)
+
+
+def parse_identifier(raw: str, default_region: str | None = None) -> str:
+    """The canonical form of any kind of identifier, or :class:`InvalidIdentifier` (never echoing it)."""
+    prefix = raw.lstrip()[:8].lower()
+    raw = raw.lstrip() if prefix.startswith((EMAIL_PREFIX, ACCOUNT_PREFIX)) else raw
+    if prefix.startswith(EMAIL_PREFIX):
+        return _email(raw[len(EMAIL_PREFIX) :])
+    if prefix == ACCOUNT_PREFIX:
+        account = raw[len(ACCOUNT_PREFIX) :]
+        if not _ACCOUNT_RE.match(account):
+            raise InvalidIdentifier(
+                "an account identifier is 'account:' then 1-64 letters, digits, '.', '_' or '-'"
+            )
+        return ACCOUNT_PREFIX + account
+    return normalize(raw, default_region)
+
+
+@lru_cache(maxsize=65536)
+def _email(address: str) -> str:
+    folded = address.strip().casefold()
+    local, at, domain = folded.rpartition("@")
+    if (
+        not at
+        or not local
+        or "@" in local
+        or len(folded) > MAX_EMAIL_CHARS
+        or _EMAIL_BAD.search(folded)
+        or "." not in domain.strip(".")
+        or ".." in domain
+    ):
+        raise InvalidIdentifier(_EMAIL_HELP, kind="email")
+    return EMAIL_PREFIX + folded
+
+
+def kind_of(canonical: str) -> str:
+    """``phone``, ``email`` or ``account``, of a canonical identifier."""
+    if canonical.startswith(EMAIL_PREFIX):
+        return "email"
+    if canonical.startswith(ACCOUNT_PREFIX):
+        return "account"
+    return "phone"
 
 
 def mask(e164: str) -> str:

@@ -51,6 +51,7 @@ from .transcript_store import (
 )
 from .transcript_views import PlatformMessage, Resume, Started
 from .transcripts import Message
+from .trust import CallTrust
 from .webhooks import EndedEvent
 
 #: The suffix of the record under which the service finishes a crashed explicit end (ids cannot hold '#').
@@ -96,12 +97,15 @@ class Lifecycle:
         if not project.conversation.enabled or caller.blacklisted:
             reason: Any = "disabled" if not project.conversation.enabled else "blacklisted"
             return {"conversation": None, "stored": False, "reason": reason, "resume": None, "superseded": []}
+        call = CallTrust.of(body.attestation, body.step_up)
         now = self._clock.now_ms()
         ref = CallerRef(project.project_id, caller.subject)
+        if project.identity_linking:  # the conversation is the profile's, whichever identifier called
+            ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
         superseded, candidates = await self.supersede(project, ref, body.channel, conversation_id, now)
         key = ConversationKey(project.project_id, conversation_id)
         write = self._transcripts.write(
-            project, key, caller, caller.subject, body.channel, body.agent or "", [], None, now, now
+            project, key, caller, ref.subject, body.channel, body.agent or "", [], None, now, now
         )
         result = await self._store.append_messages(write, now)
         if result.status is AppendStatus.ERASED:
@@ -115,7 +119,7 @@ class Lifecycle:
         if result.status not in (AppendStatus.APPENDED, AppendStatus.ENDED):
             refuse(result.status, conversation_id, result.detail)
         assert result.header is not None
-        resume = await self._resume(project, candidates, now, reader)
+        resume = await self._resume(project, candidates, now, reader, call)
         return {
             "conversation": self._transcripts.status_view(result.header, project, now),
             "stored": True,
@@ -152,7 +156,7 @@ class Lifecycle:
         await self.supersede(project, ref, header.channel, header.key.conversation_id, self._clock.now_ms())
 
     async def _resume(
-        self, project: Project, candidates: list[Header], now: int, reader: Reader
+        self, project: Project, candidates: list[Header], now: int, reader: Reader, call: CallTrust | None
     ) -> Resume | None:
         window = project.conversation.resume_window_ms
         resumable = [
@@ -179,20 +183,26 @@ class Lifecycle:
             return None
         messages = [Message(m.body) for m in stored]
         turns = sorted({m.turn_id for m in messages})[-RESUME_TURNS:]
+        transcript = project.trust.may_resume_transcript(call)
         last: list[PlatformMessage] = [
             m.platform(header.started_at)
             for m in messages
-            if m.turn_id in turns and m.visible_to(reader.agent)
+            if transcript and m.turn_id in turns and m.visible_to(reader.agent)
         ]
+        withheld = project.trust.withheld(call)
+        state = orjson.loads(header.checkpoint) if header.checkpoint else None
+        if state is not None and withheld:
+            state = {name: value for name, value in state.items() if name not in withheld}
         return {
             "conversation_id": header.key.conversation_id,
             "channel": header.channel,
             "ended_by": ended_by_of(header),
             "end_reason": header.end_reason or None,
             "last_activity_at": iso_utc(floor_hour_ms(header.last_activity)),
-            "summary": summary_section(summary_of(header)),
+            "summary": summary_section(summary_of(header)) if transcript else None,
             "last_turns": last,
-            "state": orjson.loads(header.checkpoint) if header.checkpoint else None,
+            "state": state,
+            "withheld": list(withheld),
         }
 
     # Ends the service makes -------------------------------------------------------------------------------
@@ -235,7 +245,7 @@ class Lifecycle:
         # A crashed explicit end is the client's: its retry (from the SDK's outbox) must still be applied
         # under the conversation's own record, so the service's end of it is kept under another.
         record_id = claimed.key.conversation_id + (TAKEOVER_SUFFIX if ended_by == "explicit" else "")
-        result = await self._conversations.persist(
+        result, ref = await self._conversations.persist(
             project,
             ref,
             record_id,

@@ -32,6 +32,9 @@ MIN_TTL_SECONDS = 1
 MAX_TTL_SECONDS = 10 * 366 * 86400
 #: Largest raw identifier accepted before parsing (a phone number written with spaces and punctuation).
 MAX_IDENTIFIER_CHARS = 64
+#: An email address (RFC 5321's path limit), and any identifier as a client may send it (``email:`` and one).
+MAX_EMAIL_CHARS = 254
+MAX_ANY_IDENTIFIER_CHARS = 8 + MAX_EMAIL_CHARS
 
 #: Token ids: 12 hex digits (the part of a token between ``cm_`` and the secret).
 TOKEN_ID_PATTERN = r"^[0-9a-f]{12}$"

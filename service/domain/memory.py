@@ -15,10 +15,12 @@ import orjson
 from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import InvalidInput, PreconditionFailed
 from .fields import StoredField, WriteCondition, compute_etag
-from .identifiers import Pseudonymizer, normalize
+from .identifiers import Pseudonymizer, kind_of, parse_identifier
 from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
+from .link_store import ProfileMoved
 from .projects import Project
 from .store import CallerRef, Store
+from .trust import CallTrust, withheld_etag
 
 EMPTY_ETAG = compute_etag({})
 
@@ -35,6 +37,10 @@ class MemoryView:
     #: until then a client may serve this memory again, marked stale, after a failed read. None when empty.
     valid_until: int | None = None
     blacklisted: bool = False
+    #: State keys the call did not qualify for (:mod:`.trust`): left out of ``fields``, in name order.
+    withheld: tuple[str, ...] = ()
+    #: The call's attestation as normalised (None: the read was not a call's).
+    attestation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +59,25 @@ class ErasureReceipt:
     deliveries_removed: int = 0
     #: Archived conversations of the caller deleted from the archive.
     archives_removed: int = 0
+    #: Links of the profile removed (each linked identifier's own data is erased and counted above).
+    links_removed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    e164: str
+    #: The identifier in canonical form (E.164, ``email:...`` or ``account:...``).
+    identifier: str
     subject: str
     blacklisted: bool
+
+    @property
+    def e164(self) -> str:
+        """The phone number, or "" when the caller is known by another kind of identifier."""
+        return self.identifier if self.identifier.startswith("+") else ""
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.identifier)
 
 
 def check_field_name(name: str, *, where: str) -> None:
@@ -97,19 +115,27 @@ class MemoryService:
         self.wants_erased: Callable[[Project], Awaitable[bool]] | None = None
 
     def caller(self, project: Project, raw_identifier: str) -> Caller:
-        e164 = normalize(raw_identifier, project.default_region)
-        subject = self._pseudonymizer.pseudonym(project.project_id, e164)
-        return Caller(e164=e164, subject=subject, blacklisted=subject in project.blacklist)
+        identifier = parse_identifier(raw_identifier, project.default_region)
+        subject = self._pseudonymizer.pseudonym(project.project_id, identifier)
+        return Caller(identifier=identifier, subject=subject, blacklisted=subject in project.blacklist)
 
     def _view(
-        self, project: Project, caller: Caller, stored: Mapping[str, StoredField], now: int
+        self,
+        project: Project,
+        caller: Caller,
+        stored: Mapping[str, StoredField],
+        now: int,
+        call: CallTrust | None = None,
     ) -> MemoryView:
         # One pass (this runs on every read): the live fields, in name order, the latest and earliest expiry.
         ttl_ms = project.ttl_ms
+        withheld = project.trust.withheld(call)
         live: dict[str, StoredField] = {}
         expires = 0
         first = 0
         for name in sorted(stored):
+            if withheld and name in withheld:
+                continue
             f = stored[name]
             until = min(f.expires_at, f.written_at + ttl_ms.get(name, 0))  # fields.effective_expiry
             if now < until:
@@ -117,25 +143,36 @@ class MemoryService:
                 expires = max(expires, until)
                 first = until if not first else min(first, until)
         return MemoryView(
-            identifier=caller.e164,
+            identifier=caller.identifier,
             fields={name: f.value for name, f in live.items()},
             expires_at=ceil_hour_ms(expires) if live else None,
-            etag=compute_etag(live),
+            etag=withheld_etag(compute_etag(live), withheld),
             valid_until=floor_hour_ms(first) if live else None,
+            withheld=withheld,
+            attestation=None if call is None else call.attestation,
         )
 
-    def _empty(self, caller: Caller) -> MemoryView:
+    def _empty(self, project: Project, caller: Caller, call: CallTrust | None = None) -> MemoryView:
+        withheld = project.trust.withheld(call)
         return MemoryView(
-            identifier=caller.e164, fields={}, expires_at=None, etag=EMPTY_ETAG, blacklisted=True
+            identifier=caller.identifier,
+            fields={},
+            expires_at=None,
+            etag=withheld_etag(EMPTY_ETAG, withheld),
+            blacklisted=True,
+            withheld=withheld,
+            attestation=None if call is None else call.attestation,
         )
 
-    async def read(self, project: Project, raw_identifier: str) -> MemoryView:
+    async def read(self, project: Project, raw_identifier: str, call: CallTrust | None = None) -> MemoryView:
+        """The caller's live memory; with ``call`` (an agent's read), without what the call does not qualify
+        for. Through a linked identifier, the profile's memory (the store follows the link)."""
         caller = self.caller(project, raw_identifier)
         if caller.blacklisted:
-            return self._empty(caller)
+            return self._empty(project, caller, call)
         now = self._clock.now_ms()
         stored = await self._store.read_fields(CallerRef(project.project_id, caller.subject), now)
-        return self._view(project, caller, stored, now)
+        return self._view(project, caller, stored, now, call)
 
     def validate_patch(self, project: Project, patch: Any) -> tuple[dict[str, bytes], list[str]]:
         """Split a merge patch into encoded sets and deletes, refusing anything not allowed."""
@@ -162,7 +199,7 @@ class MemoryService:
         caller = self.caller(project, raw_identifier)
         sets, deletes = self.validate_patch(project, patch)
         if caller.blacklisted:
-            return self._empty(caller)
+            return self._empty(project, caller)
         return await self._write(project, caller, sets, deletes, if_match)
 
     async def delete_field(
@@ -171,7 +208,7 @@ class MemoryService:
         caller = self.caller(project, raw_identifier)
         check_field_name(name, where="field")
         if caller.blacklisted:
-            return self._empty(caller)
+            return self._empty(project, caller)
         return await self._write(project, caller, {}, [name], if_match)
 
     async def _write(
@@ -188,9 +225,14 @@ class MemoryService:
             for name, value in sets.items()
         }
         condition = WriteCondition.from_header(if_match, project.ttl_ms) if if_match is not None else None
-        result = await self._store.patch_fields(
-            CallerRef(project.project_id, caller.subject), stored, deletes, now, condition
-        )
+        try:
+            result = await self._store.patch_fields(
+                CallerRef(project.project_id, caller.subject), stored, deletes, now, condition
+            )
+        except ProfileMoved as moved:  # a linked identifier: the write goes to its profile
+            result = await self._store.patch_fields(
+                CallerRef(project.project_id, moved.profile), stored, deletes, now, condition
+            )
         view = self._view(project, caller, result.fields, now)
         if not result.applied:
             assert condition is not None  # only a condition refuses a write
@@ -202,32 +244,68 @@ class MemoryService:
         return view
 
     async def erase(self, project: Project, raw_identifier: str) -> ErasureReceipt:
-        """Erase everything about a caller. A tombstone blocks, for the idempotency window, any end-of-call
-        write made before the erasure that arrives after it (an in-flight request, an SDK outbox entry)."""
+        """Erase everything about a caller: through any of their identifiers, the whole profile, every link
+        and every linked identifier's own data. A tombstone blocks, for the idempotency window, any
+        end-of-call write made before the erasure that arrives after it (an in-flight request, an SDK outbox
+        entry).
+
+        The identifier named goes first (its tombstone as early as possible: the sooner it is down, the less
+        an in-flight end races it); its erasure says which profile it was linked to, and a profile's which
+        identifiers were linked to it, and those are erased next (an identifier unlinked in the meantime is
+        somebody's own again, and left alone)."""
         caller = self.caller(project, raw_identifier)
         now = self._clock.now_ms()
-        ref = CallerRef(project.project_id, caller.subject)
+        first = CallerRef(project.project_id, caller.subject)
         conversation_ids: list[str] = []
         # The caller.erased event names the erased conversations: read them first, only when it will be sent
         # (the erasure's tombstone then goes down one read later: the sooner it does, the less it races).
-        if self.on_erased is not None and self.wants_erased is not None and await self.wants_erased(project):
-            conversation_ids = [
-                h.key.conversation_id for h in await self._store.caller_conversations(ref, now)
-            ]
-        removed = await self._store.erase_caller(ref, now, now + RECALL_WINDOW_MS)
-        removed_too = dict([await hook(ref) for hook in self.erasure_hooks])
+        wanted = (
+            self.on_erased is not None and self.wants_erased is not None and await self.wants_erased(project)
+        )
+        totals: dict[str, int] = {}
+        todo: list[tuple[CallerRef, str]] = [(first, "")]  # (whom, the profile it must still be linked to)
+        done: set[str] = set()
+        erased = 0
+        while todo:
+            ref, profile = todo.pop(0)
+            if ref.subject in done:
+                continue
+            done.add(ref.subject)
+            if profile and await self._store.resolve_profile(ref, now) != profile:
+                continue  # unlinked meanwhile: not this profile's any more
+            if wanted:
+                conversation_ids += [
+                    h.key.conversation_id for h in await self._store.caller_conversations(ref, now)
+                ]
+            removed = await self._store.erase_caller(ref, now, now + RECALL_WINDOW_MS)
+            erased += 1
+            if removed.alias_of:  # an identifier linked to a profile: the profile, and its links, go too
+                todo.append((CallerRef(project.project_id, removed.alias_of), ""))
+            todo += [(CallerRef(project.project_id, alias), ref.subject) for alias in removed.aliases]
+            for name, count in (
+                ("fields", removed.fields),
+                ("first_interaction", int(removed.first_interaction)),
+                ("conversations", removed.conversations),
+                ("listed", removed.listed),
+                ("transcripts", removed.transcripts),
+            ):
+                totals[name] = totals.get(name, 0) + count
+            for hook in self.erasure_hooks:
+                what, count = await hook(ref)
+                totals[what] = totals.get(what, 0) + count
         receipt = ErasureReceipt(
             receipt_id=uuid.uuid4().hex,
             project=project.project_id,
             erased_at=floor_hour_ms(now),
-            fields_removed=removed.fields,
-            first_interaction_removed=removed.first_interaction,
-            conversations_unlinked=removed.conversations,
-            analytics_entries_removed=removed.listed,
+            fields_removed=totals["fields"],
+            first_interaction_removed=totals["first_interaction"] > 0,
+            conversations_unlinked=totals["conversations"],
+            analytics_entries_removed=totals["listed"],
             blacklisted=caller.blacklisted,
-            transcripts_removed=removed.transcripts,
-            deliveries_removed=removed_too.get("webhook_deliveries", 0),
-            archives_removed=removed_too.get("archived_conversations", 0),
+            transcripts_removed=totals["transcripts"],
+            deliveries_removed=totals.get("webhook_deliveries", 0),
+            archives_removed=totals.get("archived_conversations", 0),
+            links_removed=erased - 1,  # every identifier erased but one was linked to the profile
         )
         if self.on_erased is not None:
             await self.on_erased(project, receipt.receipt_id, conversation_ids)

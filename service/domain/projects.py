@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from .errors import InvalidConfiguration, InvalidIdentifier, InvalidInput
-from .identifiers import PSEUDONYM_RE, Pseudonymizer, normalize
+from .identifiers import PSEUDONYM_RE, Pseudonymizer, parse_identifier
 from .limits import (
     CONVERSATION_ID_PATTERN,
     FIELD_NAME_PATTERN,
@@ -30,6 +30,7 @@ from .limits import (
     MIN_TTL_SECONDS,
 )
 from .transcripts import NAME_PATTERN
+from .trust import DEFAULT_CLASS, LEVELS, TrustPolicy
 
 FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]
 PSEUDONYM_PREFIX = "pseudonym:"
@@ -80,6 +81,13 @@ class RepeatCallerConfig(BaseModel):
     retention: Duration = DEFAULT_RETENTION
     field_ttls: dict[FieldName, Duration] = Field(default_factory=dict)
     default_region: str | None = None
+    #: Linked identifiers (SPEC section 13): off unless the project's purpose needs them.
+    identity_linking: bool = False
+    #: State key -> class (a key without one is ``personal``); class -> the trust level it needs.
+    field_classes: dict[FieldName, FieldName] = Field(default_factory=dict)
+    trust: dict[FieldName, Literal["any", "A_or_B", "A", "step_up"]] = Field(default_factory=dict)
+    #: How a call without attestation counts.
+    unknown_attestation: Literal["A", "B", "C", "failed"] = "C"
 
     @field_validator("state_keys")
     @classmethod
@@ -290,6 +298,7 @@ def _cross_check(rc: RepeatCallerConfig) -> None:
                 f"{base}field_ttls.{name}: a field TTL cannot be longer than retention",
                 field=f"{base}field_ttls.{name}",
             )
+    _check_trust(rc)
     for index, entry in enumerate(rc.identifier_blacklist):
         where = f"{base}identifier_blacklist[{index}]"
         if entry.startswith(PSEUDONYM_PREFIX):
@@ -299,9 +308,34 @@ def _cross_check(rc: RepeatCallerConfig) -> None:
                 )
             continue
         try:
-            normalize(entry, rc.default_region)
+            parse_identifier(entry, rc.default_region)
         except InvalidIdentifier as exc:
             raise InvalidConfiguration(f"{where}: {exc.detail}", field=where) from None
+
+
+def _check_trust(rc: RepeatCallerConfig) -> None:
+    """``field_classes`` names state keys; every class in use has a level; ``trust`` names classes in use."""
+    base = "memory.repeat_caller."
+    for name in rc.field_classes:
+        if name not in rc.state_keys:
+            where = f"{base}field_classes.{name}"
+            raise InvalidConfiguration(f"{where}: '{name}' is not in state_keys", field=where)
+    classes = {DEFAULT_CLASS, *rc.field_classes.values()}
+    for name in sorted(classes - {DEFAULT_CLASS}):
+        if name not in rc.trust:
+            where = f"{base}trust.{name}"
+            raise InvalidConfiguration(
+                f"{where}: class '{name}' (in field_classes) needs a trust level: one of {', '.join(LEVELS)}",
+                field=where,
+            )
+    for name in rc.trust:
+        if name not in classes:
+            where = f"{base}trust.{name}"
+            raise InvalidConfiguration(
+                f"{where}: no state key is of class '{name}' (field_classes names the classes in use; "
+                f"unclassified keys are '{DEFAULT_CLASS}')",
+                field=where,
+            )
 
 
 def _ms(value: timedelta) -> int:
@@ -338,6 +372,8 @@ class Project:
     default_region: str | None
     analytics_enabled: bool
     conversation: ConversationSettings
+    trust: TrustPolicy = field(default_factory=TrustPolicy)
+    identity_linking: bool = False
 
     @property
     def state_keys(self) -> list[str]:
@@ -366,7 +402,7 @@ def compile_project(project_id: str, config: ProjectConfig, pseudonymizer: Pseud
         if entry.startswith(PSEUDONYM_PREFIX):
             blacklist.add(entry[len(PSEUDONYM_PREFIX) :])
         else:
-            blacklist.add(pseudonymizer.pseudonym(project_id, normalize(entry, rc.default_region)))
+            blacklist.add(pseudonymizer.pseudonym(project_id, parse_identifier(entry, rc.default_region)))
     # The compiled form keeps no raw number: the config is rebuilt with pseudonym entries only.
     clean = config.model_copy(
         update={
@@ -402,4 +438,6 @@ def compile_project(project_id: str, config: ProjectConfig, pseudonymizer: Pseud
         blacklist=frozenset(blacklist),
         default_region=rc.default_region,
         analytics_enabled=rc.analytics_enabled,
+        trust=TrustPolicy.build(rc.state_keys, rc.field_classes, rc.trust, rc.unknown_attestation),
+        identity_linking=rc.identity_linking,
     )

@@ -82,11 +82,13 @@ class BreakdownRow(TypedDict):
 
 @with_config(_CLOSED)
 class Breakdowns(TypedDict):
-    """Repeat conversations by the outcome of the caller's first interaction, most frequent first."""
+    """Repeat conversations by the outcome of the caller's first interaction, and by their own caller-ID
+    attestation (null: the end carried none), most frequent first."""
 
     qa: list[BreakdownRow]
     handoff_reason: list[BreakdownRow]
     handoff_to: list[BreakdownRow]
+    attestation: list[BreakdownRow]
 
 
 RepeatCallerReport = TypedDict(

@@ -23,6 +23,7 @@ from typing import Any
 
 from .archive_store import ArchiveStore
 from .fields import StoredField, WriteCondition
+from .link_store import LinkStore
 from .transcript_store import TranscriptStore
 from .webhook_store import WebhookStore
 
@@ -174,6 +175,9 @@ class ConversationEntry:
     ended_by: str = "explicit"
     #: The end's ``end_reason`` (``completed``, ``dropped``, ``transferred``), or None.
     end_reason: str | None = None
+    #: The call's caller-ID attestation as normalised (``A``, ``B``, ``C``, ``failed``, ``unknown``); None
+    #: when the end carried no call (a service's end, an admin's).
+    attestation: str | None = None
 
     @property
     def sort_key(self) -> str:
@@ -224,6 +228,13 @@ class ErasureResult:
     listed: int
     #: Transcripts (with their checkpoints and summaries) of the caller's conversations.
     transcripts: int = 0
+    #: Links removed: the profile's list of links (its aliases' own records are erased with them, by the
+    #: domain), and the caller's own alias record if it was one.
+    links: int = 0
+    #: The profile the caller was a live alias of ("" if none): the domain erases it next.
+    alias_of: str = ""
+    #: The subjects of the live links the profile's list held: the domain erases each next.
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,10 +261,11 @@ class PatchResult:
     fields: dict[str, StoredField]
 
 
-class Store(TranscriptStore, WebhookStore, ArchiveStore, ABC):
+class Store(TranscriptStore, WebhookStore, ArchiveStore, LinkStore, ABC):
     """Persistent storage for projects, tokens, caller memory, conversation memory
-    (:class:`~.transcript_store.TranscriptStore`), webhooks (:class:`~.webhook_store.WebhookStore`) and the
-    archive's index (:class:`~.archive_store.ArchiveStore`)."""
+    (:class:`~.transcript_store.TranscriptStore`), webhooks (:class:`~.webhook_store.WebhookStore`), the
+    archive's index (:class:`~.archive_store.ArchiveStore`) and linked identifiers
+    (:class:`~.link_store.LinkStore`)."""
 
     @abstractmethod
     async def open(self) -> None:
@@ -302,7 +314,9 @@ class Store(TranscriptStore, WebhookStore, ArchiveStore, ABC):
 
     @abstractmethod
     async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
-        """Every field of the caller whose stored expiry is after ``now_ms``."""
+        """Every field of the caller whose stored expiry is after ``now_ms``. If ``caller.subject`` is a live
+        alias (:mod:`.link_store`), the fields of its profile instead: one hop, in one round trip when the
+        subject is not an alias."""
 
     @abstractmethod
     async def patch_fields(
@@ -322,6 +336,8 @@ class Store(TranscriptStore, WebhookStore, ArchiveStore, ABC):
         way. The caller's data as a whole is kept no longer than its latest field expiry.
 
         The returned fields are filtered by stored expiry only; the domain applies the current TTLs.
+
+        Raises :class:`~.link_store.ProfileMoved` (nothing written) if ``caller.subject`` is a live alias.
         """
 
     @abstractmethod
@@ -335,7 +351,11 @@ class Store(TranscriptStore, WebhookStore, ArchiveStore, ABC):
         Each conversation record still live is replaced by an erasure marker that keeps nothing about the
         caller and expires when the record would have: until then every end of that conversation id, for
         whichever caller and whenever made, is ERASED (a retry of a conversation whose effects the erasure
-        removed must not re-apply them). ``conversations`` counts the records unlinked."""
+        removed must not re-apply them). ``conversations`` counts the records unlinked.
+
+        The caller's own alias record (if it is an alias) and its list of links (if it is a profile) are
+        removed too, and counted in ``links``; the profile that alias record named and the aliases that list
+        named (both live ones only) are returned (``alias_of``, ``aliases``): the domain erases them next."""
 
     @abstractmethod
     async def end_conversation(self, end: EndWrite, now_ms: int) -> EndResult:
@@ -361,6 +381,10 @@ class Store(TranscriptStore, WebhookStore, ArchiveStore, ABC):
         ``analytics.first_expires_at``). It also notes which of the hour, day and week buckets see this
         caller for the first time. :attr:`EndResult.analytics` says what it found (APPLIED and REPLAYED
         alike); it is None when analytics were off when the conversation was first applied.
+
+        If ``end.caller.subject`` is a live alias (:mod:`.link_store`), raises
+        :class:`~.link_store.ProfileMoved` and writes nothing (no claim of the id is left behind either) --
+        except for a replay: an end first applied while the subject was not yet an alias is REPLAYED as above.
         """
 
     # Analytics ----------------------------------------------------------------------------------------

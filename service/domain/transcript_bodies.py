@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .documents import NOT_READ, load, no_member_lost, parse_document, plain_members
 from .errors import Conflict, Gone, InvalidInput, NotFound, PayloadTooLarge
-from .limits import MAX_STATE_ENTRIES
+from .limits import MAX_ANY_IDENTIFIER_CHARS, MAX_STATE_ENTRIES
 from .projects import Project, validation_problem
 from .transcript_store import AppendStatus, Header, TranscriptStatus
 from .transcript_views import EndedBy, Status, SummarySection
@@ -32,6 +32,7 @@ from .transcripts import (
     incoming,
     may_hold_number,
 )
+from .trust import ATTESTATION_HELP, MAX_ATTESTATION_CHARS, STEP_UP_HELP
 
 #: Longest summary text, in characters.
 MAX_SUMMARY_CHARS = 32_000
@@ -42,11 +43,16 @@ class AppendBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    caller: str | None = Field(default=None, max_length=64)
+    caller: str | None = Field(default=None, max_length=MAX_ANY_IDENTIFIER_CHARS)
     channel: str | None = Field(default=None, pattern=NAME_PATTERN)
     agent: str | None = Field(default=None, pattern=NAME_PATTERN)
     messages: list[MessageIn] = Field(default_factory=list, max_length=MAX_BATCH)
     state: dict[str, Any] | None = Field(default=None, max_length=MAX_STATE_ENTRIES)
+    #: The call's trust: the checkpoint in ``state`` keeps only what the call may write.
+    attestation: str | None = Field(
+        default=None, max_length=MAX_ATTESTATION_CHARS, description=ATTESTATION_HELP
+    )
+    step_up: bool | None = Field(default=None, description=STEP_UP_HELP)
     #: When the client first tried to send this (its outbox keeps it): an erasure after it wins.
     sent_at: int | None = Field(default=None, ge=0, le=2**53 - 1, description="epoch milliseconds")
 
@@ -56,9 +62,13 @@ class StartBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    caller: str = Field(max_length=64)
+    caller: str = Field(max_length=MAX_ANY_IDENTIFIER_CHARS)
     channel: str = Field(pattern=NAME_PATTERN)
     agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+    attestation: str | None = Field(
+        default=None, max_length=MAX_ATTESTATION_CHARS, description=ATTESTATION_HELP
+    )
+    step_up: bool = Field(default=False, description=STEP_UP_HELP)
 
 
 class SummaryBody(BaseModel):
@@ -71,7 +81,7 @@ class SummaryBody(BaseModel):
     tokens: int | None = Field(default=None, ge=0, le=1_000_000)
     #: The conversation's caller, if the client has it: the caller's own number written in their country's
     #: national format is then found in the text too (the SDK sends it).
-    caller: str | None = Field(default=None, max_length=64)
+    caller: str | None = Field(default=None, max_length=MAX_ANY_IDENTIFIER_CHARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,8 @@ class Batch:
     messages: list[Incoming]
     state: dict[str, Any] | None
     sent_at: int | None
+    attestation: str | None = None
+    step_up: bool | None = None
 
 
 _APPEND_MEMBERS = frozenset(AppendBody.model_fields)
@@ -102,8 +114,14 @@ def _fast_batch(document: Any) -> Batch | None:
         get("state"),
         get("sent_at"),
     )
+    attestation, step_up = get("attestation"), get("step_up")
     if (
-        (caller is not None and (type(caller) is not str or len(caller) > 64))
+        (caller is not None and (type(caller) is not str or len(caller) > MAX_ANY_IDENTIFIER_CHARS))
+        or (
+            attestation is not None
+            and (type(attestation) is not str or len(attestation) > MAX_ATTESTATION_CHARS)
+        )
+        or (step_up is not None and type(step_up) is not bool)
         or (channel is not None and (type(channel) is not str or not _NAME(channel)))
         or (agent is not None and (type(agent) is not str or not _NAME(agent)))
         or (state is not None and (type(state) is not dict or len(state) > MAX_STATE_ENTRIES))
@@ -113,7 +131,7 @@ def _fast_batch(document: Any) -> Batch | None:
     messages = fast_messages(document.get("messages", []))
     if messages is None:
         return None
-    return Batch(caller, channel, agent, messages, state, sent_at)
+    return Batch(caller, channel, agent, messages, state, sent_at, attestation, step_up)
 
 
 def read_append(body: bytes) -> Batch | Any:
@@ -153,6 +171,8 @@ def parse_append(document: Any) -> Batch:
         [incoming(message) for message in body.messages],
         body.state,
         body.sent_at,
+        body.attestation,
+        body.step_up,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from .conversations import (
 )
 from .errors import (
     Conflict,
+    Forbidden,
     Gone,
     InvalidIdentifier,
     InvalidInput,
@@ -34,6 +36,7 @@ from .errors import (
 )
 from .fields import StoredField
 from .limits import MAX_STATE_ENTRIES, MAX_VALUE_BYTES, RECALL_WINDOW_MS
+from .link_store import Link
 from .memory import Caller, MemoryService
 from .projects import Project
 from .store import CallerRef, Store
@@ -82,8 +85,10 @@ from .transcripts import (
     encode_message,
     estimate_tokens,
     redact,
+    redact_identifiers,
     region_of,
 )
+from .trust import TRANSCRIPT_CLASS, CallTrust
 
 log = logging.getLogger("caller_memory.transcripts")
 
@@ -102,6 +107,29 @@ BYTES_CACHE_MS = 1000
 #: How many conversations' callers a process remembers (a hint for reading a context in one store call).
 SUBJECT_CACHE = 8192
 INACTIVITY_LEASE = "inactivity"
+
+
+#: How long (ms) and for how many profiles the transcript service keeps a profile's links.
+LINKS_CACHE_MS = 60_000
+LINKS_CACHE_SIZE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Owned:
+    """The caller's own identifiers, by pseudonym (the profile's and its links'), and whether any is an
+    account id (then words are checked too)."""
+
+    subjects: frozenset[str]
+    accounts: bool
+    memory: MemoryService
+    project: Project
+
+    def holds(self, canonical: str) -> bool:
+        """Whether ``canonical`` (``+E164``, ``email:...``, ``account:...``) is one of the caller's."""
+        try:
+            return self.memory.caller(self.project, canonical).subject in self.subjects
+        except InvalidIdentifier:
+            return False
 
 
 class TranscriptService:
@@ -128,6 +156,8 @@ class TranscriptService:
         #: a context reads with its transcript. Only a hint: the store and the domain check it against the
         #: header. Bounded; the oldest entry goes first.
         self._subjects: dict[ConversationKey, str] = {}
+        #: (project, profile) -> (its links, until when to use them): whose words a transcript loses.
+        self._links_cache: dict[tuple[str, str], tuple[list[Link], int]] = {}
         #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
         self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
         #: Called with the header of a transcript an admin deleted (the archive deletes its copy).
@@ -213,12 +243,20 @@ class TranscriptService:
         after_turn: int | None = None,
         limit: int = DEFAULT_PAGE,
         openai: bool = False,
+        call: CallTrust | None = None,
     ) -> tuple[History | OpenAIHistory, Header]:
+        """``call``: the reading call's trust. The transcript of a conversation that has ended (an earlier
+        call, not this one) needs the level of the ``sensitive`` class, as its resume does."""
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be 1 to {MAX_PAGE}", field="limit")
         header, messages, now = await self._live(
             project, conversation_id, TranscriptQuery(after_turn=after_turn, limit=limit + 1)
         )
+        if header.status is not TranscriptStatus.OPEN and not project.trust.may_resume_transcript(call):
+            raise Forbidden(
+                "this call's caller-ID trust does not qualify for the transcript of an ended conversation "
+                f"(the '{TRANSCRIPT_CLASS}' class needs '{project.trust.transcript_level}')"
+            )
         next_after: int | None = None
         if len(messages) > limit:
             # Pages end on a whole turn: the last turn of a full page continues on the next one.
@@ -264,7 +302,13 @@ class TranscriptService:
         return f'W/"{digest[:20]}"'
 
     async def context(
-        self, project: Project, conversation_id: str, max_tokens: int, *, reader: Reader = EVERYONE
+        self,
+        project: Project,
+        conversation_id: str,
+        max_tokens: int,
+        *,
+        reader: Reader = EVERYONE,
+        call: CallTrust | None = None,
     ) -> ContextView:
         self._readable(project, conversation_id)
         now = self._clock.now_ms()
@@ -284,7 +328,9 @@ class TranscriptService:
         messages = Message.decode_all([m.body for m in stored])
         summary = summary_of(header)
         through = summary["through_turn"] if summary else -1
-        profile = await self._profile(project, header, int(max_tokens * PROFILE_SHARE), now, fields)
+        profile = await self._profile(
+            project, header, int(max_tokens * PROFILE_SHARE), now, fields, project.trust.withheld(call)
+        )
         summarised = summary_section(summary)
         if summarised is not None and summarised["tokens"] > max_tokens - profile["tokens"]:
             summarised = None  # a summary longer than the budget is left out: the context stays within it
@@ -344,6 +390,7 @@ class TranscriptService:
         cap: int,
         now: int,
         read: dict[str, StoredField] | None = None,
+        withheld: tuple[str, ...] = (),
     ) -> ProfileSection:
         """The caller's memory (live fields under the current TTLs), within ``cap`` tokens: fields in name
         order until the next would pass it. ``read``: the fields of ``header.subject`` already read with the
@@ -359,6 +406,8 @@ class TranscriptService:
                 f = stored[name]
                 if now >= min(f.expires_at, f.written_at + project.ttl_ms.get(name, 0)):
                     continue
+                if withheld and name in withheld:
+                    continue
                 cost = estimate_tokens(name) + estimate_tokens(f.value.decode()) + 1
                 if tokens + cost > cap:
                     omitted.append(name)
@@ -371,6 +420,7 @@ class TranscriptService:
             "token_source": "estimate",
             "fields": fields,
             "omitted": omitted,
+            "withheld": list(withheld),
         }
 
     # Writing ----------------------------------------------------------------------------------------------
@@ -381,21 +431,51 @@ class TranscriptService:
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
 
-    def _masker(self, project: Project, caller: Caller | None, subject: str) -> Any:
+    def _masker(self, project: Project, caller: Caller | None, own: Owned) -> Any:
         """What ``redact`` masks: every number with ``redact_phone_numbers``, else the caller's own only
-        (known by their number, or, when only the conversation is known, by their pseudonym)."""
+        (known by their number, or by the pseudonyms of their identifiers)."""
         if project.conversation.redact_phone_numbers:
             return lambda e164: True
-        if caller is not None:
+        if caller is not None and not own.subjects:
             return lambda e164: e164 == caller.e164
-        if not subject:
+        if not own.subjects:
             return lambda e164: False
-        return lambda e164: self._memory.caller(project, e164).subject == subject
+        return lambda e164: (caller is not None and e164 == caller.e164) or own.holds(e164)
 
-    def _redact(self, project: Project, caller: Caller | None, subject: str) -> Any:
-        regions = [project.default_region, region_of(caller.e164) if caller is not None else None]
-        masked = self._masker(project, caller, subject)
-        return lambda text: redact(text, regions, masked)
+    async def _owned(self, project: Project, caller: Caller | None, subject: str, now: int) -> Owned:
+        """The caller's own identifiers, by pseudonym: the conversation's caller (``subject``, the
+        profile's) and, with identity linking, every identifier linked to it (cached a minute: a link made
+        meanwhile shows in the next minute's messages). Their words are removed from transcripts whatever
+        ``redact_phone_numbers`` says."""
+        subject = subject or (caller.subject if caller is not None else "")
+        accounts = caller is not None and caller.kind == "account"
+        if not subject:
+            return Owned(frozenset(), False, self._memory, project)
+        subjects = {subject} | ({caller.subject} if caller is not None else set())
+        if project.identity_linking:
+            key = (project.project_id, subject)
+            cached = self._links_cache.get(key)
+            if cached is None or cached[1] <= now:
+                links = await self._store.list_links(CallerRef(project.project_id, subject), now)
+                cached = (links, now + LINKS_CACHE_MS)
+                if len(self._links_cache) >= LINKS_CACHE_SIZE:
+                    self._links_cache.clear()
+                self._links_cache[key] = cached
+            subjects |= {link.subject for link in cached[0]}
+            accounts = accounts or any(link.kind == "account" for link in cached[0])
+        return Owned(frozenset(subjects), accounts, self._memory, project)
+
+    def _redact(self, project: Project, caller: Caller | None, own: Owned) -> Any:
+        regions = [
+            project.default_region,
+            region_of(caller.e164) if caller is not None and caller.e164 else None,
+        ]
+        masked = self._masker(project, caller, own)
+        every_email = project.conversation.redact_phone_numbers
+        holds = own.holds if own.subjects else None
+        return lambda text: redact_identifiers(
+            redact(text, regions, masked), every_email=every_email, own=holds, accounts=own.accounts
+        )
 
     def _encode(self, messages: Sequence[Incoming], redactor: Any, now: int) -> list[NewMessage]:
         """Redact and encode; each message within MAX_MESSAGE_BYTES (413 naming it)."""
@@ -487,7 +567,8 @@ class TranscriptService:
                 "send caller and channel together (both start a conversation), or neither", field="caller"
             )
         caller = self.caller(project, body.caller) if body.caller is not None else None
-        checkpoint = self._checkpoint(project, body.state)
+        call = CallTrust.of(body.attestation, body.step_up) if body.state is not None else None
+        checkpoint = self._checkpoint(project, body.state, call)
         not_stored: Appended = {
             "conversation_id": conversation_id,
             "stored": False,
@@ -505,26 +586,30 @@ class TranscriptService:
         now = self._clock.now_ms()
         made_at = min(received_at or now, body.sent_at or now)
         key = ConversationKey(project.project_id, conversation_id)
-        subject = ""
-        if (
-            caller is None
-            and not project.conversation.redact_phone_numbers
-            and any(message_may_hold_number(m) for m in body.messages)
+        subject = await self._owner(project, caller, now)
+        if caller is None and (
+            (project.identity_linking and body.messages)
+            or (
+                not project.conversation.redact_phone_numbers
+                and any(message_may_hold_number(m) for m in body.messages)
+            )
         ):
-            # The caller's own number is removed whatever the option says: find out who they are (text
-            # without digits enough for a number is left as it is whoever they are: no read for it).
+            # The caller's own identifiers are removed whatever the option says: find out who they are
+            # (text without digits enough for a number, in a project without links, is left as it is whoever
+            # they are: no read for it).
             header, _ = await self._store.read_conversation(key, now)
             subject = header.subject if header is not None else ""
+        own = await self._owned(project, caller, subject, now)
         # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
         # retry is still the same message), else its arrival time.
-        encoded = self._encode(body.messages, self._redact(project, caller, subject), body.sent_at or now)
+        encoded = self._encode(body.messages, self._redact(project, caller, own), body.sent_at or now)
         if encoded:
             await self._check_project_bytes(project, now)
         write = self.write(
             project,
             key,
             caller,
-            caller.subject if caller is not None else "",
+            subject if caller is not None else "",
             body.channel or "",
             body.agent or "",
             encoded,
@@ -560,11 +645,26 @@ class TranscriptService:
             "tokens": header.tokens,
         }
 
+    async def _owner(self, project: Project, caller: Caller | None, now: int) -> str:
+        """Whose conversation an append names: its caller's profile ("" when it names no caller)."""
+        if caller is None:
+            return ""
+        if not project.identity_linking:
+            return caller.subject
+        return await self._store.resolve_profile(CallerRef(project.project_id, caller.subject), now)
+
     @staticmethod
-    def _checkpoint(project: Project, state: dict[str, Any] | None) -> bytes | None:
+    def _checkpoint(
+        project: Project, state: dict[str, Any] | None, call: CallTrust | None = None
+    ) -> bytes | None:
+        """The checkpoint to keep: ``state`` checked like an end's, without the keys ``call`` may not write
+        (an end that applies it must not write them either)."""
         if state is None:
             return None
-        split_state(project, state)  # field names and value sizes checked like an end's
+        changes = split_state(project, state)  # field names and value sizes checked like an end's
+        withheld = project.trust.withheld(call)
+        if withheld and changes.persisted:
+            state = {name: value for name, value in state.items() if name not in withheld}
         encoded = orjson.dumps(state)
         if len(encoded) > MAX_STATE_ENTRIES * MAX_VALUE_BYTES:  # pragma: no cover - bounded by the two above
             raise PayloadTooLarge("state is too large", field="state")
@@ -581,7 +681,8 @@ class TranscriptService:
         caller = self.caller(project, body.caller) if body.caller is not None else None
         if caller is not None and caller.subject != header.subject:
             raise Conflict(f"conversation '{conversation_id}' belongs to another caller")
-        text = self._redact(project, caller, header.subject)(body.text)
+        own = await self._owned(project, caller, header.subject, now)
+        text = self._redact(project, caller, own)(body.text)
         summary = orjson.dumps({"text": text, "through_turn": body.through_turn, "tokens": body.tokens})
         updated = await self._store.put_summary(header.key, summary, now)
         if updated is None:
@@ -593,7 +694,9 @@ class TranscriptService:
     async def for_caller(self, project: Project, raw_identifier: str) -> CallerConversations:
         caller = self.caller(project, raw_identifier)
         now = self._clock.now_ms()
-        headers = await self._store.caller_conversations(CallerRef(project.project_id, caller.subject), now)
+        ref = CallerRef(project.project_id, caller.subject)
+        ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
+        headers = await self._store.caller_conversations(ref, now)
         return {"conversations": [self.status_view(h, project, now) for h in headers if not h.expired(now)]}
 
     async def delete(self, project: Project, conversation_id: str) -> Header:

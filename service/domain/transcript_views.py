@@ -99,6 +99,9 @@ class ProfileSection(TypedDict):
     token_source: Literal["estimate"]
     fields: dict[str, Any]
     omitted: Annotated[list[str], Field(description="Fields left out to keep the profile within its cap.")]
+    withheld: Annotated[
+        list[str], Field(description="State keys this call does not qualify for (caller-ID trust): left out.")
+    ]
 
 
 @with_config(_CLOSED)
@@ -151,6 +154,13 @@ class Resume(TypedDict):
     summary: SummarySection | None
     last_turns: Annotated[list[PlatformMessage], Field(description="Times since that conversation's start.")]
     state: Annotated[dict[str, Any] | None, Field(description="Its last state checkpoint.")]
+    withheld: Annotated[
+        list[str],
+        Field(
+            description="State keys this call does not qualify for (caller-ID trust): left out of `state`; "
+            "`summary` and `last_turns` are left out too when the call does not qualify for the `sensitive` class"
+        ),
+    ]
 
 
 @with_config(_CLOSED)

@@ -33,6 +33,11 @@ MAX_NAME_CHARS = 64
 MAX_INT = 2**53 - 1
 #: What replaces a phone number found in a message.
 PHONE_MASK = "[phone]"
+EMAIL_MASK = "[email]"
+ACCOUNT_MASK = "[account]"
+#: An email address as people write it in text: a local part, '@', a domain with a dot. Loose on purpose
+#: (what it masks that is not an address is no loss); linear (no nested repetition).
+_EMAIL_IN_TEXT = re.compile(r"[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+")
 
 SOURCES: dict[str, frozenset[str]] = {
     "user": frozenset({"asr", "message", "command"}),
@@ -232,6 +237,33 @@ def may_hold_number(text: str) -> bool:
         ascii_text = text.encode()
         return len(ascii_text) - len(ascii_text.translate(None, _ASCII_DIGITS)) >= 5
     return _ENOUGH_DIGITS.match(text) is not None
+
+
+#: A word that may be an account id (``account:`` ids are 1-64 of these characters).
+_ACCOUNT_WORD = re.compile(r"(?<![\w.-])[A-Za-z0-9._-]{1,64}(?![\w.-])")
+
+
+def redact_identifiers(
+    text: str,
+    *,
+    every_email: bool,
+    own: Callable[[str], bool] | None = None,
+    accounts: bool = False,
+) -> str:
+    """``text`` without email addresses (every one with ``every_email``, else those ``own`` says are the
+    caller's: it is given the canonical ``email:...``) and, with ``accounts``, without the words ``own``
+    says are one of the caller's account ids (given ``account:...``)."""
+    if "@" in text and (every_email or own is not None):
+
+        def address(match: re.Match[str]) -> str:
+            found = match.group()
+            mine = every_email or (own is not None and own("email:" + found.casefold()))
+            return EMAIL_MASK if mine else found
+
+        text = _EMAIL_IN_TEXT.sub(address, text)
+    if accounts and own is not None:
+        text = _ACCOUNT_WORD.sub(lambda m: ACCOUNT_MASK if own("account:" + m.group()) else m.group(), text)
+    return text
 
 
 def redact(text: str, regions: Sequence[str | None], masked: Callable[[str], bool]) -> str:

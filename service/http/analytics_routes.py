@@ -52,6 +52,7 @@ def entry_body(entry: ConversationEntry) -> bodies.ConversationRow:
         "time_to_callback_hours": None,
         "ended_by": entry.ended_by,
         "end_reason": entry.end_reason,
+        "attestation": entry.attestation,
     }
     first = entry.first
     if first is not None:  # a repeat call: the metrics of the caller's first interaction

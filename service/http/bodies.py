@@ -28,6 +28,8 @@ from ..domain.reports import Count, DateTime, RepeatCallerMetrics
 from ..domain.tokens import Role
 
 E164_PATTERN = r"^\+[1-9][0-9]{1,14}$"
+#: A caller identifier in canonical form: E.164, ``email:`` and a case-folded address, ``account:`` and an id.
+IDENTIFIER_PATTERN = r"^(\+[1-9][0-9]{1,14}|email:[^@\s]+@[^@\s]+|account:[A-Za-z0-9._-]{1,64})$"
 _CLOSED = ConfigDict(extra="forbid")
 
 
@@ -112,7 +114,13 @@ class TokenList(TypedDict):
 class Memory(TypedDict):
     """A caller's live memory."""
 
-    identifier: Annotated[str, Field(pattern=E164_PATTERN, description="The caller, in E.164.")]
+    identifier: Annotated[
+        str,
+        Field(
+            pattern=IDENTIFIER_PATTERN,
+            description="The identifier read through, in canonical form (E.164, `email:...`, `account:...`).",
+        ),
+    ]
     fields: Annotated[
         dict[str, JsonFragment],
         Field(
@@ -134,6 +142,17 @@ class Memory(TypedDict):
         ),
     ]
     blacklisted: Annotated[bool, Field(description="Blacklisted: memory is empty, writes are dropped.")]
+    withheld: Annotated[
+        list[str],
+        Field(
+            description="State keys the call does not qualify for (caller-ID trust): never in `fields`, "
+            "whether or not the caller has them."
+        ),
+    ]
+    attestation: Annotated[
+        Literal["A", "B", "C", "failed", "unknown"] | None,
+        Field(description="The call's attestation as normalised; null for a read that is no call's (admin)."),
+    ]
 
 
 @with_config(_CLOSED)
@@ -151,6 +170,10 @@ class ErasureRemoved(TypedDict):
         Count, Field(description="Webhook deliveries about the caller, queued or failed, never sent now.")
     ]
     archived_conversations: Annotated[Count, Field(description="The caller's conversations in the archive.")]
+    links: Annotated[
+        Count,
+        Field(description="Links of the caller's profile (each linked identifier's data is counted above)."),
+    ]
 
 
 @with_config(_CLOSED)
@@ -195,6 +218,12 @@ class ConversationEnded(TypedDict):
             "analytics stay as recorded. A retry is a replay; a different late end is a 409."
         ),
     ]
+    withheld: Annotated[
+        list[str],
+        Field(
+            description="State keys of `state` this call may not write or delete (caller-ID trust): not stored."
+        ),
+    ]
 
 
 @with_config(_CLOSED)
@@ -236,6 +265,15 @@ class ConversationRow(TypedDict):
             {"anyOf": [{"type": "string", "enum": ["completed", "dropped", "transferred"]}, {"type": "null"}]}
         ),
         Field(description="The end's end_reason, when it gave one."),
+    ]
+    attestation: Annotated[
+        Nullable,
+        WithJsonSchema(
+            {"anyOf": [{"type": "string", "enum": ["A", "B", "C", "failed", "unknown"]}, {"type": "null"}]}
+        ),
+        Field(
+            description="The call's caller-ID attestation, normalised; null when the end carried no call's."
+        ),
     ]
 
 
@@ -300,6 +338,9 @@ class AuditRecord(TypedDict):
             "webhook.rotated",
             "webhook.deleted",
             "webhook.redelivered",
+            "link.created",
+            "link.renewed",
+            "link.removed",
         ),
     ]
     details: Annotated[
@@ -314,3 +355,56 @@ class AuditList(TypedDict):
 
     records: list[AuditRecord]
     next_cursor: Annotated[Nullable, Field(description="Pass as `before` for the next page.")]
+
+
+# Linked identifiers -----------------------------------------------------------------------------------------
+
+
+@with_config(_CLOSED)
+class LinkView(TypedDict):
+    """One identifier linked to a caller: its kind and a random id, never the identifier."""
+
+    link_id: Annotated[str, Field(pattern="^lnk_[a-z]{20}$")]
+    kind: Literal["phone", "email", "account"]
+    linked_at: HourDateTime
+    expires_at: Annotated[
+        DateTime, Field(description="Rounded up to the hour: `retention` after it was made (or made again).")
+    ]
+    merging: Annotated[
+        bool,
+        Field(
+            description="A merge was begun and not finished (a crash); making the same link again ends it."
+        ),
+    ]
+
+
+@with_config(_CLOSED)
+class LinkMerged(TypedDict):
+    fields: Annotated[
+        Count, Field(description="Fields of the identifier's own memory moved (the later write won).")
+    ]
+    first_interaction: Annotated[
+        bool,
+        Field(description="The identifier's first interaction was the earlier one and is the caller's now."),
+    ]
+
+
+@with_config(_CLOSED)
+class LinkCreated(TypedDict):
+    """What a link request did."""
+
+    link: LinkView
+    created: Annotated[bool, Field(description="False: it was linked already, and is renewed.")]
+    merged: LinkMerged
+
+
+@with_config(_CLOSED)
+class LinkList(TypedDict):
+    """A caller's linked identifiers, oldest first (the caller's own first identifier is not one)."""
+
+    links: list[LinkView]
+
+
+@with_config(_CLOSED)
+class LinkRemoved(TypedDict):
+    unlinked: LinkView

@@ -15,6 +15,7 @@ from pydantic_core import CoreSchema
 from ..domain import transcript_views as views
 from ..domain import webhook_views as hooks
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
+from ..domain.links import LinkBody
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
 from ..domain.transcript_bodies import AppendBody, StartBody, SummaryBody
@@ -33,6 +34,9 @@ RESPONSES: tuple[Any, ...] = (
     bodies.ConversationList,
     bodies.ErasureReceipt,
     bodies.Health,
+    bodies.LinkCreated,
+    bodies.LinkList,
+    bodies.LinkRemoved,
     bodies.Memory,
     bodies.MintedToken,
     bodies.Problem,
@@ -59,6 +63,7 @@ RESPONSES: tuple[Any, ...] = (
 REQUESTS: tuple[type[BaseModel], ...] = (
     AppendBody,
     EndRequest,
+    LinkBody,
     StartBody,
     SummaryBody,
     TokenCreate,

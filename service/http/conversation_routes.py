@@ -14,7 +14,7 @@ from ..domain.transcript_service import TranscriptService
 from .keys import SERVICES, Services
 from .queries import ContextQuery, HistoryQuery, parse_query
 from .responses import json_response
-from .routes import PRINCIPAL, actor, project_for, read_body, read_json
+from .routes import PRINCIPAL, actor, call_for, project_for, read_body, read_json
 
 routes = web.RouteTableDef()
 
@@ -109,6 +109,7 @@ async def conversation_history(request: web.Request) -> web.Response:
         after_turn=query.after_turn,
         limit=query.limit,
         openai=query.format == "openai",
+        call=call_for(request, query.attestation, query.step_up),
     )
     await record_read(request, services, project, conversation_id, "history")
     # The status the platform layout shows (active or idle) follows the clock, not only the header.
@@ -133,7 +134,11 @@ async def conversation_context(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     query = parse_query(request, ContextQuery)
     context = await services.transcripts.context(
-        project, conversation_id, query.max_tokens, reader=reader_for(request[PRINCIPAL], project)
+        project,
+        conversation_id,
+        query.max_tokens,
+        reader=reader_for(request[PRINCIPAL], project),
+        call=call_for(request, query.attestation, query.step_up),
     )
     await record_read(request, services, project, conversation_id, "context")
     return json_response(context, headers=NO_STORE)

@@ -14,6 +14,7 @@ from ..domain.clock import Clock
 from ..domain.conversations import ConversationService
 from ..domain.errors import StoreUnavailable
 from ..domain.lifecycle import Lifecycle
+from ..domain.links import LinkService
 from ..domain.memory import MemoryService
 from ..domain.registry import ProjectRegistry
 from ..domain.retention import AuditLog, Sweeper
@@ -41,6 +42,7 @@ class Services:
     transcripts: TranscriptService
     lifecycle: Lifecycle
     archive: Archive
+    links: LinkService
 
     async def ping(self) -> None:
         try:

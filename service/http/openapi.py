@@ -23,6 +23,7 @@ from .openapi_parts import (
     JSON,
     MEMORY_HEADERS,
     MERGE_PATCH,
+    NO_STORE,
     Json,
     body_errors,
     conversation_operations,
@@ -40,6 +41,7 @@ from .openapi_webhooks import webhook_events, webhook_operations
 from .queries import (
     AuditQuery,
     ConversationsQuery,
+    MemoryQuery,
     RepeatCallersQuery,
     SweepsQuery,
 )
@@ -208,9 +210,13 @@ def _operations() -> dict[tuple[str, str], Json]:
                     "Live memory; empty for unknown or blacklisted callers.", "Memory", *MEMORY_HEADERS
                 ),
                 "304": response("Unchanged since an ETag given in If-None-Match.", None, *MEMORY_HEADERS),
-                "422": problem(f"{BAD_CALLER}."),
+                "422": problem(f"{BAD_CALLER}, or an attestation no provider sends."),
             },
             parameters=("If-None-Match",),
+            query=MemoryQuery,
+            description="An agent's read is a call's: the fields the call's caller-ID trust does not qualify "
+            "for are left out and listed in `withheld` (the ETag depends on them). Through a linked "
+            "identifier, the profile's memory.",
         ),
         ("patch", "/v1/projects/{project}/callers/{identifier}/memory"): operation(
             "patch_memory",
@@ -251,6 +257,50 @@ def _operations() -> dict[tuple[str, str], Json]:
                 "200": response("The erasure receipt; it holds no phone number.", "ErasureReceipt"),
                 "422": problem(f"{BAD_CALLER}."),
             },
+        ),
+        ("post", "/v1/projects/{project}/callers/{identifier}/links"): operation(
+            "create_link",
+            "agent",
+            "Link another identifier to a caller (merging its memory if asked)",
+            {
+                "200": response("It was linked already: renewed.", "LinkCreated", *NO_STORE),
+                "201": response("Linked.", "LinkCreated", *NO_STORE),
+                "403": problem(
+                    "The project does not link identifiers, or an agent's request without `step_up`."
+                ),
+                "409": problem(
+                    "The identifier is linked elsewhere, has links of its own, has memory and `merge` was not "
+                    "given, or the caller has five identifiers already. Nothing is changed."
+                ),
+                "422": problem(
+                    f"{BAD_CALLER}, a bad body identifier, the same identifier, or a blacklisted one."
+                ),
+                **body_errors(),
+            },
+            body=request_body("LinkBody", "The identifier to link."),
+            description="An admin, or an agent in a call whose caller passed a step-up check. Audited.",
+        ),
+        ("get", "/v1/projects/{project}/callers/{identifier}/links"): operation(
+            "list_links",
+            "admin",
+            "A caller's linked identifiers",
+            {
+                "200": response("Kind and link id each.", "LinkList", *NO_STORE),
+                "422": problem(f"{BAD_CALLER}."),
+            },
+        ),
+        ("delete", "/v1/projects/{project}/callers/{identifier}/links/{other}"): operation(
+            "delete_link",
+            "admin",
+            "Unlink an identifier (by the identifier, or by its link id)",
+            {
+                "200": response(
+                    "Unlinked; what a merge moved stays with the caller.", "LinkRemoved", *NO_STORE
+                ),
+                "404": problem("No such project, or the caller has no such link."),
+                "422": problem(f"{BAD_CALLER}, or `other` is neither an identifier nor a link id."),
+            },
+            description="Audited.",
         ),
         ("post", "/v1/projects/{project}/conversations/{conversation_id}/end"): operation(
             "end_conversation",
@@ -370,6 +420,10 @@ def _links() -> dict[tuple[str, str], Json]:
         ("put_project", "201"): configured,
         ("create_token", "201"): {
             "RevokeToken": to("revoke_token", project | {"token_id": "$response.body#/token_id"}),
+        },
+        ("create_link", "201"): {
+            "ListLinks": to("list_links", caller),
+            "Unlink": to("delete_link", caller | {"other": "$response.body#/link/link_id"}),
         },
         ("read_memory", "200"): memory,
         ("patch_memory", "200"): memory,

@@ -9,8 +9,8 @@ from typing import Any
 from ..domain.limits import (
     CONVERSATION_ID_PATTERN,
     FIELD_NAME_PATTERN,
+    MAX_ANY_IDENTIFIER_CHARS,
     MAX_BODY_BYTES,
-    MAX_IDENTIFIER_CHARS,
     PROJECT_ID_PATTERN,
     TOKEN_ID_PATTERN,
 )
@@ -80,13 +80,24 @@ def shared_parameters() -> dict[str, Json]:
         ),
         "identifier": path(
             "identifier",
-            "The caller's phone number, percent-encoded: E.164 (`+14155550100`) or any form libphonenumber "
-            "reads, national numbers with the project's `default_region`.",
+            "The caller's identifier, percent-encoded: a phone number in E.164 (`+14155550100`) or any form "
+            "libphonenumber reads (national numbers with the project's `default_region`), "
+            "`email:ada@example.com` (trimmed and case-folded), or `account:A-1234` (1-64 of `[A-Za-z0-9._-]`).",
             {
                 "type": "string",
                 "minLength": 1,
-                "maxLength": MAX_IDENTIFIER_CHARS,
+                "maxLength": MAX_ANY_IDENTIFIER_CHARS,
                 "examples": ["+14155550100"],
+            },
+        ),
+        "other": path(
+            "other",
+            "The linked identifier (any kind, percent-encoded), or its link id (`lnk_...`).",
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_ANY_IDENTIFIER_CHARS,
+                "examples": ["email:ada@example.com"],
             },
         ),
         "field": path(
@@ -238,10 +249,12 @@ BODY_EXAMPLES: dict[str, Json] = {
                 "retention": "P90D",
                 "field_ttls": {"booking_day": "P7D"},
                 "analytics_enabled": True,
+                "identity_linking": True,
             }
         }
     },
     "TokenCreate": {"role": "agent", "label": "cheese-shop agent prod"},
+    "LinkBody": {"identifier": "email:ada@example.com"},
     "MemoryPatch": {"caller_name": "Ada", "booking_day": None},
     "EndRequest": {
         "caller": "+14155550100",
@@ -311,7 +324,7 @@ def request_body(schema: str, description: str, *media: str) -> Json:
 # Operations -----------------------------------------------------------------------------------------------
 
 MEMORY_HEADERS = ("ETag", "Cache-Control")
-BAD_CALLER = "The identifier is not a possible phone number"
+BAD_CALLER = "The identifier is not a possible phone number (or not a valid `email:` or `account:` one)"
 
 
 def operation(

@@ -23,6 +23,7 @@ from ..domain.retention import AUDIT_ID_HELP, is_audit_id
 from ..domain.transcript_service import DEFAULT_PAGE as HISTORY_PAGE
 from ..domain.transcript_service import MAX_PAGE as MAX_HISTORY_PAGE
 from ..domain.transcripts import MAX_INT
+from ..domain.trust import ATTESTATION_HELP, MAX_ATTESTATION_CHARS, STEP_UP_HELP
 
 M = TypeVar("M", bound="QueryModel")
 
@@ -128,6 +129,19 @@ class QueryModel(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
 
+class TrustQuery(QueryModel):
+    """The reading call's caller-ID trust (an agent's read; admin reads are not calls and ignore it)."""
+
+    attestation: str | None = Field(
+        default=None, max_length=MAX_ATTESTATION_CHARS, description=ATTESTATION_HELP
+    )
+    step_up: Flag | None = Field(default=None, description=f"{STEP_UP_HELP} (true or false; absent: false)")
+
+
+class MemoryQuery(TrustQuery):
+    """``GET /v1/projects/{project}/callers/{identifier}/memory``."""
+
+
 class AuditQuery(QueryModel):
     """``GET /v1/projects/{project}/audit``."""
 
@@ -177,7 +191,7 @@ class RepeatCallersQuery(RangeQuery):
     )
 
 
-class HistoryQuery(QueryModel):
+class HistoryQuery(TrustQuery):
     """``GET /v1/projects/{project}/conversations/{conversation_id}/history``."""
 
     format: Literal["platform", "openai"] = Field(
@@ -197,7 +211,7 @@ class HistoryQuery(QueryModel):
     )
 
 
-class ContextQuery(QueryModel):
+class ContextQuery(TrustQuery):
     """``GET /v1/projects/{project}/conversations/{conversation_id}/context``."""
 
     max_tokens: Limit = Field(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from aiohttp import web
@@ -18,8 +18,10 @@ from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
 from ..domain.store import TokenRecord
 from ..domain.tokens import Principal, Role
+from ..domain.trust import CallTrust
 from . import bodies
 from .keys import METRICS, SERVICES, Services
+from .queries import MemoryQuery, parse_query
 from .responses import json_response
 from .schemas import EndRequest, TokenCreate
 
@@ -100,6 +102,15 @@ async def project_for(request: web.Request, role: Role) -> tuple[Services, Proje
     return services, await services.projects.get(request.match_info["project"])
 
 
+def call_for(request: web.Request, attestation: str | None, step_up: bool | None) -> CallTrust | None:
+    """The caller-ID trust of the call an agent's request is made in. An admin's or the operator's request is
+    no call: no trust applies, unless it says what the call's is."""
+    principal: Principal = request[PRINCIPAL]
+    if (principal.role is Role.AGENT and not principal.operator) or attestation is not None or step_up:
+        return CallTrust.of(attestation, step_up)
+    return None
+
+
 def memory_body(view: MemoryView) -> bodies.Memory:
     # The hot path: values go out as the bytes the store holds (orjson.Fragment), in one orjson call.
     return {
@@ -108,6 +119,8 @@ def memory_body(view: MemoryView) -> bodies.Memory:
         "expires_at": iso(view.expires_at),
         "valid_until": iso(view.valid_until),
         "blacklisted": view.blacklisted,
+        "withheld": list(view.withheld),
+        "attestation": cast(Any, view.attestation),
     }
 
 
@@ -142,6 +155,7 @@ def receipt_body(receipt: ErasureReceipt) -> bodies.ErasureReceipt:
             "transcripts": receipt.transcripts_removed,
             "webhook_deliveries": receipt.deliveries_removed,
             "archived_conversations": receipt.archives_removed,
+            "links": receipt.links_removed,
         },
         "blacklisted": receipt.blacklisted,
     }
@@ -219,7 +233,9 @@ async def revoke_token(request: web.Request) -> web.Response:
 @routes.get("/v1/projects/{project}/callers/{identifier}/memory")
 async def read_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.AGENT)
-    view = await services.memory.read(project, request.match_info["identifier"])
+    query = parse_query(request, MemoryQuery)
+    call = call_for(request, query.attestation, query.step_up)
+    view = await services.memory.read(project, request.match_info["identifier"], call)
     if_none_match = request.headers.get("If-None-Match")
     if if_none_match is not None and none_match(if_none_match, view.etag):
         return web.Response(status=304, headers={"ETag": view.etag, "Cache-Control": "no-store"})
@@ -291,6 +307,7 @@ async def end_conversation(request: web.Request) -> web.Response:
         received_at=received_at,
         ended_at=int(spec.ended_at.timestamp() * 1000) if spec.ended_at is not None else None,
         end_reason=spec.end_reason,
+        call=call_for(request, spec.attestation, spec.step_up),
     )
     body: bodies.ConversationEnded = {
         "conversation_id": ended.conversation_id,
@@ -300,6 +317,7 @@ async def end_conversation(request: web.Request) -> web.Response:
         "erased": ended.erased,
         "repeat_caller": ended.repeat_caller,
         "late": ended.late,
+        "withheld": ended.withheld,
     }
     return json_response(body, headers={"Idempotent-Replayed": "true" if ended.replayed else "false"})
 

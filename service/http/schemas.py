@@ -9,12 +9,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..domain.limits import (
     FIELD_NAME_PATTERN,
-    MAX_IDENTIFIER_CHARS,
+    MAX_ANY_IDENTIFIER_CHARS,
     MAX_OUTCOME_CHARS,
     MAX_STATE_ENTRIES,
     MAX_VALUE_BYTES,
 )
 from ..domain.transcripts import NAME_PATTERN
+from ..domain.trust import ATTESTATION_HELP, MAX_ATTESTATION_CHARS, STEP_UP_HELP
 
 
 class TokenCreate(BaseModel):
@@ -51,7 +52,16 @@ class EndRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    caller: str = Field(max_length=MAX_IDENTIFIER_CHARS, description="the caller's phone number")
+    caller: str = Field(
+        max_length=MAX_ANY_IDENTIFIER_CHARS,
+        description="the caller's identifier: a phone number, `email:...` or `account:...`",
+    )
+    attestation: str | None = Field(
+        default=None,
+        max_length=MAX_ATTESTATION_CHARS,
+        description=ATTESTATION_HELP,
+    )
+    step_up: bool = Field(default=False, strict=True, description=STEP_UP_HELP)
     state: dict[str, Any] = Field(
         default_factory=dict,
         max_length=MAX_STATE_ENTRIES,

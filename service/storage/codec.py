@@ -40,6 +40,7 @@ def decode_entry(data: bytes) -> ConversationEntry:
         first=FirstInteraction(**first) if first is not None else None,
         ended_by=raw.get("ended_by", "explicit"),
         end_reason=raw.get("end_reason"),
+        attestation=raw.get("attestation"),
     )
 
 

@@ -19,6 +19,12 @@ Layout (all keys start with ``cm:``)::
     cm:{a:<project>}:k:<kind>:<start>     hash      counters of one hour, day or week (and "_expires_at")
     cm:{<bucket>}:t:<project>:<subject>   hash      an erased caller's tombstone {erased_at, expires_at}
     cm:{<bucket>}:cs:<project>:<subject>  set       the caller's ended conversation ids (unlinked on erasure)
+    cm:{<bucket>}:la:<project>:<subject>  string    "<expires_at>|<profile>|<link_id>": the caller is an alias
+                                                    of that profile until then (in the alias's own slot, so
+                                                    that its writes see it atomically); PEXPIREAT expires_at
+    cm:{<bucket>}:ll:<project>:<subject>  hash      the profile's links: alias subject -> "<state>|<linked_at>|
+                                                    <expires_at>|<kind>|<link_id>", state "p" (merging) or
+                                                    "d"; in the profile's slot; PEXPIREAT its latest expiry
     cm:projects                           set       every project id (sweeps walk it)
     cm:p:<project>:audit                  stream    the project's audit records
     cm:sweeps                             list      the latest 100 sweep reports, newest first
@@ -154,6 +160,17 @@ def analytics_counter_key(project: str, kind: str, start: int) -> str:
 def tombstone_key(project: str, subject: str) -> str:
     """An erased caller's tombstone, in the caller's slot."""
     return f"{_PREFIX}{{{bucket_of(subject)}}}:t:{project}:{subject}"
+
+
+def alias_key(project: str, subject: str) -> str:
+    """The caller's alias record (which profile it is linked to), in the caller's slot: the scripts that write
+    the caller's memory read it atomically."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:la:{project}:{subject}"
+
+
+def links_key(project: str, subject: str) -> str:
+    """The profile's list of links (alias subject -> link), in the profile's slot."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:ll:{project}:{subject}"
 
 
 def caller_conversations_key(project: str, subject: str) -> str:

@@ -1,7 +1,8 @@
 """Redis backend (Redis 7.0+, standalone or Redis Cluster). Key layout in :mod:`.keys`; scripts in ``lua/``.
 
-Every memory operation is one round trip: reads are one ``HGETALL`` (expired fields are filtered here), writes
-and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and sent again with EVAL
+Every memory operation is one round trip: reads are one ``HGETALL`` (expired fields are filtered here) sent
+with a ``GET`` of the caller's alias record (a second round trip reads the profile of an alias:
+:mod:`.redis_links`), writes and erasures are one Lua script (atomic on the server). Scripts are sent with EVALSHA and sent again with EVAL
 on NOSCRIPT, so a restarted or failed-over server needs no special handling.
 
 :class:`RedisStore` holds the operations only; it sends their commands through a
@@ -24,6 +25,7 @@ from typing import Any, cast
 from ..domain.clock import bucket_starts
 from ..domain.errors import StoreCorrupt
 from ..domain.fields import StoredField, WriteCondition
+from ..domain.link_store import ProfileMoved
 from ..domain.store import (
     CallerRef,
     ConversationEntry,
@@ -43,6 +45,7 @@ from . import keys
 from .codec import NO_ANALYTICS, decode_end_analytics, decode_entry, encode_entry, memory_fields
 from .redis_archive import RedisArchiveIndex
 from .redis_cluster import ClusterTransport, is_cluster_url
+from .redis_links import LINK_SCRIPTS, RedisLinks, alias_profile
 from .redis_retention import RedisRetention, split_listed
 from .redis_transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
 from .redis_transport import (
@@ -100,11 +103,12 @@ _COUNTER_META = (b"_expires_at", b"_recorded_at")
 _RECORDED = {0: RecordStatus.DUPLICATE, 1: RecordStatus.RECORDED, 2: RecordStatus.ERASED}
 
 
-class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIndex, Store):
+class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIndex, RedisLinks, Store):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
     Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`.redis_cluster.parse_cluster_url`).
     Retention (sweeps, leases, sweep reports, the audit log): :class:`.redis_retention.RedisRetention`;
-    conversation memory: :class:`.redis_transcripts.RedisTranscripts`.
+    conversation memory: :class:`.redis_transcripts.RedisTranscripts`; linked identifiers:
+    :class:`.redis_links.RedisLinks`.
     """
 
     def __init__(
@@ -136,10 +140,10 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
 
     async def open(self) -> None:
         await self._transport.open()
-        # The transport registers the scripts it knows (redis_transport.SCRIPTS); conversation memory's are
-        # registered the same way, with the client the transport registered its own with.
+        # The transport registers the scripts it knows (redis_transport.SCRIPTS); conversation memory's and
+        # the links' are registered the same way, with the client the transport registered its own with.
         client = self._transport.scripts["patch"].registered_client
-        for name in TRANSCRIPT_SCRIPTS:
+        for name in (*TRANSCRIPT_SCRIPTS, *LINK_SCRIPTS):
             self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:
@@ -209,8 +213,15 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
     # Caller memory ------------------------------------------------------------------------------------
 
     async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
+        project, subject = caller.project, caller.subject
         async with Call("read_fields", self._timeout):
-            (data,) = await self._transport.run(("HGETALL", keys.memory_key(caller.project, caller.subject)))
+            # The alias record is in the caller's slot: asked in the same write, one round trip for a caller
+            # that is no alias; an alias's profile is read in a second one (one hop: a profile is no alias).
+            data, record = await self._transport.run(
+                ("HGETALL", keys.memory_key(project, subject)), ("GET", keys.alias_key(project, subject))
+            )
+            if record is not None and (profile := alias_profile(record, now_ms)) is not None:
+                (data,) = await self._transport.run(("HGETALL", keys.memory_key(project, profile)))
         return memory_fields(data, now_ms)
 
     async def patch_fields(
@@ -236,8 +247,16 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         args += deletes
         async with Call("patch_fields", self._timeout):
             reply: list[Any] = await self._transport.script(
-                "patch", [keys.memory_key(project, subject), keys.caller_index_key(subject)], args
+                "patch",
+                [
+                    keys.memory_key(project, subject),
+                    keys.caller_index_key(subject),
+                    keys.alias_key(project, subject),
+                ],
+                args,
             )
+        if reply[0] == 5:
+            raise ProfileMoved(reply[1].decode())
         return PatchResult(applied=reply[0] == 1, fields=_fields_from_flat(reply[1:]))
 
     async def end_conversation(self, end: EndWrite, now_ms: int) -> EndResult:
@@ -247,6 +266,7 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         script_keys = [
             keys.memory_key(project, subject),
             keys.caller_index_key(subject),
+            keys.alias_key(project, subject),
             keys.conversation_record_key(project, subject, conversation_id),
             keys.tombstone_key(project, subject),
             keys.caller_conversations_key(project, subject),
@@ -298,6 +318,13 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
                 owner, _, until = (previous or b"").decode().partition("|")
                 if previous is not None and owner != subject:
                     if int(until or 0) > now_ms:
+                        # Not this caller's: nothing is written. An alias is told so first, as the script does
+                        # on one server: the domain's retry on the profile then finds the replay (an end the
+                        # domain applied to the profile) or the conflict.
+                        (record,) = await self._transport.run(("GET", keys.alias_key(project, subject)))
+                        profile = alias_profile(record, now_ms)
+                        if profile is not None:
+                            raise ProfileMoved(profile)
                         # An erasure removed what this id wrote (erase_caller): it wins over any end of it.
                         erased = owner == ERASED_CLAIM.decode()
                         return EndResult(EndStatus.ERASED if erased else EndStatus.CONFLICT)
@@ -306,11 +333,14 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             # A replay is acknowledged only once the first attempt's write is on a replica: the script call
             # is followed by a marker and a WAIT in its slot (ClusterLink.run).
             reply: list[Any] = await self._transport.script("patch", script_keys, args)
-            if reply[0] == 4 and self._cluster:
-                # Refused for an erased caller: take back the claim naming them (the script on one server
-                # claims after its erasure check). A claim holds "<subject>|<expires_at>", the lease
-                # script's format: its release deletes the key only if it still names this subject.
+            if self._cluster and (reply[0] == 4 or (reply[0] == 5 and reply[2] == 0)):
+                # Refused for an erased caller, or for an alias: take back the claim naming them (the script
+                # on one server claims after these checks). A claim holds "<subject>|<expires_at>", the lease
+                # script's format: its release deletes the key only if it still names this subject. An alias
+                # with a live record of the id (an end applied before it became one) keeps that record's.
                 await self._transport.script("lease", [claim], [subject, 0, 0])
+        if reply[0] == 5:
+            raise ProfileMoved(reply[1].decode())
         if reply[0] == 2:  # {2, fingerprint, analytics found when first applied, expires_at}
             return EndResult(EndStatus.REPLAYED, decode_end_analytics(reply[2]))
         if reply[0] == 3:
@@ -438,6 +468,8 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
                     keys.caller_conversations_key(project, subject),
                     keys.tombstone_key(project, subject),
                     keys.caller_transcripts_key(project, subject),
+                    keys.alias_key(project, subject),
+                    keys.links_key(project, subject),
                 ],
                 [
                     keys.index_member(project, subject),
@@ -447,9 +479,11 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
                     subject,
                 ],
             )
-            listed_transcripts = 2 * int(reply[2])
-            transcripts = reply[3 : 3 + listed_transcripts]
-            pairs = reply[3 + listed_transcripts :]
+            aliases = [a.decode() for a in reply[5 : 5 + int(reply[4])]]
+            at = 5 + len(aliases)
+            listed_transcripts = 2 * int(reply[at])
+            transcripts = reply[at + 1 : at + 1 + listed_transcripts]
+            pairs = reply[at + 1 + listed_transcripts :]
             # Each conversation of the caller is in a slot of its own: each becomes a marker there.
             removed = await self.erase_transcripts(
                 caller,
@@ -485,6 +519,9 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             conversations=len(ids),
             listed=listed,
             transcripts=removed,
+            links=int(reply[2]),
+            alias_of=reply[3].decode(),
+            aliases=tuple(aliases),
         )
 
     async def unlist_conversations(self, project: str, conversation_ids: Sequence[str]) -> int:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.fields import StoredField, WriteCondition, live_fields
+from ..domain.link_store import ProfileMoved
 from ..domain.store import (
     BUCKET_KINDS,
     AnalyticsInput,
@@ -39,6 +40,7 @@ from ..domain.store import (
 )
 from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .sqlite_archive import SQLiteArchiveIndex
+from .sqlite_links import RESOLVED, SQLiteLinks, erase_links, profile_of, refuse_alias
 from .sqlite_retention import SQLiteRetention
 from .sqlite_transcripts import SQLiteTranscripts, erase_transcripts
 from .sqlite_webhooks import SQLiteWebhooks
@@ -49,10 +51,11 @@ T = TypeVar("T")
 ERASED_SUBJECT = ""
 
 #: 2: conversation memory (the transcript tables) and tokens.agent; 3: webhooks (the endpoint and delivery
-#: tables, created when missing like the transcript tables). A file is marked with the version that last
-#: opened it, so that an earlier release, which would neither sweep nor erase what it does not know (a
-#: transcript, a queued delivery), refuses it.
-SCHEMA_VERSION = 3
+#: tables, created when missing like the transcript tables); 4: linked identifiers (the alias and link tables,
+#: the same way). A file is marked with the version that last opened it, so that an earlier release, which
+#: would neither sweep nor erase what it does not know (a transcript, a queued delivery, a link), refuses it
+#: (and an earlier release would not follow a link either: it would write to an alias).
+SCHEMA_VERSION = 4
 
 #: The tables and indexes (``sqlite_schema.sql``, package data), created by every open if missing.
 _SCHEMA = resources.files(__package__).joinpath("sqlite_schema.sql").read_text(encoding="utf-8")
@@ -95,10 +98,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
     )
 
 
-class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArchiveIndex, Store):
+class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArchiveIndex, SQLiteLinks, Store):
     """:class:`Store` on one SQLite file (retention: :class:`.sqlite_retention.SQLiteRetention`; conversation
     memory: :class:`.sqlite_transcripts.SQLiteTranscripts`; webhooks:
-    :class:`.sqlite_webhooks.SQLiteWebhooks`)."""
+    :class:`.sqlite_webhooks.SQLiteWebhooks`; linked identifiers: :class:`.sqlite_links.SQLiteLinks`)."""
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)
@@ -288,16 +291,22 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
     # Caller memory ------------------------------------------------------------------------------------
 
     @staticmethod
-    def _fields(conn: sqlite3.Connection, project: str, subject: str, now_ms: int) -> dict[str, StoredField]:
+    def _fields(
+        conn: sqlite3.Connection, project: str, subject: str, now_ms: int, *, follow: bool = False
+    ) -> dict[str, StoredField]:
+        # ``follow``: through a live alias to its profile's fields, in the same statement (see RESOLVED).
+        who, params = (RESOLVED, (project, subject, now_ms, subject)) if follow else ("?", (subject,))
         rows = conn.execute(
-            "SELECT name, value, expires_at, written_at FROM fields "
-            "WHERE project = ? AND subject = ? AND expires_at > ?",
-            (project, subject, now_ms),
+            f"SELECT name, value, expires_at, written_at FROM fields WHERE project = ? AND subject = {who} "
+            "AND expires_at > ?",
+            (project, *params, now_ms),
         ).fetchall()
         return {name: StoredField(bytes(value), expires, written) for name, value, expires, written in rows}
 
     async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
-        return await self._read(lambda conn: self._fields(conn, caller.project, caller.subject, now_ms))
+        return await self._read(
+            lambda conn: self._fields(conn, caller.project, caller.subject, now_ms, follow=True)
+        )
 
     @classmethod
     def _apply(
@@ -337,6 +346,7 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
         project, subject = caller.project, caller.subject
 
         def run(conn: sqlite3.Connection) -> PatchResult:
+            refuse_alias(conn, project, subject, now_ms)
             current = self._fields(conn, project, subject, now_ms)
             if condition is not None and not condition.holds(live_fields(current, condition.ttl_ms, now_ms)):
                 return PatchResult(applied=False, fields=current)
@@ -364,6 +374,12 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
                     return EndResult(EndStatus.ERASED)
                 if row[0] == subject and row[1] == end.fingerprint:
                     return EndResult(EndStatus.REPLAYED, decode_end_analytics(bytes(row[2])))
+            # Not a replay of this subject's: an alias writes nothing, and the domain's retry on the profile
+            # decides (a record it stored there is a replay there, another body a conflict).
+            profile = profile_of(conn, project, subject, now_ms)
+            if profile is not None:
+                raise ProfileMoved(profile)
+            if row is not None:
                 return EndResult(EndStatus.CONFLICT)
             # A field written after the end's write time (a later patch, a later end) is left as it is.
             written_at = now_ms if end.written_at is None else end.written_at
@@ -562,6 +578,7 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
             ]
             listed = self._unlist(conn, project, ids)
             transcripts = erase_transcripts(conn, caller, now_ms)
+            links, alias_of, aliases = erase_links(conn, project, subject, now_ms)
             conn.execute(
                 "INSERT OR REPLACE INTO tombstones (project, subject, erased_at, expires_at) VALUES (?, ?, ?, ?)",
                 (project, subject, now_ms, tombstone_until),
@@ -572,6 +589,9 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
                 conversations=len(ids),
                 listed=listed,
                 transcripts=transcripts,
+                links=links,
+                alias_of=alias_of,
+                aliases=aliases,
             )
 
         return await self._write(run)

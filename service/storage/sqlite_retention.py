@@ -38,6 +38,8 @@ class SQLiteRetention:
         "transcript_volume": ("transcript_volume", "project, hour"),
         "webhook_deliveries": ("webhook_deliveries", "project, delivery_id"),
         "archive_index": ("archive_index", "project, subject, object_key"),
+        "links": ("links", "project, profile, subject"),
+        "aliases": ("aliases", "project, subject"),
     }
 
     async def list_projects(self) -> list[str]:

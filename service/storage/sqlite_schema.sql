@@ -1,8 +1,8 @@
 -- The SQLite backend's schema, run by SQLiteStore.open on every open (each statement is idempotent).
 -- Columns added after the first release (first_interactions.created_at, the recorded_at columns,
 -- tokens.agent) are in these tables already; sqlite.py's _ADDED_COLUMNS adds them to files of earlier
--- releases, with the indexes on them. Tables added later (the transcript tables, then the webhook tables, at
--- the end) are simply created when missing.
+-- releases, with the indexes on them. Tables added later (the transcript tables, the webhook tables, then the
+-- links table, at the end) are simply created when missing.
 -- Times are integer milliseconds since the Unix epoch; subject is a caller pseudonym, never a phone number.
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS projects (
@@ -212,3 +212,25 @@ CREATE TABLE IF NOT EXISTS archive_index (
     PRIMARY KEY (project, subject, object_key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS archive_index_by_expiry ON archive_index (expires_at);
+-- Linked identifiers (schema version 4; sqlite_links.py): an alias's record (the profile it points to) and
+-- the profile's list of links, written together. kind is phone, email or account; link_id is random (the only
+-- name of a link that leaves the service).
+CREATE TABLE IF NOT EXISTS aliases (
+    project TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, subject)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS aliases_by_expiry ON aliases (expires_at);
+CREATE TABLE IF NOT EXISTS links (
+    project TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    link_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    linked_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, profile, subject)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS links_by_expiry ON links (expires_at);

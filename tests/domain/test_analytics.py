@@ -72,6 +72,8 @@ def test_a_repeat_call_counts_its_time_to_callback_and_the_first_outcome() -> No
         'first_qa:"unresolved"': 1,
         'first_handoff_reason:"billing"': 1,
         "first_handoff_to:null": 1,
+        # The repeat call's own attestation (none recorded for this one).
+        "repeat_attestation:null": 1,
     }
     assert metrics(FIRST) == {
         "REPEAT_CALLER_CONV_ID": "c1",
@@ -138,7 +140,7 @@ def test_an_empty_report_has_no_rates() -> None:
     report = summarise([], MONDAY, MONDAY, "week")
     assert report["totals"]["repeat_rate"] is None and len(report["series"]) == 1
     assert all(row["share"] is None for row in report["time_to_callback"])
-    assert report["breakdowns"] == {"qa": [], "handoff_reason": [], "handoff_to": []}
+    assert report["breakdowns"] == {"qa": [], "handoff_reason": [], "handoff_to": [], "attestation": []}
 
 
 def test_cursors_round_trip_and_anything_else_is_refused() -> None:

@@ -17,16 +17,19 @@ from typing import Any
 import pytest
 from caller_memory.sdk.livekit import (
     MEMORY_MESSAGE_ID,
+    SIP_ATTESTATION_ATTRIBUTES,
+    attestation_from_participant,
     caller_from_participant,
     mask_livekit_logs,
     remember_caller,
 )
 from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
+from livekit import rtc
 from livekit.agents import CloseReason, UserStateChangedEvent
 from livekit.agents.testing import fake_job_context
-from livekit.rtc._proto import participant_pb2
+from livekit.rtc._proto import handle_pb2, participant_pb2
 
-from tests.conftest import Api
+from tests.conftest import OPERATOR_TOKEN, Api
 
 # The fixtures (fake_llm, sessions, tokens, store_url, lines) come with the star import.
 from tests.frameworks.conftest_livekit import *  # noqa: F403
@@ -34,6 +37,7 @@ from tests.frameworks.conftest_livekit import (
     INSTRUCTIONS,
     NUMBER,
     PROJECT,
+    PROJECT_CONFIG,
     Lines,
     Sessions,
     Shopkeeper,
@@ -508,3 +512,148 @@ async def test_a_callback_after_a_dropped_call_is_offered_resume(
         assert call.conversation is not None and call.conversation.resume is not None
         await session.aclose()
         await call.wait_ended()
+
+
+# Caller-ID trust --------------------------------------------------------------------------------------------
+
+#: A P-Asserted-Identity as Telnyx sends it, with the verification result as its URI's verstat parameter.
+TELNYX_PAI = f'"Ada" <sip:{NUMBER};verstat=TN-Validation-Passed@sip.telnyx.com;user=phone>'
+
+
+def sip_caller(
+    attributes: dict[str, str], kind: int = participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP
+) -> rtc.RemoteParticipant:
+    """A real SIP participant (no server: handle 0) with the attributes LiveKit would map from the INVITE."""
+    info = participant_pb2.ParticipantInfo(
+        sid="PA_trust",
+        identity="sip_caller",
+        kind=kind,
+        attributes={"sip.phoneNumber": NUMBER, "sip.callID": "SCL_trust", **attributes},
+    )
+    owned = participant_pb2.OwnedParticipant(handle=handle_pb2.FfiOwnedHandle(id=0), info=info)
+    return rtc.RemoteParticipant(owned)
+
+
+def test_the_attestation_comes_from_the_sip_headers_livekit_maps_to_attributes() -> None:
+    assert SIP_ATTESTATION_ATTRIBUTES == ("sip.h.x-twilio-verstat", "sip.h.p-asserted-identity")
+    # Twilio Elastic SIP Trunking: its X-Twilio-VerStat header (include_headers: SIP_X_HEADERS).
+    twilio = sip_caller({"sip.h.x-twilio-verstat": "TN-Validation-Passed-A"})
+    assert attestation_from_participant(twilio) == "TN-Validation-Passed-A"
+    # Telnyx: the verstat parameter of P-Asserted-Identity (include_headers: SIP_ALL_HEADERS).
+    assert attestation_from_participant(sip_caller({"sip.h.p-asserted-identity": TELNYX_PAI})) == (
+        "TN-Validation-Passed"
+    )
+    tel = f"<tel:{NUMBER};verstat=TN-Validation-Failed>"
+    assert (
+        attestation_from_participant(sip_caller({"sip.h.p-asserted-identity": tel})) == "TN-Validation-Failed"
+    )
+    # X-Twilio-VerStat first; a P-Asserted-Identity without verstat is no attestation.
+    both = sip_caller({"sip.h.x-twilio-verstat": "No-TN-Validation", "sip.h.p-asserted-identity": TELNYX_PAI})
+    assert attestation_from_participant(both) == "No-TN-Validation"
+    plain = sip_caller({"sip.h.p-asserted-identity": f"<sip:{NUMBER}@carrier.example>"})
+    assert attestation_from_participant(plain) is None
+    assert attestation_from_participant(sip_caller({})) is None  # outside North America; no headers mapped
+    # The caller writes their own From header: not read unless named.
+    from_header = sip_caller({"sip.h.from": f"<sip:{NUMBER};verstat=TN-Validation-Passed@x.example>"})
+    assert attestation_from_participant(from_header) is None
+    assert attestation_from_participant(from_header, "sip.h.from") == "TN-Validation-Passed"
+    # A trunk's headers_to_attributes: {"X-Twilio-VerStat": "verstat"}; only the named attribute is read.
+    mapped = sip_caller(
+        {"verstat": "TN-Validation-Passed-B", "sip.h.x-twilio-verstat": "TN-Validation-Passed-A"}
+    )
+    assert attestation_from_participant(mapped, "verstat") == "TN-Validation-Passed-B"
+    assert attestation_from_participant(mapped, "missing") is None
+    # There but not a verification result: it grants nothing (the service is not sent what it refuses).
+    odd = sip_caller({"sip.h.x-twilio-verstat": "TN-Validation-Passed-A-Passthrough"})
+    assert attestation_from_participant(odd) == "failed"
+    pai = sip_caller({"sip.h.p-asserted-identity": f"<sip:{NUMBER};verstat=Maybe@x.example>"})
+    assert attestation_from_participant(pai) == "failed"
+    # Anyone else in the room sets their own attributes: they attest nothing.
+    browser = sip_caller(
+        {"sip.h.x-twilio-verstat": "TN-Validation-Passed-A"},
+        kind=participant_pb2.ParticipantKind.PARTICIPANT_KIND_STANDARD,
+    )
+    assert attestation_from_participant(browser) is None
+
+
+async def trusted_project(api: Api) -> dict[str, str]:
+    """``verified`` is sensitive (an A-attested call, or a step-up check); the caller has it."""
+    config = json.loads(json.dumps(PROJECT_CONFIG))
+    config["memory"]["repeat_caller"].update(
+        state_keys=["caller_name", "verified"],
+        field_classes={"verified": "sensitive"},
+        trust={"sensitive": "A"},
+    )
+    reply = await api.call("PUT", f"/v1/projects/{PROJECT}", token=OPERATOR_TOKEN, json=config)
+    assert reply.status in (200, 201), reply.body
+    tokens = {role: await api.mint(PROJECT, role) for role in ("agent", "admin")}
+    reply = await api.call(
+        "PATCH",
+        f"/v1/projects/{PROJECT}/callers/{NUMBER}/memory",
+        token=tokens["admin"],
+        json={"caller_name": "Ada", "verified": "yes"},
+    )
+    assert reply.status == 200, reply.body
+    return tokens
+
+
+def memory_text(body: dict[str, Any]) -> str:
+    [text] = [text_of(m) for m in body["messages"] if PREAMBLE in text_of(m)]
+    return text
+
+
+async def test_a_call_gets_what_its_sip_attestation_qualifies_for_and_more_after_a_step_up(
+    api: Api, sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    tokens = await trusted_project(api)
+    pai = f"<sip:{NUMBER};verstat=TN-Validation-Passed-C@sip.telnyx.com;user=phone>"  # a C call
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        call = remember_caller(session, client, participant=sip_caller({"sip.h.p-asserted-identity": pai}))
+        assert call.conversation is not None and call.conversation.attestation == "TN-Validation-Passed-C"
+        await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+        await session.generate_reply()
+        assert last_text(session) == "Welcome back, Ada!"
+        greeting = memory_text(fake_llm.requests[-1])
+        assert '"caller_name":"Ada"' in greeting and "verified" not in greeting
+        assert call.memory is not None and call.memory.withheld == ("verified",)
+        assert call.memory.attestation == "C"
+        call.step_up_passed()  # the app's own tool checked the caller's PIN
+        await session.run(user_input="my PIN is 1234")
+        assert '"verified":"yes"' in memory_text(fake_llm.requests[-1])
+        assert call.memory is not None and call.memory.withheld == ()
+        call.state["verified"] = "pin"
+        await session.aclose()
+        result = await call.wait_ended()
+        assert result is not None and result.persisted == ("verified",) and result.withheld == ()
+    reply = await api.call("GET", f"/v1/projects/{PROJECT}/callers/{NUMBER}/memory", token=tokens["admin"])
+    assert reply.body["fields"] == {"caller_name": "Ada", "verified": "pin"}
+
+
+async def test_an_attestation_given_wins_and_a_step_up_before_the_caller_is_kept(
+    api: Api, sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    tokens = await trusted_project(api)
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        twilio_a = sip_caller({"sip.h.x-twilio-verstat": "TN-Validation-Passed-A"})
+        call = remember_caller(session, client, participant=twilio_a, attestation="TN-Validation-Failed-A")
+        assert call.conversation is not None and call.conversation.attestation == "TN-Validation-Failed-A"
+        await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+        await session.generate_reply()
+        assert "verified" not in memory_text(fake_llm.requests[-1])
+        call.state["verified"] = "no"
+        await session.aclose()
+        result = await call.wait_ended()
+        assert result is not None and result.withheld == ("verified",) and result.persisted == ()
+
+        later = remember_caller(sessions.new(), client, attestation="C")  # the number is known later
+        later.step_up_passed()
+        later.set_caller(NUMBER, "SCL_later")
+        assert later.conversation is not None and later.conversation.step_up
+        assert later.conversation.attestation == "C"
+        memory = await later.conversation.begin_turn()
+        assert memory.withheld == () and memory.fields()["verified"] == "yes"
+        await later.end()
+        with pytest.raises(ValueError, match="attestation"):
+            remember_caller(sessions.new(), client, caller=NUMBER, attestation="x" * 65)

@@ -24,12 +24,13 @@ import uvicorn
 import websockets
 from aiohttp import web
 from caller_memory.sdk import MemoryClient, RetryPolicy
-from caller_memory.sdk.pipecat import CallerMemory, caller_from
+from caller_memory.sdk.pipecat import CallerMemory, attestation_from, caller_from
 from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
 from fastapi import FastAPI, WebSocket
 from pipecat.frames.frames import EndFrame, LLMRunFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.runner.types import CallData, TelnyxCallData
 from pipecat.runner.utils import parse_telephony_websocket
 from pipecat.serializers.genesys import GenesysAudioHookSerializer
 from pipecat.serializers.twilio import TwilioFrameSerializer
@@ -217,6 +218,88 @@ def test_the_caller_number_from_each_telephony_layer() -> None:
     assert caller_from(None) is None  # Twilio without the TwiML <Parameter>, Plivo
     assert caller_from("tel:+14155550100") == "+14155550100"  # Genesys AudioHook's ani
     assert caller_from("anonymous") is None
+
+
+# Caller-ID trust -----------------------------------------------------------------------------------------------
+
+
+def test_the_attestation_from_the_telephony_data() -> None:
+    """Twilio's StirVerstat, passed by the TwiML as a <Parameter> of the <Stream>: Pipecat's call_data.body."""
+    assert (
+        attestation_from(CallData(body={"StirVerstat": "TN-Validation-Passed-A"})) == "TN-Validation-Passed-A"
+    )
+    assert attestation_from(CallData(body={"stirverstat": " No-TN-Validation "})) == "No-TN-Validation"
+    assert attestation_from({"body": {"attestation": "TN-Validation-Failed-B"}}) == "TN-Validation-Failed-B"
+    assert attestation_from(CallData(body={"StirVerstat": "TN-Validation-Passed-A-Diverted"})) == (
+        "TN-Validation-Passed-A-Diverted"
+    )
+    assert attestation_from(CallData(body={"from_number": CALLER})) is None  # a TwiML without it
+    assert attestation_from(CallData(body={"StirVerstat": ""})) is None
+    assert (
+        attestation_from(TelnyxCallData(call_id="v3:x", from_number=CALLER)) is None
+    )  # Telnyx: none on the stream
+    assert attestation_from(None) is None
+    # Present but not a verification result: it grants nothing (and the service is not sent what it refuses).
+    for unreadable in ("Passed-A", "TN-Validation-Passed-A; drop table", "yes"):
+        assert attestation_from(CallData(body={"StirVerstat": unreadable})) == "failed"
+    assert attestation_from(CallData(body={"StirVerstat": 1})) is None  # no string: nothing given
+
+
+async def test_the_call_gets_the_fields_its_attestation_qualifies_for_and_more_after_a_step_up(
+    api: Api, llm: FakeLLM, tmp_path: Path
+) -> None:
+    reply = await api.call(
+        "PUT",
+        f"/v1/projects/{PROJECT}",
+        token=OPERATOR_TOKEN,
+        json={
+            "memory": {
+                "repeat_caller": {
+                    "state_keys": ["caller_name", "verified"],
+                    "default_region": "US",
+                    "field_classes": {"verified": "sensitive"},
+                    "trust": {"sensitive": "A"},
+                },
+                "conversation": {"enabled": True},
+            }
+        },
+    )
+    assert reply.status in (200, 201), reply.body
+    tokens = {role: await api.mint(PROJECT, role) for role in ("agent", "admin")}
+    await remember(api, tokens["admin"], {"caller_name": "Ada", "verified": "yes"})
+    async with client_for(api.base_url, tokens["agent"], tmp_path) as client:
+        attestation = attestation_from(CallData(body={"StirVerstat": "TN-Validation-Passed-C"}))
+        memory = CallerMemory(client, "call-1", CALLER, attestation=attestation)
+        call = Call.build(memory, llm.base_url)
+        await call.start()
+        assert await call.greet() == "Welcome back, Ada!"
+        [greeting] = memory_messages(llm.requests[-1])
+        assert '"caller_name":"Ada"' in greeting and "verified" not in greeting  # a C call: withheld
+        assert memory.conv is not None and memory.conv.memory.withheld == ("verified",)
+        memory.step_up_passed()  # the agent's own tool checked the caller's PIN
+        assert await call.says("Any gouda today?") == "Noted."
+        [after] = memory_messages(llm.requests[-1])
+        assert '"verified":"yes"' in after and memory.conv.memory.withheld == ()
+        memory.conv.state["verified"] = "pin"
+        await call.bot_hangs_up()
+        ended = await call.ended()
+        assert ended.persisted == ("verified",) and ended.withheld == ()
+    reply = await api.call("GET", f"/v1/projects/{PROJECT}/callers/{CALLER}/memory", token=tokens["admin"])
+    assert reply.body["fields"] == {"caller_name": "Ada", "verified": "pin"}
+
+
+async def test_a_step_up_before_the_caller_is_named_is_kept_for_the_call(
+    api: Api, shop: dict[str, str], tmp_path: Path
+) -> None:
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        memory = CallerMemory(client, attestation="B")
+        memory.step_up_passed()
+        conv = memory.set_caller(CALLER, "call-1", attestation="TN-Validation-Passed-A")
+        assert conv is not None and conv.step_up and conv.attestation == "TN-Validation-Passed-A"
+        assert memory.set_caller("+14155550199", attestation="C") is conv  # the first caller, and its trust
+        assert conv.attestation == "TN-Validation-Passed-A"
+        with pytest.raises(ValueError, match="attestation"):
+            CallerMemory(client, "call-2", CALLER, attestation="TN\nValidation")
 
 
 # The read budget, and stale memory --------------------------------------------------------------------------
@@ -614,7 +697,9 @@ async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_
                     audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False, serializer=serializer
                 ),
             )
-            memory = CallerMemory(client, call_data.call_id, call_data.from_number)  # the one line
+            memory = CallerMemory(  # the one line
+                client, call_data.call_id, call_data.from_number, attestation=attestation_from(call_data)
+            )
             llm_service = make_llm(llm.base_url)
             context = make_context(memory)
             pair = aggregators(context)
@@ -672,7 +757,11 @@ async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_
             for sid in ("CA0001", "CA0002", "CA0003"):
                 bots[sid], results[sid] = loop.create_future(), loop.create_future()
             first = await fake_twilio_call(
-                url, "CA0001", {"from_number": CALLER}, bots, caller_hangs_up=False
+                url,
+                "CA0001",
+                {"from_number": CALLER, "StirVerstat": "TN-Validation-Passed-A"},
+                bots,
+                caller_hangs_up=False,
             )
             await asyncio.wait_for(asyncio.shield(results["CA0001"]), 10)
             second = await fake_twilio_call(
@@ -696,6 +785,17 @@ async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_
     assert second == ["Welcome back, Ada!", "Noted."]
     assert ended["CA0002"].repeat_caller["REPEAT_CALLER_CONV_ID"] == "CA0001"
     assert third == ["Hello! What's your name?", "Noted."] and ended["CA0003"] is None
+    # The attestation the TwiML passed went with the first call's reads and end (the service normalised it,
+    # and recorded it with the conversation); the second call's TwiML passed none.
+    first_conv, second_conv = (bots[sid].result().memory.conv for sid in ("CA0001", "CA0002"))
+    assert first_conv is not None and first_conv.attestation == "TN-Validation-Passed-A"
+    assert first_conv.memory.attestation == "A"
+    assert second_conv is not None and second_conv.attestation is None
+    assert second_conv.memory.attestation == "unknown"
+    reply = await api.call("GET", f"/v1/projects/{PROJECT}/analytics/conversations", token=shop["admin"])
+    assert reply.status == 200, reply.body
+    recorded = {row["conversation_id"]: row["attestation"] for row in reply.body["conversations"]}
+    assert recorded == {"CA0001": "A", "CA0002": "unknown"}
     for sid in ("CA0001", "CA0002"):
         call = bots[sid].result()
         FIGURES[f"twilio {sid}: hang-up to runner returned, ms"] = (

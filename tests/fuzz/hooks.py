@@ -8,9 +8,10 @@ time. Each perturbation is noted in ``perturbed.log`` in the working directory, 
 test can check that they were sent.
 
 One change is made to cases meant to be accepted: a configuration the operator's run writes to the fuzz
-project keeps conversation memory on (anything else in it is as generated), so that the conversations the
-test started there stay readable; otherwise the first such write (the document's example, which has no
-``conversation`` block) would turn every later transcript operation into a 404."""
+project keeps conversation memory and identity linking on (anything else in it is as generated), so that the
+conversations the test started there stay readable and identifiers linkable; otherwise the first such write
+(the document's example, which has neither) would turn every later transcript operation into a 404 and every
+link into a 403."""
 
 from __future__ import annotations
 
@@ -82,4 +83,8 @@ def _keep_conversation_memory(case: Any) -> None:
         return
     conversation = memory.get("conversation", {})
     if isinstance(conversation, dict):
-        case.body = {**body, "memory": {**memory, "conversation": {**conversation, "enabled": True}}}
+        memory = {**memory, "conversation": {**conversation, "enabled": True}}
+    repeat_caller = memory.get("repeat_caller", {})
+    if isinstance(repeat_caller, dict):  # and linked identifiers, so that the link operations stay reachable
+        memory = {**memory, "repeat_caller": {**repeat_caller, "identity_linking": True}}
+    case.body = {**body, "memory": memory}

@@ -88,6 +88,10 @@ async def test_defaults_for_an_empty_configuration(api: Api) -> None:
         "retention": "P90D",
         "field_ttls": {},
         "default_region": None,
+        "identity_linking": False,
+        "field_classes": {},
+        "trust": {},
+        "unknown_attestation": "C",
     }
 
 
@@ -301,7 +305,9 @@ async def test_patch_is_a_merge_and_null_deletes(api: Api, shop: dict[str, str])
     )
     assert second.body["fields"] == {"cheese_type": "gouda", "booking_day": "Friday"}
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])
-    assert read.body == second.body and read.headers["ETag"] == second.headers["ETag"]
+    # An agent's read is a call's (its attestation shown: unknown here); the memory is the same.
+    assert read.body == {**second.body, "attestation": "unknown"}
+    assert read.headers["ETag"] == second.headers["ETag"]
     latest = await api.call(
         "PATCH", memory_path("cheese-shop"), token=shop["admin"], json={"cheese_type": "brie"}
     )
@@ -371,6 +377,8 @@ async def test_unknown_caller_has_empty_memory(api: Api, shop: dict[str, str]) -
         "expires_at": None,
         "valid_until": None,
         "blacklisted": False,
+        "withheld": [],
+        "attestation": "unknown",
     }
 
 
@@ -531,6 +539,8 @@ async def test_blacklisted_callers_read_empty_and_writes_are_dropped(api: Api, s
         "expires_at": None,
         "valid_until": None,
         "blacklisted": False,
+        "withheld": [],
+        "attestation": "unknown",
     }
     # Bad input is still refused for blacklisted callers.
     await api.put_project("cheese-shop", CONFIG)
@@ -639,6 +649,7 @@ async def test_erase_caller(api: Api, shop: dict[str, str]) -> None:
         "transcripts": 0,
         "webhook_deliveries": 0,
         "archived_conversations": 0,
+        "links": 0,
     }
     assert receipt.body["erased_at"].endswith(":00:00Z")
     assert CALLER not in str(receipt.body) and "4155550100" not in str(receipt.body)

@@ -36,6 +36,7 @@ async def test_end_persists_state_keys_and_reports_the_rest(api: Api, shop: dict
         "erased": False,
         "repeat_caller": {},
         "late": False,
+        "withheld": [],
     }
     assert reply.headers["Idempotent-Replayed"] == "false"
     read = await api.call("GET", memory_path("cheese-shop"), token=shop["agent"])

@@ -52,6 +52,7 @@ def concrete(path: str, token_id: str) -> str:
         "asset": "dashboard.js",
         "webhook_id": "wh_0123456789abcdef",
         "delivery_id": "msg_nothing",
+        "other": "email:ada@example.com",
     }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 

@@ -214,6 +214,7 @@ PATH_VALUES = {
     "asset": "dashboard.js",
     "webhook_id": "wh_0123456789abcdef",
     "delivery_id": "msg_nothing",
+    "other": "email:ada@example.com",
 }
 #: A body each operation that takes one accepts.
 BODIES: dict[str, Any] = {
@@ -226,7 +227,34 @@ BODIES: dict[str, Any] = {
     "put_summary": {"text": "A summary.", "through_turn": 0},
     "create_webhook": {"url": "http://127.0.0.1:9/hook", "events": ["caller.erased"]},
     "rotate_webhook": {},
+    "create_link": {"identifier": "email:ada@example.com"},
 }
+
+
+async def link_walkthrough(check: Checker, config: dict[str, Any]) -> None:
+    """Linked identifiers: off (403), on; linked, renewed, refused (409, 422); listed; unlinked (and 404)."""
+    links, link = (
+        "/v1/projects/{project}/callers/{identifier}/links",
+        "/v1/projects/{project}/callers/{identifier}/links/{other}",
+    )
+    email = {"identifier": "email:ada@example.com"}
+    await check("POST", links, CALLER + "/links", 403, json=email)
+    config["memory"]["repeat_caller"]["identity_linking"] = True
+    await check("PUT", "/v1/projects/{project}", "/v1/projects/shop", 200, json=config)
+    await check("POST", links, CALLER + "/links", 201, json=email)
+    await check("POST", links, CALLER + "/links", 200, json=email)
+    await check("POST", links, CALLER + "/links", 422, json={"identifier": "email:nobody"})
+    with_memory = {"caller": "account:B-7", "state": {"a": 1}}
+    await check(
+        "POST", "/v1/projects/{project}/conversations/{conversation_id}/end",
+        "/v1/projects/shop/conversations/acct-1/end", 200, json=with_memory,
+    )  # fmt: skip
+    await check("POST", links, CALLER + "/links", 409, json={"identifier": "account:B-7"})
+    await check("GET", links, CALLER + "/links", 200)
+    await check("GET", links, "/v1/projects/shop/callers/12/links", 422)
+    await check("DELETE", link, CALLER + "/links/email:ada@example.com", 200)
+    await check("DELETE", link, CALLER + "/links/email:ada@example.com", 404)
+    await check("DELETE", link, CALLER + "/links/email:nobody", 422)
 
 
 def concrete(template: str, **values: str) -> str:
@@ -359,6 +387,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
 
     await transcript_walkthrough(check, client)
     await webhook_walkthrough(check, client)
+    await link_walkthrough(check, config)
 
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
     records = await check("GET", audit, "/v1/projects/shop/audit?limit=1", 200)
@@ -547,6 +576,9 @@ OWN: dict[str, set[str]] = {
     "delete_webhook": {"204", "404"},
     "list_failed_deliveries": {"200", "404", "422"},
     "redeliver": {"202", "404"},
+    "create_link": {"200", "201", "403", "409", "422"},
+    "list_links": {"200", "422"},
+    "delete_link": {"200", "404", "422"},
 }
 #: Which role a token needs to be refused (403) by an operation that requires a role.
 TOO_WEAK = {"operator": "admin", "admin": "agent", "agent": "analytics", "analytics": "agent"}

@@ -110,6 +110,7 @@ async def test_erasure_receipt_audit_and_no_number_anywhere(api: Api, shop: dict
         "transcripts": 0,
         "webhook_deliveries": 0,
         "archived_conversations": 0,
+        "links": 0,
     }
     listed = await api.call(
         "GET", "/v1/projects/cheese-shop/analytics/conversations", token=shop["analytics"]

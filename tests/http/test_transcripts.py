@@ -602,7 +602,7 @@ async def test_a_dropped_call_is_offered_as_resume(api: Api, agent: As, shop: di
     assert [(r["ended_by"], r["end_reason"]) for r in rows] == [("explicit", "dropped")]
     csv = await analytics("GET", "", "analytics/conversations", Accept="text/csv")
     header, row = csv.body.splitlines()[:2]
-    assert header.endswith(",ended_by,end_reason") and row.endswith(",explicit,dropped")
+    assert header.endswith(",ended_by,end_reason,attestation") and row.endswith(",explicit,dropped,unknown")
     started = await agent.start("call-2")
     assert started["resume"]["conversation_id"] == "call-1"
     assert started["resume"]["end_reason"] == "dropped" and started["superseded"] == []

@@ -137,6 +137,7 @@ async def test_recording_is_idempotent_and_counts(store: Store) -> None:
         'first_qa:"unresolved"': 1,
         "first_handoff_reason:null": 1,
         'first_handoff_to:"human"': 1,
+        "repeat_attestation:null": 1,
     }
     [weekly] = await store.counters(
         PROJECT, "week", bucket_start("week", hour), bucket_start("week", hour), t

@@ -24,7 +24,7 @@ const TTC_LABELS = {
   "7_to_30_days": "7 to 30 days",
   "30_days_or_more": "30 days or more",
 };
-const BREAKDOWNS = ["qa", "handoff_reason", "handoff_to"];
+const BREAKDOWNS = ["qa", "handoff_reason", "handoff_to", "attestation"];
 const RECENT_COLUMNS = [
   "ended_at",
   "conversation_id",

@@ -10,6 +10,9 @@ KEYS[5]  the caller's tombstone            cm:{<bucket>}:t:<project>:<subject>
 KEYS[6]  the caller's transcripts          cm:{<bucket>}:vc:<project>:<subject> (conv_id -> horizon): read here;
          the service then replaces each conversation by a marker in its own slot (transcript_remove.lua) and
          only then takes them off this listing, so that an erasure cut short is found again by its retry
+KEYS[7]  the caller's alias record         cm:{<bucket>}:la:<project>:<subject> (optional, with KEYS[8])
+KEYS[8]  the caller's links (as a profile) cm:{<bucket>}:ll:<project>:<subject>: both removed; the aliases
+         the links name are in other slots, erased by the domain (each is erased as a caller of its own)
 ARGV[1]  the caller's member in the expiry index
 ARGV[2]  the prefix of the caller's conversation records, "cm:{<bucket>}:c:<project>:" (same slot: the
          records are named from the set's members, which is why they are not in KEYS)
@@ -21,7 +24,10 @@ a later end of that conversation id is refused as erased (patch.lua), whenever i
 record that names another caller (the id was reused once the caller's record had expired; records are
 named by bucket and id) is not the caller's and is left alone, as is that id's claim and listing.
 
-Returns {fields removed, first interaction removed (0/1), T, then T pairs of a transcript's conversation id
+Returns {fields removed, first interaction removed (0/1), links removed (the live entries of KEYS[8], plus 1
+if KEYS[7] was a live alias record), the profile KEYS[7] named while live ("" if none), L, then the subjects
+of the L live entries of KEYS[8] (the aliases the domain erases next), T, then T pairs of a transcript's
+conversation id
 and its horizon, then for each conversation id of an ended conversation: the id and the expires_at of its
 marker ("0" when its record had expired and no marker was left)}.
 ]]
@@ -30,7 +36,31 @@ local fields = redis.call('HLEN', KEYS[1])
 local first = redis.call('DEL', KEYS[3])
 local ids = redis.call('SMEMBERS', KEYS[4])
 local transcripts = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
-local out = {fields, first, #transcripts / 2}
+local links = 0
+local profile = ''
+local aliases = {}
+if KEYS[8] then
+  local alias = redis.call('GET', KEYS[7])
+  if alias and tonumber(string.match(alias, '^(%d+)|') or '0') > now then
+    links = 1
+    profile = string.match(alias, '^%d+|([^|]*)') or ''
+  end
+  local entries = redis.call('HGETALL', KEYS[8])
+  for i = 1, #entries, 2 do
+    -- subject -> "<state>|<linked_at>|<expires_at>|..."; an expired one is no link any more (its key
+    -- expires by itself)
+    if tonumber(string.match(entries[i + 1], '^[^|]*|%d+|(%d+)|') or '0') > now then
+      links = links + 1
+      aliases[#aliases + 1] = entries[i]
+    end
+  end
+  redis.call('DEL', KEYS[7], KEYS[8])
+end
+local out = {fields, first, links, profile, #aliases}
+for _, alias in ipairs(aliases) do
+  out[#out + 1] = alias
+end
+out[#out + 1] = #transcripts / 2
 for _, item in ipairs(transcripts) do
   out[#out + 1] = item
 end

@@ -3,12 +3,14 @@ patch.lua: one atomic write to one caller's memory (Store.patch_fields). Redis 7
 
 KEYS[1]  the caller's memory hash        cm:{<bucket>}:m:<project>:<subject>
 KEYS[2]  the bucket's expiry index       cm:{<bucket>}:x   (same slot: the {bucket} hash tag)
-KEYS[3]  (end of a conversation only) the conversation record, cm:{<bucket>}:c:<project>:<conversation_id>
-KEYS[4]  (end of a conversation only) the caller's tombstone, cm:{<bucket>}:t:<project>:<subject>
-KEYS[5]  (end of a conversation only) the caller's conversation ids, cm:{<bucket>}:cs:<project>:<subject>
-KEYS[6]  (end of a conversation only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject> (used
+KEYS[3]  the caller's alias record, cm:{<bucket>}:la:<project>:<subject>: while it is live (its expires_at
+         after now_ms) the caller is an alias of another profile and nothing is written (status 5)
+KEYS[4]  (end of a conversation only) the conversation record, cm:{<bucket>}:c:<project>:<conversation_id>
+KEYS[5]  (end of a conversation only) the caller's tombstone, cm:{<bucket>}:t:<project>:<subject>
+KEYS[6]  (end of a conversation only) the caller's conversation ids, cm:{<bucket>}:cs:<project>:<subject>
+KEYS[7]  (end of a conversation only) the caller's first interaction, cm:{<bucket>}:f:<project>:<subject> (used
          with analytics only)
-KEYS[7]  (end of a conversation on a standalone server only) the conversation id's claim,
+KEYS[8]  (end of a conversation on a standalone server only) the conversation id's claim,
          cm:{<cbucket>}:cc:<project>:<conversation_id>, another slot: on a cluster the service claims the id
          itself before running this script
 
@@ -18,7 +20,7 @@ ARGV, in order:
   record                  "" for a plain patch; for the end of a conversation "R", followed by
                           subject, fingerprint, extra, expires_at (ms) of the conversation record, the
                           conversation id, when the write was made (made_at, ms), the claim
-                          "<subject>|<expires_at>" to put in KEYS[7] ("" when there is no KEYS[7]), and
+                          "<subject>|<expires_at>" to put in KEYS[8] ("" when there is no KEYS[8]), and
                           the write time of the sets and deletes (ms; "" for now_ms): a field whose
                           stored written_at is after it is neither set nor deleted (the later write wins)
   analytics               "" or, with a record, "A" followed by hour, day, week (bucket starts, ms), qa,
@@ -38,8 +40,11 @@ Returns a flat array: status, then name, packed for every field whose stored exp
 the script is done (unchanged memory unless status is 1). Status: 1 applied, 0 condition failed,
 2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict,
 4 the caller was erased at or after made_at, or an erasure removed what this conversation id wrote (an
-erasure marker in KEYS[3] or KEYS[7]; nothing written);
-the end of a conversation, once applied, returns {1, extra} only.
+erasure marker in KEYS[4] or KEYS[8]; nothing written), 5 the caller is a live alias (nothing written; the
+array is {5, the profile's subject} then, and for an end a third element: 1 if the caller has a live record
+of the conversation id, whose claim a cluster's service then keeps, else 0). An end that replays one applied
+before the caller became an alias is still a replay (status 2): the replay check comes before the alias
+check, the claim after it. The end of a conversation, once applied, returns {1, extra} only.
 
 The conversation record is a hash {subject, fingerprint, extra, expires_at}, also expiring by itself then;
 after an erasure of its caller, {erased = "1", expires_at} (erase.lua).
@@ -58,6 +63,19 @@ local hash, index = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
 local member = ARGV[2]
 
+-- The profile a live alias record names, or nil. Read here, in the caller's slot, so that no write to the
+-- caller lands once it is an alias (link_alias.lua sets the record in the same slot).
+local function profile_of()
+  local alias = redis.call('GET', KEYS[3])
+  if alias then
+    local e, profile = string.match(alias, '^(%d+)|([^|]*)|')
+    if e and tonumber(e) > now then
+      return profile
+    end
+  end
+  return nil
+end
+
 local pos = 3
 local record = nil
 if ARGV[pos] == 'R' then
@@ -74,6 +92,10 @@ if ARGV[pos] == 'R' then
   pos = pos + 9
 else
   pos = pos + 1
+  local profile = profile_of()
+  if profile then
+    return {5, profile}
+  end
 end
 local analytics = nil
 if ARGV[pos] == 'A' then
@@ -156,22 +178,34 @@ end
 
 if record then
   -- An erasure at or after the moment this write was made wins: the write must not bring the caller back.
-  local tomb = redis.call('HMGET', KEYS[4], 'erased_at', 'expires_at')
+  local tomb = redis.call('HMGET', KEYS[5], 'erased_at', 'expires_at')
   if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= record.made_at then
     return {4}
   end
   -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
-  local seen = redis.call('HMGET', KEYS[3], 'subject', 'fingerprint', 'extra', 'expires_at', 'erased')
+  local seen = redis.call('HMGET', KEYS[4], 'subject', 'fingerprint', 'extra', 'expires_at', 'erased')
   -- An erasure removed what this conversation id wrote (erase.lua left a marker): whenever this write says
   -- it was made, it is a replay of an erased conversation and changes nothing.
   if seen[5] and tonumber(seen[4]) > now then
     return {4}
   end
+  local live = seen[1] and tonumber(seen[4]) > now
+  -- A replay of an end applied to this caller (before it became an alias, if it is one now) is answered as
+  -- one, whatever the caller is now.
+  if live and seen[1] == record.subject and seen[2] == record.fingerprint then
+    return {2, seen[2], seen[3], seen[4]}
+  end
+  -- Before the claim: an end refused for an alias leaves no claim naming it. Any other record of the id is
+  -- no replay, and not answered here either: the domain's retry on the profile decides (replay or conflict).
+  local profile = profile_of()
+  if profile then
+    return {5, profile, live and 1 or 0}
+  end
   -- After the erasure checks: a write refused for an erased caller leaves no claim naming them.
   if record.claim ~= '' then
     -- The id belongs to the caller that ended it first, until that conversation's record expires (by the
     -- service's clock: Redis's may lag behind it). An erasure turns the claim into "!|<expires_at>".
-    local previous = redis.call('GET', KEYS[7])
+    local previous = redis.call('GET', KEYS[8])
     local owner, until_ms = nil, 0
     if previous then
       local o, u = string.match(previous, '^([^|]*)|(%d*)$')
@@ -184,14 +218,11 @@ if record then
         end
         return {3}
       end
-      redis.call('SET', KEYS[7], record.claim, 'PXAT', record.expires_at)
+      redis.call('SET', KEYS[8], record.claim, 'PXAT', record.expires_at)
     end
   end
-  if seen[1] and tonumber(seen[4]) > now then
-    if seen[1] == record.subject and seen[2] == record.fingerprint then
-      return {2, seen[2], seen[3], seen[4]}
-    end
-    return {3}
+  if live then
+    return {3} -- (a replay was answered above)
   end
 end
 
@@ -301,7 +332,7 @@ local function optional(v)
 end
 
 if record and analytics then
-  local f = redis.call('HMGET', KEYS[6], 'conversation_id', 'hour', 'qa', 'handoff_reason', 'handoff_to',
+  local f = redis.call('HMGET', KEYS[7], 'conversation_id', 'hour', 'qa', 'handoff_reason', 'handoff_to',
     'expires_at', 'seen_hour', 'seen_day', 'seen_week', 'created_at')
   local first = cjson.null
   local seen = {false, false, false}
@@ -315,14 +346,14 @@ if record and analytics then
       handoff_to = optional(f[5]),
     }
     seen = {f[7], f[8], f[9]}
-    redis.call('HSET', KEYS[6], 'seen_hour', analytics.hour, 'seen_day', analytics.day, 'seen_week', analytics.week)
+    redis.call('HSET', KEYS[7], 'seen_hour', analytics.hour, 'seen_day', analytics.day, 'seen_week', analytics.week)
   else
-    redis.call('DEL', KEYS[6])
-    redis.call('HSET', KEYS[6], 'conversation_id', record.conversation_id, 'hour', analytics.hour,
+    redis.call('DEL', KEYS[7])
+    redis.call('HSET', KEYS[7], 'conversation_id', record.conversation_id, 'hour', analytics.hour,
       'qa', analytics.qa, 'handoff_reason', analytics.handoff_reason, 'handoff_to', analytics.handoff_to,
       'expires_at', analytics.first_expires_at, 'seen_hour', analytics.hour, 'seen_day', analytics.day,
       'seen_week', analytics.week, 'created_at', now)
-    redis.call('PEXPIREAT', KEYS[6], analytics.first_expires_at)
+    redis.call('PEXPIREAT', KEYS[7], analytics.first_expires_at)
   end
   local new = {}
   local current = {analytics.hour, analytics.day, analytics.week}
@@ -336,13 +367,13 @@ if record and analytics then
 end
 
 if record then
-  redis.call('HSET', KEYS[3], 'subject', record.subject, 'fingerprint', record.fingerprint, 'extra', record.extra,
+  redis.call('HSET', KEYS[4], 'subject', record.subject, 'fingerprint', record.fingerprint, 'extra', record.extra,
     'expires_at', record.expires_at)
-  redis.call('PEXPIREAT', KEYS[3], record.expires_at)
+  redis.call('PEXPIREAT', KEYS[4], record.expires_at)
   -- Which conversations belong to the caller, so that an erasure can unlink them all.
-  redis.call('SADD', KEYS[5], record.conversation_id)
-  if tonumber(redis.call('PEXPIRETIME', KEYS[5])) < tonumber(record.expires_at) then
-    redis.call('PEXPIREAT', KEYS[5], record.expires_at)
+  redis.call('SADD', KEYS[6], record.conversation_id)
+  if tonumber(redis.call('PEXPIRETIME', KEYS[6])) < tonumber(record.expires_at) then
+    redis.call('PEXPIREAT', KEYS[6], record.expires_at)
   end
 end
 if record then

@@ -1,0 +1,62 @@
+"""Linked identifiers (SPEC section 13): link, list, unlink. Thin: the rules are in domain/links.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..domain.clock import iso_utc
+from ..domain.link_store import Link
+from ..domain.links import link_body
+from ..domain.tokens import Role
+from .responses import json_response
+from .routes import PRINCIPAL, actor, project_for, read_json
+
+routes = web.RouteTableDef()
+LINKS = "/v1/projects/{project}/callers/{identifier}/links"
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def link_view(link: Link) -> dict[str, Any]:
+    body = link_body(link)
+    return {**body, "linked_at": iso_utc(body["linked_at"]), "expires_at": iso_utc(body["expires_at"])}
+
+
+@routes.post(LINKS)
+async def create_link(request: web.Request) -> web.Response:
+    # An agent may link too, in a call whose caller passed a step-up check (the domain checks the body).
+    services, project = await project_for(request, Role.AGENT)
+    identifier = request.match_info["identifier"]
+    services.memory.caller(project, identifier)  # a bad path identifier is reported before the body
+    document = await read_json(request)
+    principal = request[PRINCIPAL]
+    linked = await services.links.link(
+        project,
+        identifier,
+        document,
+        actor=actor(request),
+        agent=not principal.operator and principal.role is Role.AGENT,
+    )
+    body = {
+        "link": link_view(linked.link),
+        "created": linked.created,
+        "merged": {"fields": linked.fields_merged, "first_interaction": linked.first_interaction_merged},
+    }
+    return json_response(body, status=201 if linked.created else 200, headers=NO_STORE)
+
+
+@routes.get(LINKS)
+async def list_links(request: web.Request) -> web.Response:
+    services, project = await project_for(request, Role.ADMIN)
+    links = await services.links.links(project, request.match_info["identifier"])
+    return json_response({"links": [link_view(link) for link in links]}, headers=NO_STORE)
+
+
+@routes.delete(LINKS + "/{other}")
+async def delete_link(request: web.Request) -> web.Response:
+    services, project = await project_for(request, Role.ADMIN)
+    removed = await services.links.unlink(
+        project, request.match_info["identifier"], request.match_info["other"], actor=actor(request)
+    )
+    return json_response({"unlinked": link_view(removed)}, headers=NO_STORE)
