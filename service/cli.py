@@ -266,13 +266,16 @@ def _serve_as_worker(settings: Settings, control_fd: int, listen_fds: list[int])
     return 0
 
 
-def _bind(settings: Settings) -> list[socket.socket] | None:
-    """The listening sockets, bound before the store is opened or anything is logged; None (and the reason
-    on stderr, one line) if the address cannot be bound."""
-    from .workers import bind_listeners
+def _bind(settings: Settings) -> list[list[socket.socket]] | None:
+    """The listening sockets (one list per worker; one list for one process), bound before the store is
+    opened or anything is logged; None (and the reason on stderr, one line) if the address cannot be
+    bound."""
+    from .workers import bind_listeners, bind_worker_listeners
 
     try:
-        return bind_listeners(settings.host, settings.port)
+        if settings.workers > 1:
+            return bind_worker_listeners(settings.host, settings.port, settings.workers)
+        return [bind_listeners(settings.host, settings.port)]
     except OSError as exc:
         sys.stderr.write(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}\n")
         return None
@@ -282,8 +285,8 @@ def _serve_workers(settings: Settings) -> int:
     """``serve --workers N`` with N > 1: this process supervises N service processes on one port."""
     from .workers import WorkersFailed, serve_workers
 
-    sockets = _bind(settings)
-    if sockets is None:
+    groups = _bind(settings)
+    if groups is None:
         return 1
     _log_start(settings)
     command = [sys.executable, "-m", __package__ or "caller_memory.service", "serve"]
@@ -291,7 +294,7 @@ def _serve_workers(settings: Settings) -> int:
     try:
         return serve_workers(
             settings.workers,
-            sockets=sockets,
+            groups=groups,
             command=command,
             # The store URL goes through the environment: a command line is visible to every user.
             env={**os.environ, "CALLER_MEMORY_STORE": settings.store_url},
@@ -324,11 +327,11 @@ def _run_serve(args: argparse.Namespace, settings: Settings) -> int:
         return _serve_workers(settings)
     from .http.server import CannotListen
 
-    sockets = _bind(settings)  # before anything else: a port in use is one line, and no store is opened
-    if sockets is None:
+    bound = _bind(settings)  # before anything else: a port in use is one line, and no store is opened
+    if bound is None:
         return 1
     try:
-        _serve(settings, sockets=sockets)
+        _serve(settings, sockets=bound[0])
     except CallerMemoryError as exc:
         sys.stderr.write(f"error: {exc.detail}\n")
         return 1

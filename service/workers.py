@@ -1,18 +1,23 @@
 """Several service processes on one port: ``caller-memory serve --workers N``.
 
-The supervisor (the ``serve`` process itself) binds the listening socket once and starts N workers, each a
-fresh ``python -m caller_memory.service serve`` that inherits the socket's file descriptor and accepts from
-it. A socket shared by inheritance rather than one ``SO_REUSEPORT`` socket per worker, because:
+The supervisor (the ``serve`` process itself) binds the listening sockets and starts N workers, each a fresh
+``python -m caller_memory.service serve`` that inherits the file descriptors of its own listening socket (one
+per address) and accepts from it. The N sockets of an address are bound with ``SO_REUSEPORT``, so the kernel
+spreads new connections over them evenly (by a hash of each connection's addresses and ports), whatever the
+client's connection pattern. Before, the workers shared one socket, and whichever woke first accepted: with a
+few long-lived connections (a load balancer's, a benchmark's) every connection could land on one worker.
 
-- the port is bound once, by the supervisor: a bind error (port taken, no permission) is reported once, and
-  the port stays bound for as long as the supervisor runs, including while a worker restarts;
-- connections waiting to be accepted sit in one queue: a worker that dies loses none of them (with
-  ``SO_REUSEPORT`` each socket has its own queue, and Linux resets the connections queued on a closed one);
-- no other process can join the port (``SO_REUSEPORT`` lets any process of the same user bind it too).
+What sharing one socket gave, and how this keeps it:
 
-The cost: the kernel does not balance connections between the workers; whichever wakes first accepts. Two
-idle workers measured between 50/50 and 65/35 over fresh connections, and a busy worker accepts less, so
-load evens out under pressure. ``caller_memory_worker_requests`` on /metrics shows the split.
+- the port is bound by the supervisor alone, all N sockets before any worker starts: a bind error (port
+  taken, no permission) is reported once, and the port stays bound for as long as the supervisor runs;
+- a worker that dies loses no connection: the supervisor keeps every worker's socket open, so connections
+  the kernel queued on a dead worker's socket wait there for its replacement (the restart back-off: 0.5 s,
+  longer for a worker that keeps crashing) instead of being reset;
+- ``SO_REUSEPORT`` lets another process of the same user (Linux checks the user) bind the port too and take a
+  share of the connections: run the service under a user of its own, as the deployment files do.
+
+``caller_memory_worker_requests`` on /metrics shows the split.
 
 Workers are exec'd rather than forked: each starts from a clean interpreter (no inherited event loop,
 threads or store connections), and prometheus_client must see ``PROMETHEUS_MULTIPROC_DIR`` when it is
@@ -69,9 +74,10 @@ _FAILED = b"failed "
 _MAX_MESSAGE_CHARS = 8000
 
 
-def bind_listeners(host: str, port: int) -> list[socket.socket]:
+def bind_listeners(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socket]:
     """Bind and listen on every address ``host`` resolves to, as asyncio's ``create_server`` would
-    (``SO_REUSEADDR``; IPv6 sockets are IPv6-only so that they can sit next to IPv4 ones)."""
+    (``SO_REUSEADDR``; IPv6 sockets are IPv6-only so that they can sit next to IPv4 ones); with
+    ``reuse_port``, ``SO_REUSEPORT`` too, so that more sockets may be bound to the same addresses."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
     try:
@@ -79,6 +85,8 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
             sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
@@ -88,6 +96,23 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
             sock.close()
         raise
     return sockets
+
+
+def bind_worker_listeners(host: str, port: int, workers: int) -> list[list[socket.socket]]:
+    """The listening sockets of ``workers`` workers: one list per worker, one socket per address, all
+    ``SO_REUSEPORT`` on the same port (the first list's, when ``port`` is 0), so the kernel balances new
+    connections between them."""
+    groups = [bind_listeners(host, port, reuse_port=True)]
+    try:
+        port = groups[0][0].getsockname()[1]
+        while len(groups) < workers:
+            groups.append(bind_listeners(host, port, reuse_port=True))
+    except OSError:
+        for group in groups:
+            for sock in group:
+                sock.close()
+        raise
+    return groups
 
 
 class WorkersFailed(RuntimeError):
@@ -161,9 +186,10 @@ class _Worker:
 class Supervisor:
     """Keeps ``workers`` worker processes running until SIGTERM or SIGINT.
 
-    ``command`` starts one worker, without the ``--worker-control FD`` argument the supervisor appends;
-    ``sockets`` are the listening sockets the workers inherit; ``metrics_dir`` is prometheus_client's
-    multi-process directory (the workers' environment must name it).
+    ``command`` starts one worker, without the ``--worker-listen FDS --worker-control FD`` arguments the
+    supervisor appends; ``groups`` are the listening sockets of each worker (see
+    :func:`bind_worker_listeners`), which worker *n* inherits whenever it (re)starts; ``metrics_dir`` is
+    prometheus_client's multi-process directory (the workers' environment must name it).
     """
 
     def __init__(
@@ -172,14 +198,16 @@ class Supervisor:
         *,
         command: Sequence[str],
         env: Mapping[str, str],
-        sockets: Sequence[socket.socket],
+        groups: Sequence[Sequence[socket.socket]],
         metrics_dir: str,
         url: str,
     ) -> None:
+        if len(groups) != workers:
+            raise ValueError("one group of listening sockets per worker")
         self._workers = [_Worker(n) for n in range(1, workers + 1)]
         self._command = list(command)
         self._env = dict(env)
-        self._fds = [sock.fileno() for sock in sockets]
+        self._fds = [[sock.fileno() for sock in group] for group in groups]
         self._metrics_dir = metrics_dir
         self._url = url
         self._stop = asyncio.Event()
@@ -298,12 +326,15 @@ class Supervisor:
         """Start the worker and wait until it exits: (whether it got ready, why it failed, exit status)."""
         ours, theirs = socket.socketpair()
         worker.started_at = time.monotonic()
+        fds = self._fds[worker.number - 1]
         try:
             process = await asyncio.create_subprocess_exec(
                 *self._command,
+                "--worker-listen",
+                ",".join(str(fd) for fd in fds),
                 "--worker-control",
                 str(theirs.fileno()),
-                pass_fds=[*self._fds, theirs.fileno()],
+                pass_fds=[*fds, theirs.fileno()],
                 env=self._env if worker.number == 1 else self._env | {"CALLER_MEMORY_SWEEP_INTERVAL": "0"},
                 stdin=subprocess.DEVNULL,
                 process_group=0,
@@ -376,22 +407,27 @@ class Supervisor:
 
 
 def serve_workers(
-    workers: int, *, sockets: Sequence[socket.socket], command: Sequence[str], env: Mapping[str, str]
+    workers: int,
+    *,
+    groups: Sequence[Sequence[socket.socket]],
+    command: Sequence[str],
+    env: Mapping[str, str],
 ) -> int:
-    """Run ``workers`` worker processes on the listening ``sockets`` (see :func:`bind_listeners`, closed
-    here) with a fresh metrics directory, and return the exit status; raise :class:`WorkersFailed` if they
-    cannot start. ``command`` starts one worker and gets ``--worker-listen FDS`` appended."""
+    """Run ``workers`` worker processes, each on its group of listening sockets (see
+    :func:`bind_worker_listeners`; closed here), with a fresh metrics directory, and return the exit status;
+    raise :class:`WorkersFailed` if they cannot start. ``command`` starts one worker."""
     metrics_dir = tempfile.mkdtemp(prefix="caller-memory-metrics-")
     try:
-        bound = sockets[0].getsockname()
-        shown = f"[{bound[0]}]" if sockets[0].family == socket.AF_INET6 else bound[0]
+        first = groups[0][0]
+        bound = first.getsockname()
+        shown = f"[{bound[0]}]" if first.family == socket.AF_INET6 else bound[0]
         worker_env = {key: value for key, value in env.items() if key.lower() != "prometheus_multiproc_dir"}
         worker_env |= {"PROMETHEUS_MULTIPROC_DIR": metrics_dir, "CALLER_MEMORY_WORKERS": "1"}
         supervisor = Supervisor(
             workers,
-            command=[*command, "--worker-listen", ",".join(str(s.fileno()) for s in sockets)],
+            command=command,
             env=worker_env,
-            sockets=sockets,
+            groups=groups,
             metrics_dir=metrics_dir,
             url=f"http://{shown}:{bound[1]}",
         )
@@ -400,6 +436,7 @@ def serve_workers(
             raise WorkersFailed(supervisor.failure)
         return status
     finally:
-        for sock in sockets:
-            sock.close()
+        for group in groups:
+            for sock in group:
+                sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
