@@ -12,6 +12,7 @@ from typing import Any, cast
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .attestation import MAX_ATTESTATION_CHARS
 from .documents import NOT_READ, load, no_member_lost, parse_document, plain_members
 from .errors import Conflict, Gone, InvalidInput, NotFound, PayloadTooLarge
 from .limits import MAX_ANY_IDENTIFIER_CHARS, MAX_STATE_ENTRIES
@@ -32,7 +33,7 @@ from .transcripts import (
     incoming,
     may_hold_number,
 )
-from .trust import ATTESTATION_HELP, MAX_ATTESTATION_CHARS, STEP_UP_HELP
+from .trust import ATTESTATION_HELP, STEP_UP_HELP
 
 #: Longest summary text, in characters.
 MAX_SUMMARY_CHARS = 32_000

@@ -323,8 +323,11 @@ class TranscriptService:
         header = self._found(found, conversation_id, now)
         if header.subject:
             self._remember(key, header.subject)
-        if hint != header.subject:
-            fields = None  # read for another caller than the conversation's: never shown
+        if hint != header.subject or project.identity_linking:
+            # Read for another caller than the conversation's: never shown. With linking, the conversation's
+            # caller may have become an identifier linked to a profile since it started: read_fields follows
+            # the link (read_context reads the subject's own fields only).
+            fields = None
         messages = Message.decode_all([m.body for m in stored])
         summary = summary_of(header)
         through = summary["through_turn"] if summary else -1

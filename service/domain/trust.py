@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from .attestation import ATTESTATIONS, normalize_attestation
 
 LEVELS = ("any", "A_or_B", "A", "step_up")
-#: The longest attestation string accepted (the providers' own are under 30 characters).
-MAX_ATTESTATION_CHARS = 64
 ATTESTATION_HELP = (
     "the call's caller-ID attestation as the telephony provider sent it (Twilio's StirVerstat, Telnyx's "
     "verstat, ...) or normalised (A, B, C, failed, unknown); absent: unknown"

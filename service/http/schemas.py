@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from ..domain.attestation import MAX_ATTESTATION_CHARS
 from ..domain.limits import (
     FIELD_NAME_PATTERN,
     MAX_ANY_IDENTIFIER_CHARS,
@@ -15,7 +16,7 @@ from ..domain.limits import (
     MAX_VALUE_BYTES,
 )
 from ..domain.transcripts import NAME_PATTERN
-from ..domain.trust import ATTESTATION_HELP, MAX_ATTESTATION_CHARS, STEP_UP_HELP
+from ..domain.trust import ATTESTATION_HELP, STEP_UP_HELP
 
 
 class TokenCreate(BaseModel):

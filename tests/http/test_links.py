@@ -263,3 +263,23 @@ async def test_a_blacklisted_email_reads_empty_and_is_never_stored(api: Api, sho
     assert read.body["blacklisted"] is True and read.body["fields"] == {}
     shown = await api.call("GET", BASE, token=OPERATOR_TOKEN)
     assert "test@example.com" not in str(shown.body)  # the configuration keeps its pseudonym
+
+
+async def test_a_call_started_before_its_identifier_was_linked_reads_the_profile(api: Api) -> None:
+    config = {"memory": {"repeat_caller": CONFIG, "conversation": {"enabled": True}}}
+    await api.call("PUT", BASE, token=OPERATOR_TOKEN, json=config)
+    agent, admin = await api.mint("shop", "agent"), await api.mint("shop", "admin")
+    await end(api, agent, "phone-call", PHONE, {"caller_name": "Ada"})
+    start = {"caller": EMAIL, "channel": "chat"}
+    assert (
+        await api.call("POST", f"{BASE}/conversations/chat-1/start", token=agent, json=start)
+    ).status == 200
+    # Mid-call, an admin links the email to the phone's profile: the call's context shows the profile.
+    linked = await api.call("POST", links(PHONE), token=admin, json={"identifier": EMAIL})
+    assert linked.status == 201, linked.body
+    context = await api.call("GET", f"{BASE}/conversations/chat-1/context", token=agent)
+    assert context.body["sections"]["profile"]["fields"] == {"caller_name": "Ada"}
+    ended = await end(api, agent, "chat-1", EMAIL, {"language": "en"})
+    assert ended["persisted"] == ["language"]
+    read = await api.call("GET", memory(PHONE), token=agent)
+    assert read.body["fields"] == {"caller_name": "Ada", "language": "en"}
