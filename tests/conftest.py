@@ -218,7 +218,9 @@ async def running_api(store_url: str, clock: FakeClock, **overrides: Any) -> Asy
     guard = ConnectionGuard(
         header_timeout=settings.header_timeout, max_connections=settings.max_connections, metrics=app[METRICS]
     )
-    runner = ServiceRunner(app, guard, access_log_class=RouteAccessLogger)
+    # A test's server waits at most 5 s for requests still in flight at its end (aiohttp's default, 60 s, is
+    # the per-test timeout: one hung handler made a teardown time out under a loaded CI run).
+    runner = ServiceRunner(app, guard, access_log_class=RouteAccessLogger, shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
