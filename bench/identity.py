@@ -1,17 +1,20 @@
 """Benchmarks of linked identifiers and caller-ID trust (issue 17): memory reads, side by side in one run.
 
-    .venv/bin/python bench/identity.py            # full run: 5 rounds of 5 s, 3 open-loop runs of 10 s (about 6 minutes)
+    .venv/bin/python bench/identity.py            # full run: 5 rounds of 5 s, 3 open-loop runs of 10 s (about 8 minutes)
     .venv/bin/python bench/identity.py --quick    # about 2 minutes: 3 rounds of 2 s, 2 open-loop runs of 3 s
     .venv/bin/python bench/identity.py --smoke    # seconds: checks that everything runs (figures meaningless)
 
 What runs, each in its own OS process (bench/README.md, "Linked identifiers and trust", has the details), with
 bench/run.py's machinery (pinning, the load generator, interleaved rounds whose order alternates, paired
-ratios): ONE ``python -m caller_memory.service serve`` (defaults, sweeps off) on a private redis-server
-without persistence, holding three projects whose callers were written through the HTTP API (PATCH as admin,
-and in the linking project one ``POST .../links`` per caller, as admin: real links made by the service). The
-sides are reads of that one process:
+ratios): ONE ``python -m caller_memory.service serve`` of this work tree (defaults, sweeps off) on a private
+redis-server without persistence, holding three projects whose callers were written through the HTTP API
+(PATCH as admin, and in the linking project one ``POST .../links`` per caller, as admin: real links made by
+the service); and, beside it on the same core and the same redis-server, the same service as it was before
+issue 17 (commit cd7676b, from a git worktree removed at the end). The sides:
 
 - ``today``: ``GET .../callers/{phone}/memory`` in a project with neither identity linking nor trust classes;
+- ``before``: the same reads of the same callers, served by the code before issue 17 (whose read asks Redis
+  for the memory only, not for an alias record too);
 - ``first``: the same by the phone (the profile id) in a project with ``identity_linking`` on, where every
   caller also has an email linked;
 - ``linked``: the same profiles read through their linked email;
@@ -21,7 +24,8 @@ sides are reads of that one process:
   withheld: separates the trust check from the smaller answer.
 
 Measured: each side's peak (closed loop), in interleaved rounds, with each side's ratio to ``today`` per round
-and its median (targets: first >= 0.9x, linked >= 0.6x, trust >= 0.9x); each side's latency in open loop at
+and its median, and to ``before`` (targets: first >= 0.9x before, linked >= 0.6x today, trust >= 0.9x
+today; first / today and today / before are reported too); each side's latency in open loop at
 50% of today's peak; and the Redis round trips and commands of one read of each side, counted on the
 redis-server (INFO stats ``total_reads_processed`` and ``commandstats``) over a counted number of reads sent
 one at a time, less what the idle service does in as long. Results: bench/results/identity.json (or
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import http.client
 import json
 import os
@@ -60,11 +65,14 @@ from common import FIELDS, caller_phone, quote_phone
 from tests.support.redis_server import RedisServer
 
 RESULTS = h.BENCH / "results"
-SIDES = ("today", "first", "linked", "trust", "trust-passed")
+SIDES = ("today", "before", "first", "linked", "trust", "trust-passed")
+#: The code before issue 17 (linked identifiers and trust): the ``before`` side's service runs it.
+BEFORE_COMMIT = "cd7676b"
 #: The project each side reads, by what it is configured with.
 PROJECTS = {"plain": "bench", "linking": "bench-linked", "trust": "bench-trust"}
 SIDE_PROJECT = {
     "today": "plain",
+    "before": "plain",
     "first": "linking",
     "linked": "linking",
     "trust": "trust",
@@ -72,6 +80,7 @@ SIDE_PROJECT = {
 }
 LABELS = {
     "today": "by phone, neither linking nor trust (today's read)",
+    "before": f"by phone, neither linking nor trust, by the code before issue 17 (commit {BEFORE_COMMIT})",
     "first": "by the profile's first identifier (phone), linking on",
     "linked": "through the profile's linked email",
     "trust": "by phone, trust classes on, attestation C (2 fields withheld)",
@@ -83,8 +92,15 @@ VALUE = "x" * 30
 #: The two state keys of the trust project's ``sensitive`` class (both among the stored ones).
 SENSITIVE = ["field_3", "field_4"]
 ATTESTATION = "TN-Validation-Passed-C"
-#: Throughput targets, side / today (median of paired rounds); None: reported only.
-TARGETS: dict[str, float | None] = {"first": 0.9, "linked": 0.6, "trust": 0.9, "trust-passed": None}
+#: Throughput targets: side -> (the side it is judged against, the floor of side / that side, median of paired
+#: rounds; None: reported only). Issue 17's "reads by a profile's first identifier vs today's reads" is judged
+#: against the service as it was before issue 17 (``before``); first / today is reported beside it.
+TARGETS: dict[str, tuple[str, float | None]] = {
+    "first": ("before", 0.9),
+    "linked": ("today", 0.6),
+    "trust": ("today", 0.9),
+    "trust-passed": ("today", None),
+}
 
 say = bench_run.say
 
@@ -142,6 +158,14 @@ class Bench:
     agents: dict[str, str] = field(default_factory=dict)
     admins: dict[str, str] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
+    #: The sides measured: SIDES, less ``before`` when a smoke run could not make the worktree.
+    sides: list[str] = field(default_factory=lambda: list(SIDES))
+    #: The git worktree of BEFORE_COMMIT (removed at the end) and the package folder that imports it.
+    worktree: Path | None = None
+
+    def server(self, side: str) -> h.Server:
+        """The service that serves ``side``: the code before issue 17 for ``before``, else this work tree's."""
+        return self.servers["before" if side == "before" else "service"]
 
     def paths(self, side: str) -> list[str]:
         """The read paths of ``side``, one per caller (the SDK's quoting: ``quote(..., safe="")``)."""
@@ -168,10 +192,14 @@ class Bench:
         """One load-generator run (its own process, on the auxiliary CPUs): ``side``'s reads of the service,
         or ``static`` (the load generator's own capacity)."""
         static = side == "static"
-        target = self.servers["static" if static else "service"]
+        target = self.servers["static"] if static else self.server(side)
         watch = {"server": target.pid}
         if self.redis is not None and not static:
             watch["redis"] = self.redis.pid
+        # The other service, idle meanwhile: its CPU is recorded apart, not as other processes' load.
+        for name in ("service", "before"):
+            if not static and name in self.servers and self.servers[name] is not target:
+                watch["idle_service"] = self.servers[name].pid
         scenario: dict[str, Any] = (
             {"type": "static"}
             if static
@@ -200,14 +228,30 @@ class Bench:
 # Set-up ---------------------------------------------------------------------------------------------------
 
 
-def setup(bench: Bench) -> None:
+class NoWorktree(RuntimeError):
+    """The worktree of BEFORE_COMMIT could not be made (no git, or the commit is not in this clone)."""
+
+
+def setup(bench: Bench, *, before_optional: bool) -> None:
     store = bench.redis = h.start_redis(cpus=bench.aux_cpus)
     svc = bench.servers["service"] = h.start_service(
         "service", store.url, bench.work, bench.key, bench.server_cpus
     )
+    try:
+        start_before(bench)
+    except NoWorktree as exc:
+        if not before_optional:
+            raise
+        bench.sides.remove("before")
+        bench.results["before"] = {"skipped": str(exc)}
+        say(f"before: SKIPPED, {exc}")
     for kind, project in PROJECTS.items():
+        # The plain project is configured through the code before issue 17, which cannot read a configuration
+        # stored by today's (its new settings are unknown fields to it); today's reads that one with its
+        # defaults (no linking, no trust classes), as it would after an upgrade.
+        via = bench.servers["before"] if kind == "plain" and "before" in bench.servers else svc
         status, body = h.http(
-            "PUT", f"{svc.url}/v1/projects/{project}", h.OPERATOR_TOKEN, project_config(kind)
+            "PUT", f"{via.url}/v1/projects/{project}", h.OPERATOR_TOKEN, project_config(kind)
         )
         if status not in (200, 201):
             raise RuntimeError(f"creating project {project} failed: {status} {body}")
@@ -220,6 +264,87 @@ def setup(bench: Bench) -> None:
     bench.servers["static"] = h.start_static(bench.work, bench.server_cpus)
     prefill(bench)
     check_answers(bench)
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(h.ROOT), *args], capture_output=True, text=True, check=False)
+
+
+def start_before(bench: Bench) -> None:
+    """The ``before`` side's service: ``python -m caller_memory.service serve`` of BEFORE_COMMIT, from a git
+    worktree of it (``git worktree add --detach``, removed at the end by ``remove_worktree``), pinned like the
+    other service, on the same redis-server. The installed package is an editable install of this work tree,
+    so a folder holding a ``caller_memory`` package whose ``service`` and ``sdk`` are symlinks to the
+    worktree's goes first on its PYTHONPATH (the editable finder comes after the path finder). Checked before
+    anything else: a Python started the same way imports the worktree's modules, and the running service's
+    /openapi.json has no ``/links`` path (today's has)."""
+    resolved = git("rev-parse", "--verify", "--quiet", f"{BEFORE_COMMIT}^{{commit}}")
+    if resolved.returncode != 0:
+        raise NoWorktree(f"commit {BEFORE_COMMIT} is not in this clone {resolved.stderr.strip()}".strip())
+    commit = resolved.stdout.strip()
+    tree = bench.work / "before-src"
+    made = git("worktree", "add", "--detach", str(tree), commit)
+    if made.returncode != 0:
+        raise NoWorktree(f"git worktree add {BEFORE_COMMIT} failed: {made.stderr.strip()[-500:]}")
+    bench.worktree = tree
+    package = bench.work / "before-pkg" / "caller_memory"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for part in ("service", "sdk"):
+        (package / part).symlink_to(tree / part, target_is_directory=True)
+    path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH", "")]))
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import caller_memory.service as s, caller_memory.sdk as k; print(s.__file__, k.__file__)",
+        ],
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=str(bench.work),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    files = probe.stdout.split()
+    if probe.returncode != 0 or len(files) != 2 or not all(f.startswith(str(package)) for f in files):
+        raise RuntimeError(
+            f"the before side would not import the worktree's code: {probe.stdout} {probe.stderr}"
+        )
+    assert bench.redis is not None
+    server = bench.servers["before"] = h.start_service(
+        "before", bench.redis.url, bench.work, bench.key, bench.server_cpus, PYTHONPATH=path
+    )
+    old = json.loads(transcripts.raw_get(f"{server.url}/openapi.json", None)[1])
+    new = json.loads(transcripts.raw_get(f"{bench.servers['service'].url}/openapi.json", None)[1])
+    links = sorted(p for p in old["paths"] if "/links" in p)
+    if links or not any("/links" in p for p in new["paths"]):
+        raise RuntimeError(f"the before side's service is not the code before issue 17: its paths {links}")
+    digest = hashlib.sha256()
+    for folder in (tree / "service", tree / "sdk"):
+        for file in sorted(folder.rglob("*")):
+            if file.is_file() and file.suffix in {".py", ".lua"}:
+                digest.update(str(file.relative_to(folder.parent)).encode() + b"\0" + file.read_bytes())
+    bench.results["before"] = {
+        "commit": commit,
+        "subject": git("log", "-1", "--format=%s", commit).stdout.strip(),
+        "how": "git worktree add --detach (removed at the end); PYTHONPATH first: a caller_memory package whose "
+        "service and sdk are symlinks to the worktree's",
+        "imports": files,
+        "openapi_paths": len(old["paths"]),
+        "openapi_links_paths": links,
+        "source_sha256": digest.hexdigest(),
+    }
+    say(f"before: commit {commit[:12]} from a worktree, {len(old['paths'])} API paths, none of /links")
+
+
+def remove_worktree(bench: Bench) -> None:
+    if bench.worktree is None:
+        return
+    done = git("worktree", "remove", "--force", str(bench.worktree))
+    if done.returncode != 0:
+        shutil.rmtree(bench.worktree, ignore_errors=True)
+        git("worktree", "prune")
+    bench.worktree = None
 
 
 def prefill(bench: Bench) -> None:
@@ -270,30 +395,41 @@ def prefill(bench: Bench) -> None:
 
 def check_answers(bench: Bench) -> None:
     """Before anything is measured: every side answers 200 with the fields it should (the linked email the
-    same fields as the phone, the trust read without the sensitive ones and saying so), and the links are
-    the service's own (listed by it). The answers' sizes are recorded."""
+    same fields as the phone, the trust read without the sensitive ones and saying so, the code before issue
+    17 today's callers' fields, without issue 17's ``withheld`` and ``attestation``), and the links are the
+    service's own (listed by it). The answers' sizes are recorded."""
     svc = bench.servers["service"]
     sizes: dict[str, int] = {}
-    answers: dict[str, dict[str, Any]] = {}
-    for side in SIDES:
+    answers: dict[str, dict[int, dict[str, Any]]] = {}
+    for side in bench.sides:
+        answers[side] = {}
         for i in {0, bench.plan.callers - 1}:
             status, raw = transcripts.raw_get(
-                svc.url + bench.paths(side)[i], bench.agents[SIDE_PROJECT[side]]
+                bench.server(side).url + bench.paths(side)[i], bench.agents[SIDE_PROJECT[side]]
             )
             if status != 200:
                 raise RuntimeError(f"{side}: the read of caller {i} answered {status}: {raw[:500]!r}")
             body = json.loads(raw)
             expected = [n for n in STORED if n not in SENSITIVE] if side == "trust" else STORED
             withheld = SENSITIVE if side == "trust" else []
-            if sorted(body["fields"]) != expected or sorted(body["withheld"]) != withheld:
+            # The code before issue 17 answers no ``withheld`` (nor ``attestation``).
+            if sorted(body["fields"]) != expected or sorted(body.get("withheld", [])) != withheld:
                 raise RuntimeError(
-                    f"{side}: caller {i} read {sorted(body['fields'])}, withheld {body['withheld']}"
+                    f"{side}: caller {i} read {sorted(body['fields'])}, withheld {body.get('withheld')}"
                 )
+            if side == "before" and ("withheld" in body or "attestation" in body):
+                raise RuntimeError(f"before: the answer has issue 17's members: {sorted(body)}")
             if side.startswith("trust") and body["attestation"] != "C":
                 raise RuntimeError(f"{side}: the attestation was read as {body['attestation']!r}")
-            answers[side], sizes[side] = body, len(raw)
-    if answers["linked"]["fields"] != answers["first"]["fields"]:
+            answers[side][i], sizes[side] = body, len(raw)
+
+    def same(a: str, b: str) -> bool:
+        return all(answers[a][i]["fields"] == answers[b][i]["fields"] for i in answers[b])
+
+    if not same("linked", "first"):
         raise RuntimeError("the linked email does not read the profile's fields")
+    if "before" in answers and not same("before", "today"):
+        raise RuntimeError("the code before issue 17 does not read today's callers' fields")
     url = f"{svc.url}/v1/projects/{PROJECTS['linking']}/callers/{quote_phone(caller_phone(0))}/links"
     status, body = h.http("GET", url, bench.admins["linking"])
     links = body.get("links", []) if status == 200 else []
@@ -341,15 +477,19 @@ def less(busy: dict[str, Any], overhead: dict[str, Any], rate: dict[str, Any], w
 def round_trips(bench: Bench) -> None:
     """Each side's reads sent one at a time (one keep-alive connection, each request once the previous answer
     is in, so that no two reads share a round trip to Redis), with the redis-server's counters read around
-    them. Taken off: what reading the counters costs (two readings back to back) and what the idle service
-    does in as long (its webhook and inactivity workers poll), measured over ``idle_s`` first. Only the
-    service and this function talk to that redis-server."""
+    them. Taken off: what reading the counters costs (two readings back to back) and what the idle services
+    do in as long (their webhook and inactivity workers poll), measured over ``idle_s`` first. Only the two
+    services and this function talk to that redis-server."""
     assert bench.redis is not None
-    svc, n = bench.servers["service"], bench.plan.counted_reads
+    n = bench.plan.counted_reads
     say(f"round trips to Redis: {n:,} reads of each side, one at a time")
     out: dict[str, Any] = {}
     client = bench.redis.client()
-    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=10)
+    conns = {
+        name: http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        for name, server in bench.servers.items()
+        if name != "static"
+    }
     try:
         overhead = delta(counters(client), counters(client))
         began = counters(client)
@@ -364,9 +504,10 @@ def round_trips(bench: Bench) -> None:
             },
         }
         out["_idle"] = {"seconds": round(span, 2), "per_second": rate, "counter_reads_cost": overhead}
-        for side in SIDES:
+        for side in bench.sides:
             paths = bench.paths(side)
             headers = {"Authorization": f"Bearer {bench.agents[SIDE_PROJECT[side]]}"}
+            conn = conns["before" if side == "before" else "service"]
             before = counters(client)
             statuses: dict[str, int] = {}
             for k in range(n):
@@ -389,7 +530,8 @@ def round_trips(bench: Bench) -> None:
                 f"{out[side]['commands_per_read']:.2f} commands per read {out[side]['per_command']}"
             )
     finally:
-        conn.close()
+        for conn in conns.values():
+            conn.close()
         client.close()
     bench.results["round_trips"] = out
 
@@ -409,35 +551,70 @@ def calibrate(bench: Bench) -> None:
 
 def warm(bench: Bench) -> None:
     say("warm-up: every side (not recorded)")
-    for side in SIDES:
+    for side in bench.sides:
         bench.load(side, seconds=bench.plan.closed_s / 2, warmup=0.3)
 
 
 def peaks(bench: Bench) -> None:
     say(f"peak reads, closed loop, {bench.plan.rounds} interleaved rounds (order alternating)")
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    sides = bench.sides
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    rounds: list[dict[str, Any]] = []
     for round_ in range(bench.plan.rounds):
-        for side in SIDES if round_ % 2 == 0 else tuple(reversed(SIDES)):
+        others: list[float] = []
+        for side in sides if round_ % 2 == 0 else list(reversed(sides)):
             result = bench.load(side)
             runs[side].append(result)
+            others.append(result.get("other_processes_cpu") or 0.0)
             say(
                 f"  round {round_ + 1}/{bench.plan.rounds} {side:12} {result['achieved_rate']:7.0f} req/s"
                 f"  p50 {result['latency_ms']['p50']:6.2f} ms  server CPU {result['watched_cpu_share'].get('server', 0):.2f}"
-                f"  others {result.get('other_processes_cpu') or 0:.2f}  errors {result['errors']} {result['statuses']}"
+                f"  others {others[-1]:.2f}  errors {result['errors']} {result['statuses']}"
             )
-    out: dict[str, Any] = {side: bench_run.summarise(r) | {"all": r} for side, r in runs.items()}
-    for side in SIDES[1:]:
-        out[f"ratio_{side}"] = bench_run.paired_ratio(runs[side], runs["today"])
-        out[f"ratio_{side}_per_cpu"] = bench_run.paired_ratio(
-            runs[side], runs["today"], key="requests_per_server_cpu_s"
+        # A round is busy when, during any of its runs, other processes used QUIET_OTHER_CPU or more.
+        rounds.append(
+            {
+                "round": round_ + 1,
+                "other_cpu_max": round(max(others), 3),
+                "busy": max(others) >= bench_run.QUIET_OTHER_CPU,
+                "loadavg": os.getloadavg(),
+            }
         )
+        if rounds[-1]["busy"]:
+            say(f"  round {round_ + 1} was BUSY: other processes used up to {max(others):.2f} CPU")
+    out: dict[str, Any] = {side: bench_run.summarise(r) | {"all": r} for side, r in runs.items()}
+    out["rounds"] = rounds
+    quiet = [i for i, r in enumerate(rounds) if not r["busy"]]
+    for side, base in pairs(sides):
+        name = ratio_name(side, base)
+        out[name] = bench_run.paired_ratio(runs[side], runs[base])
+        out[f"{name}_per_cpu"] = bench_run.paired_ratio(
+            runs[side], runs[base], key="requests_per_server_cpu_s"
+        )
+        if quiet and len(quiet) < len(rounds):
+            out[name]["quiet_rounds"] = bench_run.paired_ratio(
+                [runs[side][i] for i in quiet], [runs[base][i] for i in quiet]
+            ) | {"rounds": [i + 1 for i in quiet]}
     bench.results["peak"] = out
+
+
+def pairs(sides: list[str]) -> list[tuple[str, str]]:
+    """The ratios reported: every side to ``today``, and every other side to ``before`` when it ran."""
+    out = [(side, "today") for side in sides if side != "today"]
+    if "before" in sides:
+        out += [(side, "before") for side in sides if side != "before"]
+    return out
+
+
+def ratio_name(side: str, base: str) -> str:
+    """``ratio_<side>`` for side / today (as before ``before`` was added), ``ratio_<side>_vs_before`` else."""
+    return f"ratio_{side}" if base == "today" else f"ratio_{side}_vs_{base}"
 
 
 def open_loop(bench: Bench) -> None:
     rate = max(1, round(bench.results["peak"]["today"]["rate"] * 0.5))
     say(f"open-loop reads at 50% of today's peak: {rate} req/s, every side, alternating")
-    runs = bench_run.open_runs(bench, list(SIDES), "read", rate)
+    runs = bench_run.open_runs(bench, list(bench.sides), "read", rate)
     out = {side: bench_run.summarise(r) | {"all": r} for side, r in runs.items()}
     for side, side_runs in runs.items():
         quiet = [r for r in side_runs if (r.get("other_processes_cpu") or 0.0) < bench_run.QUIET_OTHER_CPU]
@@ -460,7 +637,7 @@ def profile(bench: Bench, sides: list[str]) -> None:
     for side in sides:
         output = RESULTS / f"identity-profile-{side}.collapsed.txt"
         say(f"py-spy record of the service under closed-loop reads of {side}, {seconds:.0f} s")
-        cmd = [spy, "record", "--pid", str(bench.servers["service"].pid), "--rate", "200", "--format", "raw"]
+        cmd = [spy, "record", "--pid", str(bench.server(side).pid), "--rate", "200", "--format", "raw"]
         proc = subprocess.Popen(
             [*cmd, "--duration", str(int(seconds)), "--output", str(output)],
             stdout=subprocess.DEVNULL,
@@ -493,30 +670,57 @@ def profile(bench: Bench, sides: list[str]) -> None:
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     p, trips = r["peak"], r["round_trips"]
-    for side, floor in TARGETS.items():
-        ratio = p[f"ratio_{side}"]
-        median = ratio["median_of_paired"]
-        detail = (
-            f"{p[side]['rate']:.0f} vs {p['today']['rate']:.0f} req/s: {median:.2f}x (median of paired rounds "
-            f"{ratio['per_round']}; per server CPU-second {p[f'ratio_{side}_per_cpu']['median_of_paired']:.2f}x); "
+    measured = "before" in trips
+    skipped = "" if measured else f" (before not measured: {r.get('before', {}).get('skipped')})"
+
+    def ratio_text(side: str, base: str) -> str:
+        name = ratio_name(side, base)
+        ratio, text = p[name], f"{p[name]['median_of_paired']:.2f}x {base}"
+        text += f" (median of paired rounds {ratio['per_round']}; per server CPU-second "
+        text += f"{p[f'{name}_per_cpu']['median_of_paired']:.2f}x"
+        if "quiet_rounds" in ratio:
+            text += f"; quiet rounds {ratio['quiet_rounds']['rounds']} only: {ratio['quiet_rounds']['median_of_paired']:.2f}x"
+        return text + ")"
+
+    def trips_text(side: str, base: str) -> str:
+        return (
             f"{trips[side]['round_trips_per_read']:.2f} round trips and {trips[side]['commands_per_read']:.2f} Redis "
-            f"commands per read (today's: {trips['today']['round_trips_per_read']:.2f} and "
-            f"{trips['today']['commands_per_read']:.2f}; counted over {trips[side]['reads_sent']:,} reads)"
+            f"commands per read ({base}'s: {trips[base]['round_trips_per_read']:.2f} and "
+            f"{trips[base]['commands_per_read']:.2f}; counted over {trips[side]['reads_sent']:,} reads)"
         )
-        errors = p[side]["errors"] + p["today"]["errors"]
+
+    for side, (base, floor) in TARGETS.items():
+        if base == "before" and not measured:
+            base = "today"
+        median = p[ratio_name(side, base)]["median_of_paired"]
+        detail = f"{p[side]['rate']:.0f} vs {p[base]['rate']:.0f} req/s: {ratio_text(side, base)}"
+        others = [b for b in ("today", "before") if b != base and b in trips]
+        detail += "".join(f"; {ratio_text(side, b)}" for b in others)
+        detail += f"; {trips_text(side, base)}"
+        errors = p[side]["errors"] + p[base]["errors"]
         if errors:
             detail += f"; {errors} errors"
         name = f"read {LABELS[side]}"
         if floor is None:
-            out.append({"target": f"{name}: / today (an ablation)", "pass": None, "detail": detail})
+            out.append({"target": f"{name}: / {base} (an ablation)", "pass": None, "detail": detail})
         else:
             out.append(
                 {
-                    "target": f"{name}: >= {floor}x today",
+                    "target": f"{name}: >= {floor}x {base}" + (skipped if side == "first" else ""),
                     "pass": median >= floor and not errors,
                     "detail": detail,
                 }
             )
+    if measured:
+        out.append(
+            {
+                "target": "today's read / the same read by the code before issue 17: what issue 17 costs a read "
+                "that uses none of it (no target)",
+                "pass": None if not p["today"]["errors"] + p["before"]["errors"] else False,
+                "detail": f"{p['today']['rate']:.0f} vs {p['before']['rate']:.0f} req/s: "
+                f"{ratio_text('today', 'before')}; {trips_text('today', 'before')}",
+            }
+        )
     o = r["open_50"]
     out.append(
         {
@@ -551,6 +755,13 @@ def report(r: dict[str, Any]) -> str:
         + f", service/+sdk/ sha256 {src['source_sha256'][:12]}"
         + (" (changed during the run)" if src.get("changed_during_run") else "")
     )
+    b = r.get("before", {})
+    add(
+        f"before: SKIPPED, {b['skipped']}"
+        if "skipped" in b
+        else f"before: commit {b['commit'][:12]} ({b['subject']}) from a git worktree, service/+sdk/ sha256 "
+        f"{b['source_sha256'][:12]}; its /openapi.json has {b['openapi_paths']} paths, none of /links"
+    )
     cap, pre = r["loadgen_capacity"], r["prefill"]
     add(
         f"Load generator: {cap['rate']:.0f} req/s against a static server ({cap['loop']}, CPU {cap['loadgen_cpu'] or 0:.2f})"
@@ -566,20 +777,31 @@ def report(r: dict[str, Any]) -> str:
     )
     add(
         f"  {'side':12} {'req/s':>7} {'min-max':>13} {'srv CPU':>7} {'us/read':>7} {'redis':>5} {'LG':>5} {'others':>6} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'errors':>6} {'RT/read':>7} {'cmd/read':>8} {'bytes':>5}  / today"
+        f"{'p50 ms':>7} {'p99 ms':>7} {'errors':>6} {'RT/read':>7} {'cmd/read':>8} {'bytes':>5} {'/ today':>7} {'/ before':>8}"
     )
     p, trips = r["peak"], r["round_trips"]
-    for side in SIDES:
+    sides = [side for side in SIDES if side in p]
+    for side in sides:
         s = p[side]
         per_cpu = s.get("requests_per_server_cpu_s")
-        ratio = p.get(f"ratio_{side}")
+        ratios = [p.get(ratio_name(side, base)) for base in ("today", "before")]
         add(
             f"  {side:12} {s['rate']:7.0f} {min(s['rates']):6.0f}-{max(s['rates']):<6.0f} {s.get('server_cpu', 0):7.2f} "
             f"{1e6 / per_cpu if per_cpu else 0:7.0f} {s.get('redis_cpu', 0):5.2f} {s.get('loadgen_cpu', 0):5.2f} "
             f"{s.get('other_cpu', 0):6.2f} {s['latency_ms']['p50']:7.2f} {s['latency_ms']['p99']:7.2f} {s['errors']:6d} "
             f"{trips[side]['round_trips_per_read']:7.2f} {trips[side]['commands_per_read']:8.2f} {r['answer_bytes'][side]:5d}"
-            + (f"  {ratio['median_of_paired']:.2f}x {ratio['per_round']}" if ratio else "")
+            + "".join(
+                f" {ratio['median_of_paired']:{w}.2f}x" if ratio else " " * (w + 2)
+                for ratio, w in zip(ratios, (6, 7), strict=True)
+            )
         )
+    for side, base in pairs(sides):
+        add(f"  {side} / {base} per round: {p[ratio_name(side, base)]['per_round']}")
+    busy = [x["round"] for x in p["rounds"] if x["busy"]]
+    add(
+        f"  busy rounds (other processes >= {bench_run.QUIET_OTHER_CPU} CPU in a run): {busy or 'none'}; "
+        f"other processes' CPU, the most in a run of each round: {[x['other_cpu_max'] for x in p['rounds']]}"
+    )
     add("")
     o = r["open_50"]
     add("Memory reads, open loop at 50% of today's peak (latency from the scheduled send; medians of runs)")
@@ -596,7 +818,7 @@ def report(r: dict[str, Any]) -> str:
     add(
         f"Redis per read (counted over {plan['counted_reads']:,} reads of each side sent one at a time, idle window taken off)"
     )
-    for side in SIDES:
+    for side in sides:
         t = trips[side]
         add(
             f"  {side:12} {t['round_trips_per_read']:.2f} round trips, {t['commands_per_read']:.2f} commands: {t['per_command']}"
@@ -660,7 +882,8 @@ def main() -> int:
     r["machine"] = bench_run.machine_info()
     r["source"] = bench_run.source_state()
     r["pinning"] = (
-        f"the service on CPU {cpus[0]}; Redis and the load generator on CPU {','.join(map(str, cpus[1:]))}"
+        f"both services (today's and before's) on CPU {cpus[0]}; Redis and the load generator on CPU "
+        f"{','.join(map(str, cpus[1:]))}"
         if pin
         else "none"
     )
@@ -669,21 +892,29 @@ def main() -> int:
         "projects": {kind: {"id": PROJECTS[kind], "config": project_config(kind)} for kind in PROJECTS},
         "stored_fields": STORED,
         "attestation": ATTESTATION,
+        "plain_project_configured_by": "the before side's service (the code before issue 17 cannot read a "
+        "configuration stored by today's); today's reads it with its defaults",
     }
     r["persistence"] = 'redis-server --save "" --appendonly no'
-    r["service_settings"] = "defaults, CALLER_MEMORY_SWEEP_INTERVAL=0; one process serving every side"
+    r["service_settings"] = (
+        "defaults, CALLER_MEMORY_SWEEP_INTERVAL=0; one process of this work tree serving every side but before, "
+        f"one of commit {BEFORE_COMMIT} serving before (same core, same redis-server)"
+    )
     began = time.monotonic()
     try:
         with bench_run.cleanup():
-            setup(bench)
+            # A smoke run (the test suite's) goes on without ``before`` when no worktree of it can be made
+            # (a clone without that commit, say) and says so; a measuring run needs it.
+            setup(bench, before_optional=args.smoke)
             round_trips(bench)
             calibrate(bench)
             warm(bench)
             peaks(bench)
             open_loop(bench)
             if args.profile:
-                profile(bench, args.profile)
+                profile(bench, [side for side in args.profile if side in bench.sides])
     finally:
+        remove_worktree(bench)
         with contextlib.suppress(OSError):
             shutil.rmtree(work)
     bench_run.finish(r, args.output, began, targets, report)

@@ -83,24 +83,43 @@ def test_webhooks_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
     assert len(results["targets"]) == 2 + len(results["deliveries"])
 
 
-@pytest.mark.timeout(240)  # about 20 s; a busy shared machine may take several times that
+@pytest.mark.timeout(240)  # about 25 s; a busy shared machine may take several times that
 def test_identity_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
     """bench/identity.py --smoke: the real service and its redis-server, callers written and emails linked
-    through the API, every side's reads for a fraction of a second; every side answers without errors, the
-    linked read costs the round trips it is counted at, and the JSON holds every figure the targets are
-    judged on (a smoke run's figures mean nothing)."""
+    through the API, every side's reads for a fraction of a second, and the service of the commit before issue
+    17 from a git worktree (skipped, saying so, only if no worktree of it can be made); every side answers
+    without errors, the reads cost the round trips and commands they are counted at, the worktree is gone
+    afterwards, and the JSON holds every figure the targets are judged on (a smoke run's figures mean
+    nothing)."""
     output = tmp_path / "identity.json"
     cmd = [sys.executable, str(BENCH / "identity.py"), "--smoke", "--no-pin", "--output", str(output)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=230, cwd=tmp_path)
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
     assert "Targets" in run.stdout
     results = json.loads(output.read_text())
-    sides = ("today", "first", "linked", "trust", "trust-passed")
-    for side in sides:
+    before = "skipped" not in results["before"]
+    if not before:
+        assert "before: SKIPPED" in run.stdout + run.stderr
+    sides = ("today", "before", "first", "linked", "trust", "trust-passed")
+    for side in sides if before else tuple(s for s in sides if s != "before"):
         assert results["peak"][side]["ok"] > 0 and results["peak"][side]["errors"] == 0, side
         assert results["open_50"][side]["ok"] > 0, side
         assert results["round_trips"][side]["statuses"] == {"200": results["plan"]["counted_reads"]}, side
     trips = results["round_trips"]
     assert trips["linked"]["round_trips_per_read"] > trips["first"]["round_trips_per_read"]
     assert results["peak"]["ratio_linked"]["per_round"]
-    assert len(results["targets"]) == 5
+    assert all("busy" in r for r in results["peak"]["rounds"])
+    if before:
+        assert results["before"]["openapi_links_paths"] == []
+        # The code before issue 17 reads the memory without the alias record: fewer commands, in 1 round trip.
+        assert trips["before"]["commands_per_read"] < trips["today"]["commands_per_read"]
+        assert results["peak"]["ratio_first_vs_before"]["per_round"]
+        assert results["peak"]["ratio_today_vs_before"]["per_round"]
+        assert "before" in results["targets"][0]["target"]
+        worktrees = subprocess.run(
+            ["git", "-C", str(BENCH.parent), "worktree", "list", "--porcelain"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "cm-identity-" not in worktrees
+    assert len(results["targets"]) == (6 if before else 5)

@@ -77,6 +77,7 @@ _EMAIL_HELP = (
 )
 
 
+@lru_cache(maxsize=65536)  # every request names a caller: the hot path, as normalize() below
 def parse_identifier(raw: str, default_region: str | None = None) -> str:
     """The canonical form of any kind of identifier, or :class:`InvalidIdentifier` (never echoing it)."""
     prefix = raw.lstrip()[:8].lower()

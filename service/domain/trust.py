@@ -52,7 +52,13 @@ class CallTrust:
 
     @classmethod
     def of(cls, attestation: str | None, step_up: bool | None) -> CallTrust:
+        if attestation is None and not step_up:
+            return UNKNOWN_CALL  # most calls: no attestation sent
         return cls(normalize_attestation(attestation), bool(step_up))
+
+
+#: A call that brought nothing: no attestation, no step-up.
+UNKNOWN_CALL = CallTrust()
 
 
 def qualifies(level: str, attestation: str, step_up: bool) -> bool:
