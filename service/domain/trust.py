@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .attestation import ATTESTATIONS, normalize_attestation
 
@@ -54,11 +55,16 @@ class CallTrust:
     def of(cls, attestation: str | None, step_up: bool | None) -> CallTrust:
         if attestation is None and not step_up:
             return UNKNOWN_CALL  # most calls: no attestation sent
-        return cls(normalize_attestation(attestation), bool(step_up))
+        return _call_trust(attestation, bool(step_up))
 
 
 #: A call that brought nothing: no attestation, no step-up.
 UNKNOWN_CALL = CallTrust()
+
+
+@lru_cache(maxsize=1024)  # a provider sends a handful of strings; a refused one raises and is not kept
+def _call_trust(attestation: str | None, step_up: bool) -> CallTrust:
+    return CallTrust(normalize_attestation(attestation), step_up)
 
 
 def qualifies(level: str, attestation: str, step_up: bool) -> bool:

@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from ..domain.attestation import MAX_ATTESTATION_CHARS
 from ..domain.clock import iso_utc
 from ..domain.conversations import Outcome
 from ..domain.documents import parse_document
@@ -100,6 +101,32 @@ async def project_for(request: web.Request, role: Role) -> tuple[Services, Proje
     """Authorize ``role`` on the path's project and load it (404 if it does not exist)."""
     services, _ = await authorize(request, role)
     return services, await services.projects.get(request.match_info["project"])
+
+
+_FLAGS = {"true": True, "false": False}
+
+
+def plain_trust_query(request: web.Request) -> tuple[str | None, bool | None] | None:
+    """The read's ``attestation`` and ``step_up`` without a model, for the hot path: no query, or just those
+    two, each once and well formed (the attestation's value is checked by the domain); None for anything
+    else, which :class:`~.queries.MemoryQuery` then reads (and refuses, naming the parameter)."""
+    if not request.query_string:
+        return None, None
+    query = request.query
+    if len(query) > 2 or not {"attestation", "step_up"}.issuperset(query):
+        return None
+    attestation = query.getall("attestation", [])
+    step_up = query.getall("step_up", [])
+    if (
+        len(attestation) > 1
+        or len(step_up) > 1
+        or (attestation and len(attestation[0]) > MAX_ATTESTATION_CHARS)
+    ):
+        return None
+    flag = _FLAGS.get(step_up[0]) if step_up else None
+    if step_up and flag is None:
+        return None
+    return (attestation[0] if attestation else None), flag
 
 
 def call_for(request: web.Request, attestation: str | None, step_up: bool | None) -> CallTrust | None:
@@ -233,11 +260,11 @@ async def revoke_token(request: web.Request) -> web.Response:
 @routes.get("/v1/projects/{project}/callers/{identifier}/memory")
 async def read_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.AGENT)
-    if request.query_string:
+    trust = plain_trust_query(request)
+    if trust is None:  # anything unusual: the model says what is wrong
         query = parse_query(request, MemoryQuery)
-        call = call_for(request, query.attestation, query.step_up)
-    else:  # the hot path: most reads carry no query (no model to validate)
-        call = call_for(request, None, None)
+        trust = query.attestation, query.step_up
+    call = call_for(request, *trust)
     view = await services.memory.read(project, request.match_info["identifier"], call)
     if_none_match = request.headers.get("If-None-Match")
     if if_none_match is not None and none_match(if_none_match, view.etag):
