@@ -1034,6 +1034,24 @@ def cleanup() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def sized_parser(doc: str | None, *, quick: str, pin: str) -> argparse.ArgumentParser:
+    """The options every side-by-side benchmark script shares: ``--quick`` or ``--smoke``, and ``--pin``
+    (``pin`` says what goes where)."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=f"fewer and shorter runs ({quick})")
+    size.add_argument(
+        "--smoke", action="store_true", help="a tiny run that checks the script (figures meaningless)"
+    )
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"{pin} (default: on with 2+ CPUs)",
+    )
+    return parser
+
+
 def main() -> int:
     global RESULTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

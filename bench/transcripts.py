@@ -713,17 +713,8 @@ def failing_kinds(r: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     global RESULTS
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="fewer and shorter runs (about 2 minutes)")
-    size.add_argument(
-        "--smoke", action="store_true", help="a tiny run that checks the script (figures meaningless)"
-    )
-    parser.add_argument(
-        "--pin",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="servers on CPU 0, Redis and the load generator on the others (default: on with 2+ CPUs)",
+    parser = bench_run.sized_parser(
+        __doc__, quick="about 2 minutes", pin="servers on CPU 0, Redis and the load generator on the others"
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "transcripts.json", help="results file")
     parser.add_argument(

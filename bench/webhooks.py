@@ -771,17 +771,10 @@ def report(r: dict[str, Any]) -> str:
 
 def main() -> int:
     global RESULTS
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="fewer and shorter runs (about a minute)")
-    size.add_argument(
-        "--smoke", action="store_true", help="a tiny run that checks the script (figures meaningless)"
-    )
-    parser.add_argument(
-        "--pin",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="services on CPU 0; Redis, the receiver and the load generator on the others (default: on with 2+ CPUs)",
+    parser = bench_run.sized_parser(
+        __doc__,
+        quick="about a minute",
+        pin="services on CPU 0; Redis, the receiver and the load generator on the others",
     )
     parser.add_argument(
         "--concurrency",
