@@ -71,7 +71,7 @@ async def test_scripts_are_reloaded_on_nodes_that_lost_them(
             client.script_flush()
     for i, subject in enumerate(subjects):
         result = await cluster_store.patch_fields(
-            CallerRef(PROJECT, subject), {"a": field(i, t, 1_000)}, [], t
+            CallerRef(PROJECT, subject), {"a": field(i, t, 60_000)}, [], t
         )
         assert values(result.fields) == {"a": i}
         ended = await cluster_store.end_conversation(ending(subject, f"conv-{i}", t, f"f{i}"), t)
@@ -79,7 +79,7 @@ async def test_scripts_are_reloaded_on_nodes_that_lost_them(
     for node in redis_cluster.running_nodes():
         with node.client() as client:
             client.script_flush()
-    counts, more = await cluster_store.sweep(t + 2_000, 1_000)  # a script in every bucket of every primary
+    counts, more = await cluster_store.sweep(t + 120_000, 1_000)  # a script in every bucket of every primary
     assert (counts["fields"], counts["callers"], more) == (len(subjects), len(subjects), False)
     erased = await cluster_store.erase_caller(CallerRef(PROJECT, subjects[0]), t + 3_000, t + 60_000)
     assert erased.conversations == 1
