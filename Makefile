@@ -59,9 +59,12 @@ lint: install-test
 # while the floors' environment is built and their suite runs beside them (its output is shown when it ends):
 # about 40 s less than one after the other.
 FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py
+# The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
+# `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
 
 test: install-test redis-server chromium lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 	@log=$$(mktemp); $(MAKE) --no-print-directory test-floors > $$log 2>&1 & floors=$$!; \
 	failed=0; for t in $(FRAMEWORK_TESTS); do echo "$$t:"; $(BIN)/pytest -q -p no:cacheprovider $$t || failed=1; done; \
 	wait $$floors; floors_status=$$?; echo "make test-floors:"; cat $$log; rm -f $$log; \
