@@ -221,7 +221,8 @@ class TranscriptBuffer:
                 break
             progress = self._progress
             try:
-                await asyncio.wait_for(progress.wait(), left)
+                async with asyncio.timeout(left):
+                    await progress.wait()
             except TimeoutError:
                 break
         return max(0, target - self._settled_seq)
@@ -488,7 +489,8 @@ class TranscriptBuffer:
             return self._time_left(1) > 0
         self._interrupt.clear()
         try:
-            await asyncio.wait_for(self._interrupt.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._interrupt.wait()
         except TimeoutError:
             pass
         return True

@@ -189,7 +189,8 @@ class MemoryClient(Delivery):
         if self._ends:
             bound = self.retry.worst_case * 2 + 1 + grace  # an end's own lease (messages first), and grace
             try:
-                await asyncio.wait_for(self._no_ends.wait(), bound)
+                async with asyncio.timeout(bound):
+                    await self._no_ends.wait()
             except TimeoutError:
                 log.warning(
                     "%d end(s) still running after %.1f s; closing (they stay in the outbox)",

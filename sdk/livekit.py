@@ -471,7 +471,8 @@ class CallMemory:
         The job's shutdown callbacks run together, after the session's close in a worker shutdown. Never
         raises: a refused end is logged (and set aside in the outbox)."""
         try:
-            await asyncio.wait_for(self._closed.wait(), grace)
+            async with asyncio.timeout(grace):
+                await self._closed.wait()
         except TimeoutError:
             pass
         self._start_end("job_shutdown")

@@ -635,7 +635,8 @@ class CallerMemory(FrameProcessor):
             # Let the terminal frame reach the end of the pipeline first: the assistant aggregator closes
             # its last turn as it passes, and that turn belongs in the transcript before the end.
             try:
-                await asyncio.wait_for(self._finished.wait(), END_WAIT)
+                async with asyncio.timeout(END_WAIT):
+                    await self._finished.wait()
             except TimeoutError:
                 pass
             for _ in range(3):  # the aggregator's event handlers run as tasks

@@ -234,8 +234,11 @@ async def run_deliveries(app: web.Application, interval: float) -> None:
         if started:
             await asyncio.sleep(0)  # more may be due: look again, after letting requests run
             continue
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that comes in the turn
+        # the wait ends (shutdown cancels this task just as an attempt ends), and the worker would run on.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(webhooks.event.wait(), interval)
+            async with asyncio.timeout(interval):
+                await webhooks.event.wait()
 
 
 async def scheduled_sweep(app: web.Application) -> None:

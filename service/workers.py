@@ -298,7 +298,8 @@ class Supervisor:
             elif not self._failed_start(worker, message or describe_exit(returncode), delay):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
 
     def _failed_start(self, worker: _Worker, message: str, delay: float) -> bool:
         """Count a failed start; False when the supervisor gives up."""
@@ -364,7 +365,8 @@ class Supervisor:
         self, worker: _Worker, process: asyncio.subprocess.Process, reader: asyncio.StreamReader
     ) -> tuple[bool, str]:
         try:
-            line = await asyncio.wait_for(reader.readline(), START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):
+                line = await reader.readline()
         except TimeoutError:
             process.kill()
             return False, f"it did not get ready within {START_TIMEOUT_S:.0f} s"

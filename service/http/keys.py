@@ -46,7 +46,8 @@ class Services:
 
     async def ping(self) -> None:
         try:
-            await asyncio.wait_for(self.store.ping(), self.settings.store_timeout)
+            async with asyncio.timeout(self.settings.store_timeout):
+                await self.store.ping()
         except TimeoutError as exc:
             raise StoreUnavailable(
                 f"the store did not answer within {self.settings.store_timeout} s"

@@ -556,7 +556,8 @@ class StandaloneTransport(RedisTransport):
         connection = cast(Any, pool).make_connection()  # untyped in redis-py
         try:
             # Connecting is bounded by the connect timeout, the handshake (AUTH, HELLO, SELECT) by the store's.
-            await asyncio.wait_for(connection.connect(), self.limits.connect_timeout + self.limits.timeout)
+            async with asyncio.timeout(self.limits.connect_timeout + self.limits.timeout):
+                await connection.connect()
         except TimeoutError:
             await connection.disconnect(nowait=True)
             raise RedisConnectionError(

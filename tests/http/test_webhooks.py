@@ -16,9 +16,10 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from caller_memory.service.app import run_deliveries
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.webhook_delivery import JITTER, MAX_ATTEMPTS, RETRY_DELAYS_S
-from caller_memory.service.http.keys import SERVICES
+from caller_memory.service.http.keys import SERVICES, WEBHOOKS
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api
@@ -528,3 +529,17 @@ async def test_the_inactivity_end_sends_ended_and_a_late_end_sends_updated(
         ("conversation.updated", "explicit"),
     ]
     assert events[1]["data"]["persisted"] == ["caller_name"] and events[0]["id"] != events[1]["id"]
+
+
+async def test_the_delivery_worker_stops_when_cancelled_just_as_it_is_woken(store_url: str) -> None:
+    """Shutdown cancels the worker; an attempt that ended (or an end that queued an event) may wake it in the
+    same turn of the loop. Python 3.11's ``asyncio.wait_for`` then returned the wake-up and dropped the
+    cancellation, so the worker ran on and the shutdown waited for it forever (it hung CI's teardown)."""
+    async with running_api(store_url, FakeClock(), **webhook_settings()) as api:
+        worker = asyncio.create_task(run_deliveries(api.app, 30.0))
+        for _ in range(20):  # let it reach its wait (a store call first)
+            await asyncio.sleep(0.01)
+        api.app[WEBHOOKS].event.set()
+        worker.cancel()
+        done, _ = await asyncio.wait({worker}, timeout=2.0)
+        assert worker in done and worker.cancelled()
