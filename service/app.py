@@ -53,7 +53,12 @@ log = logging.getLogger("caller_memory")
 
 def build_services(settings: Settings, *, clock: Clock | None = None, store: Store | None = None) -> Services:
     clock = clock or SystemClock()
-    store = store or open_store(settings.store_url, timeout=settings.store_timeout)
+    store = store or open_store(
+        settings.store_url,
+        timeout=settings.store_timeout,
+        cache_seconds=settings.read_cache_seconds,
+        cache_entries=settings.read_cache_entries,
+    )
     pseudonymizer = Pseudonymizer(settings.pseudonym_key)
     memory = MemoryService(store, pseudonymizer, clock)
     audit = AuditLog(store, clock)

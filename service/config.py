@@ -35,6 +35,7 @@ _SECONDS = (
     ("CALLER_MEMORY_BODY_TIMEOUT", "body_timeout"),
     ("CALLER_MEMORY_WEBHOOK_TIMEOUT", "webhook_timeout"),
     ("CALLER_MEMORY_WEBHOOK_INTERVAL", "webhook_interval"),
+    ("CALLER_MEMORY_READ_CACHE_SECONDS", "read_cache_seconds"),
 )
 #: Of those, the ones that must be more than 0 (0 would fail every call, or every request, at once).
 _POSITIVE = {
@@ -49,7 +50,10 @@ _WHOLE = (
     ("CALLER_MEMORY_MAX_IN_FLIGHT_PER_PROJECT", "max_in_flight_per_project", 1),
     ("CALLER_MEMORY_MAX_CONNECTIONS", "max_connections", 1),
     ("CALLER_MEMORY_WEBHOOK_CONCURRENCY", "webhook_concurrency", 1),
+    ("CALLER_MEMORY_READ_CACHE_ENTRIES", "read_cache_entries", 1),
 )
+#: The read cache's staleness bound may not exceed this many seconds.
+MAX_READ_CACHE_SECONDS = 5.0
 
 
 class SettingsError(ValueError):
@@ -120,6 +124,11 @@ class Settings:
     operator_token: str | None = None
     #: Seconds a store call may take before the request fails with 503.
     store_timeout: float = 0.5
+    #: Memory reads served from a per-process cache that Redis keeps current (client-side caching): a write
+    #: through another process is seen within these many seconds at most (0: no cache; one Redis server
+    #: only, see docs/storage.md, "The read cache"). The cache holds at most ``read_cache_entries`` keys.
+    read_cache_seconds: float = 0.0
+    read_cache_entries: int = 10_000
     #: Seconds a process caches project configurations and token lookups. A change made through one process
     #: (or replica) is seen by that one at once and by every other within these many seconds (plus one store
     #: round trip): they are the propagation bounds for configuration changes and token revocations.
@@ -206,6 +215,11 @@ class Settings:
             if seconds.get(attribute) == 0:
                 # Every store call (or request) would fail at once.
                 raise SettingsError(f"{name} must be more than 0 seconds")
+        if seconds.get("read_cache_seconds", 0.0) > MAX_READ_CACHE_SECONDS:
+            raise SettingsError(
+                f"CALLER_MEMORY_READ_CACHE_SECONDS must be at most {MAX_READ_CACHE_SECONDS:g} (the longest a"
+                " write through another replica may go unseen)"
+            )
         if env.get("CALLER_MEMORY_WORKERS") and overrides.get("workers") is None:  # --workers wins
             seconds["workers"] = parse_workers(env["CALLER_MEMORY_WORKERS"])
         for name, attribute, least in _WHOLE:

@@ -6,7 +6,9 @@ from ..domain.errors import InvalidInput
 from ..domain.store import Store
 
 
-def open_store(url: str, *, timeout: float = 0.5) -> Store:
+def open_store(
+    url: str, *, timeout: float = 0.5, cache_seconds: float = 0.0, cache_entries: int = 10_000
+) -> Store:
     """Build (not yet open) the store for ``url``.
 
     ``sqlite:///relative.db`` or ``sqlite:////absolute/path.db``; ``redis://host:port/db``, ``rediss://``,
@@ -15,7 +17,9 @@ def open_store(url: str, *, timeout: float = 0.5) -> Store:
     network call to Redis, in seconds (SQLite is a local file: its writers wait for one another instead, up
     to a few seconds). A URL that names no store (an unknown scheme, a malformed cluster URL, a database
     other than 0 on a cluster) raises :class:`InvalidInput` (a ``ValueError``), which the command line
-    prints as an error rather than a traceback.
+    prints as an error rather than a traceback. ``cache_seconds`` (with ``cache_entries``) turns on the read
+    cache of one Redis server (:class:`.redis_transport.ReadCache`); SQLite reads a local file and needs
+    none, and a Redis Cluster has none (refused).
     """
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
@@ -25,8 +29,20 @@ def open_store(url: str, *, timeout: float = 0.5) -> Store:
     if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from .redis import RedisStore
 
+        if cache_seconds and "+cluster" in scheme:
+            raise InvalidInput(
+                "the read cache (CALLER_MEMORY_READ_CACHE_SECONDS) works on one Redis server, not on a Redis"
+                " Cluster: set it to 0",
+                field="store",
+            )
         try:
-            return RedisStore(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+            return RedisStore(
+                url,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                cache_seconds=cache_seconds,
+                cache_entries=cache_entries,
+            )
         except ValueError as exc:
             raise InvalidInput(f"store URL: {exc}", field="store") from exc
     raise InvalidInput(

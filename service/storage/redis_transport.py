@@ -65,6 +65,11 @@ Command = Sequence[str | bytes | int]
 ScriptCall = tuple[Sequence[str], Sequence[str | bytes | int]]
 
 
+#: The read cache's commands: tracking on the lane's connection, for the keys of the reads that ask for it.
+TRACKING_ON: Command = ("CLIENT", "TRACKING", "ON", "OPTIN")
+CACHING_YES: Command = ("CLIENT", "CACHING", "YES")
+
+
 def pack(commands: Sequence[Command]) -> bytes:
     """``commands`` in the Redis protocol, packed by hiredis in C (redis-py's asyncio connections pack in
     Python: a seventh of an end of a conversation, whose scripts take some 60 arguments)."""
@@ -163,6 +168,10 @@ class ConnectionLimits:
     #: Seconds a connection may sit idle before it is PINGed again before use (a lane needs no probe: its
     #: reader sees a closed connection at once).
     health_check_interval: int
+    #: The read cache's staleness bound in seconds (0: no cache); see :class:`ReadCache`. One server only.
+    cache_seconds: float = 0.0
+    #: Keys the read cache holds at most (the oldest filled goes first).
+    cache_entries: int = 10_000
 
 
 class RedisTransport(ABC):
@@ -193,6 +202,16 @@ class RedisTransport(ABC):
     @abstractmethod
     async def ping(self) -> None:
         """Raise unless Redis answers."""
+
+    def cached(self, *keys: str) -> list[Any] | None:
+        """The values of ``keys`` from the read cache, if every one is there and may be served; else None
+        (there is no cache but on one server with ``cache_seconds``). No I/O: no :class:`Call` needed."""
+        return None
+
+    async def read(self, *commands: tuple[str, str]) -> list[Any]:
+        """Reads of one key each (``("HGETALL", key)``, ``("GET", key)``), whose replies the read cache
+        keeps (where there is one) until Redis says the key changed. Else the same as :meth:`run`."""
+        return await self.run(*commands)
 
     @abstractmethod
     async def run(self, *commands: Command, replicate: bool | None = None) -> list[Any]:
@@ -233,14 +252,93 @@ class RedisTransport(ABC):
 
 
 class _Waiting:
-    """A call's place in a :class:`Lane`: the replies it expects, and its future."""
+    """A call's place in a :class:`Lane`: the replies it expects, its future, when it was sent, and the keys
+    of a cached read (its replies go into the read cache as they are read)."""
 
-    __slots__ = ("count", "future", "replies")
+    __slots__ = ("count", "future", "replies", "sent", "track")
 
-    def __init__(self, future: asyncio.Future[list[Any]], count: int) -> None:
+    def __init__(
+        self, future: asyncio.Future[list[Any]], count: int, sent: float, track: tuple[str, ...] | None
+    ) -> None:
         self.future = future
         self.count = count
         self.replies: list[Any] = []
+        self.sent = sent
+        self.track = track
+
+
+#: What :meth:`ReadCache.get` gives for a key it does not hold (a cached GET may be None).
+_MISSING = object()
+
+
+class ReadCache:
+    """Replies of reads kept by one :class:`Lane`, dropped when Redis says their key changed: client-side
+    caching with server-assisted invalidation (RESP3 ``CLIENT TRACKING ON OPTIN``; each cached read is sent
+    after ``CLIENT CACHING YES``, so Redis tracks only those keys for this connection).
+
+    Redis writes a key's invalidation into this connection's stream when the key changes (whoever changed
+    it: another replica, a sweep, an expiry), so every reply read after it is of a command that ran after
+    the change. Two rules follow, and they are the whole consistency argument:
+
+    - a write acknowledged by this process may still have its invalidation on its way (behind the write's
+      own reply on this lane, or in flight from another connection), so once any call that is not a cached
+      read ended (``dirty``, when it did), nothing is served until the reply of a command sent after that
+      was read: a caller always reads this process's writes;
+    - a write through *another* connection is seen once its invalidation is read; the cache serves only while
+      the lane has read the reply of a command sent less than ``bound`` seconds ago (``synced``), so a hit
+      is never staler than ``bound``: a quiet lane's next read goes to Redis, and refreshes it.
+
+    Values are the raw replies: a memory read still drops the fields whose own expiry has passed, at every
+    read (an expired field is never served). The cache dies with its lane (a new connection starts empty).
+    """
+
+    __slots__ = ("bound", "dirty", "entries", "hits", "limit", "misses", "synced")
+
+    def __init__(self, bound: float, limit: int) -> None:
+        self.bound = bound
+        self.limit = limit
+        self.entries: dict[str, Any] = {}
+        self.synced = float("-inf")  # when the command of the last reply read was sent (loop time)
+        self.dirty = float("-inf")  # when the last call that may have written ended (loop time)
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, keys: Sequence[str], now: float) -> list[Any] | None:
+        if self.synced <= self.dirty or now - self.synced > self.bound:
+            return None
+        entries = self.entries
+        values = [entries.get(key, _MISSING) for key in keys]
+        if _MISSING in values:
+            return None
+        self.hits += 1
+        return values
+
+    def ended(self, call: _Waiting, loop: asyncio.AbstractEventLoop) -> None:
+        """``call``'s last reply was just read (by the lane's reader, before what follows it in the stream)."""
+        self.synced = call.sent
+        if call.track is None:
+            self.dirty = loop.time()
+        else:
+            self.fill(call.track, call.replies[1::2])
+
+    def fill(self, keys: Sequence[str], values: Sequence[Any]) -> None:
+        entries = self.entries
+        for key, value in zip(keys, values, strict=True):
+            if isinstance(value, ResponseError):
+                continue
+            if key not in entries and len(entries) >= self.limit:
+                del entries[next(iter(entries))]  # the oldest filled
+            entries[key] = value
+
+    def invalidate(self, message: Any) -> None:
+        """An ``invalidate`` push: its keys changed (None: the database was flushed)."""
+        if len(message) < 2 or message[0] != b"invalidate":
+            return
+        if message[1] is None:
+            self.entries.clear()
+            return
+        for key in message[1]:
+            self.entries.pop(key.decode(), None)
 
 
 class LaneNotSent(RedisConnectionError):
@@ -286,10 +384,13 @@ class Lane:
     HELLO 3, SELECT, all as the URL says); the lane then reads and writes its stream.
     """
 
-    __slots__ = ("connection", "failure", "loop", "out", "reader", "retired", "waiting", "writer")
+    __slots__ = ("cache", "connection", "failure", "loop", "out", "reader", "retired", "waiting", "writer")
 
-    def __init__(self, connection: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, connection: Any, loop: asyncio.AbstractEventLoop, cache: ReadCache | None = None
+    ) -> None:
         self.connection = connection
+        self.cache = cache
         self.loop = loop
         # redis-py's connected stream (the private attributes of its asyncio Connection since 4.2).
         self.writer: asyncio.StreamWriter = connection._writer
@@ -299,14 +400,16 @@ class Lane:
         self.retired = False
         self.reader = loop.create_task(self._read(connection._reader))
 
-    def send(self, packed: bytes, count: int) -> asyncio.Future[list[Any]]:
+    def send(
+        self, packed: bytes, count: int, track: tuple[str, ...] | None = None
+    ) -> asyncio.Future[list[Any]]:
         if self.failure is not None:
             raise LaneNotSent(f"the connection to Redis was lost: {self.failure}")
         if self.writer.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
             self.retired = True  # the server takes nothing: the next calls try a new connection
             raise LaneNotSent(f"Redis has not taken the last {MAX_UNSENT_BYTES >> 20} MiB written to it")
         future: asyncio.Future[list[Any]] = self.loop.create_future()
-        self.waiting.append(_Waiting(future, count))
+        self.waiting.append(_Waiting(future, count, self.loop.time(), track))
         if not self.out:
             self.loop.call_soon(self._flush)
         self.out.append(packed)
@@ -318,30 +421,8 @@ class Lane:
             self.writer.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        parser = hiredis.Reader(
-            protocolError=InvalidResponse, replyError=_reply_error, notEnoughData=_INCOMPLETE
-        )
-        waiting = self.waiting
-        push = hiredis.PushNotification
         try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    raise RedisConnectionError("Redis closed the connection")
-                parser.feed(data)
-                while (reply := parser.gets()) is not _INCOMPLETE:
-                    if type(reply) is push:
-                        continue  # out of band (maintenance notices, invalidations): no call's reply
-                    if not waiting:
-                        raise InvalidResponse("Redis sent a reply that no command asked for")
-                    call = waiting[0]
-                    call.replies.append(reply)
-                    if len(call.replies) == call.count:
-                        waiting.popleft()
-                        if not call.future.done():
-                            call.future.set_result(call.replies)
-                if self.retired and self.idle():
-                    break
+            await self._take_replies(reader)
         except asyncio.CancelledError:
             self._fail(RedisConnectionError("the Redis store was closed"))
             raise
@@ -353,6 +434,38 @@ class Lane:
             self._fail(RedisConnectionError("the connection to Redis was retired"))
         finally:
             await self.disconnect()
+
+    async def _take_replies(self, reader: asyncio.StreamReader) -> None:
+        """Read replies and hand them out until the lane is retired and idle (or the connection fails)."""
+        parser = hiredis.Reader(
+            protocolError=InvalidResponse, replyError=_reply_error, notEnoughData=_INCOMPLETE
+        )
+        waiting = self.waiting
+        push = hiredis.PushNotification
+        cache = self.cache
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                raise RedisConnectionError("Redis closed the connection")
+            parser.feed(data)
+            while (reply := parser.gets()) is not _INCOMPLETE:
+                if type(reply) is push:
+                    # Out of band (maintenance notices, invalidations): no call's reply.
+                    if cache is not None:
+                        cache.invalidate(reply)
+                    continue
+                if not waiting:
+                    raise InvalidResponse("Redis sent a reply that no command asked for")
+                call = waiting[0]
+                call.replies.append(reply)
+                if len(call.replies) == call.count:
+                    waiting.popleft()
+                    if cache is not None:  # here, in stream order: a later invalidation must find it
+                        cache.ended(call, self.loop)
+                    if not call.future.done():
+                        call.future.set_result(call.replies)
+            if self.retired and self.idle():
+                return
 
     async def disconnect(self) -> None:
         """Let redis-py close its connection (and forget its stream)."""
@@ -480,7 +593,29 @@ class StandaloneTransport(RedisTransport):
     async def ping(self) -> None:
         await self.client.ping()
 
-    async def run(self, *commands: Command, replicate: bool | None = None) -> list[Any]:
+    def cached(self, *keys: str) -> list[Any] | None:
+        lane = self._lane
+        if lane is None or lane.cache is None or lane.retired or lane.failure is not None:
+            return None
+        return lane.cache.get(keys, lane.loop.time())
+
+    async def read(self, *commands: tuple[str, str]) -> list[Any]:
+        if not self.limits.cache_seconds:
+            return await self.run(*commands)
+        # Each read after CLIENT CACHING YES (OPTIN tracking: only these keys are tracked); the lane's
+        # reader puts the replies in the cache as it reads them.
+        packed: list[Command] = []
+        for command in commands:
+            packed += [CACHING_YES, command]
+        replies = await self.run(*packed, track=tuple(key for _, key in commands))
+        lane = self._lane
+        if lane is not None and lane.cache is not None:
+            lane.cache.misses += 1
+        return replies[1::2]
+
+    async def run(
+        self, *commands: Command, replicate: bool | None = None, track: tuple[str, ...] | None = None
+    ) -> list[Any]:
         """(See :meth:`RedisTransport.run`.) The commands go out on the shared :class:`Lane`, in its next
         write. A lane that failed before they were written (:class:`LaneNotSent`) is replaced and they are
         sent once more; once written, a lost connection fails the call (:class:`LaneLost`: they may have
@@ -494,11 +629,11 @@ class StandaloneTransport(RedisTransport):
         packed = pack(commands)
         try:
             try:
-                replies = await lane.send(packed, len(commands))
+                replies = await lane.send(packed, len(commands), track)
             except LaneNotSent:  # nothing of it ran: once more, on a new lane
                 lane.release()
                 lane = await self._open_lane(lane)
-                replies = await lane.send(packed, len(commands))
+                replies = await lane.send(packed, len(commands), track)
         except asyncio.CancelledError:
             if self._lane is lane:
                 self._lane = None
@@ -566,9 +701,23 @@ class StandaloneTransport(RedisTransport):
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
-        lane = Lane(connection, asyncio.get_running_loop())
+        limits = self.limits
+        cache = ReadCache(limits.cache_seconds, limits.cache_entries) if limits.cache_seconds else None
+        lane = Lane(connection, asyncio.get_running_loop(), cache)
         self._lanes.add(lane)
         lane.reader.add_done_callback(lambda _: self._lanes.discard(lane))
+        if cache is not None:
+            try:
+                async with asyncio.timeout(limits.timeout):
+                    (reply,) = await lane.send(pack([TRACKING_ON]), 1)
+            except BaseException:
+                lane.close()
+                raise
+            if isinstance(reply, ResponseError):
+                lane.close()
+                raise StoreUnavailable(
+                    f"Redis refused client-side caching (CALLER_MEMORY_READ_CACHE_SECONDS): {reply}"
+                )
         return lane
 
     async def in_order(self, *commands: Command) -> list[Any]:
@@ -584,9 +733,15 @@ class StandaloneTransport(RedisTransport):
         return await self.run(*commands)
 
     async def run_scripts(self, name: str, calls: Sequence[ScriptCall]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
-            script = self.scripts[name]
-            for script_keys, args in calls:  # redis-py loads the script first if the server lacks it
-                await script(keys=script_keys, args=args, client=pipe)
-            replies: list[Any] = await pipe.execute()
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                script = self.scripts[name]
+                for script_keys, args in calls:  # redis-py loads the script first if the server lacks it
+                    await script(keys=script_keys, args=args, client=pipe)
+                replies: list[Any] = await pipe.execute()
+        finally:
+            # Written through another connection: the lane's cache waits for a reply sent after this.
+            lane = self._lane
+            if lane is not None and lane.cache is not None:
+                lane.cache.dirty = lane.loop.time()
         return replies

@@ -22,12 +22,19 @@ from tests.conftest import CLUSTER, empty_store_url
 REDIS_BACKENDS = ["redis", CLUSTER]
 
 
-@pytest.fixture(params=["sqlite", *REDIS_BACKENDS])
+#: The standalone Redis with the read cache on (CALLER_MEMORY_READ_CACHE_SECONDS): the whole contract holds
+#: with memory reads served from the cache (the store's own writes are always read back at once).
+CACHED = "redis-cached"
+
+
+@pytest.fixture(params=["sqlite", *REDIS_BACKENDS, CACHED])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     # A generous store timeout: the contract is what a store does, not how fast (50 concurrent patches to one
     # caller, each fsynced and confirmed by a replica on the cluster, outlasted 0.5 s on a loaded machine).
     # The timeout itself has its own tests, with their own stores.
-    backend = open_store(empty_store_url(request, request.param, tmp_path), timeout=5.0)
+    cached = request.param == CACHED
+    url = empty_store_url(request, "redis" if cached else request.param, tmp_path)
+    backend = open_store(url, timeout=5.0, cache_seconds=1.0 if cached else 0.0)
     await backend.open()
     try:
         yield backend
