@@ -540,6 +540,9 @@ class StandaloneTransport(RedisTransport):
             # TCP only: redis-py's unix-socket connections take no keepalive option (and need none).
             **({} if urlsplit(self._url).scheme == "unix" else {"socket_keepalive": True}),
             decode_responses=False,
+            # The read cache's invalidations are RESP3 pushes on the lane's own connection (RESP2 would need a
+            # second connection to redirect them to); redis-py 8 speaks RESP3 by default, 7 does not.
+            **({"protocol": 3} if self.limits.cache_seconds else {}),
             # More than the service's bound on requests in flight, so a request never waits for a connection;
             # beyond it the pool refuses at once (the store is reported unavailable).
             max_connections=self.limits.max_connections,
@@ -707,6 +710,9 @@ class StandaloneTransport(RedisTransport):
         self._lanes.add(lane)
         lane.reader.add_done_callback(lambda _: self._lanes.discard(lane))
         if cache is not None:
+            if str(getattr(connection, "protocol", "")) != "3":  # pragma: no cover - asked for above
+                lane.close()
+                raise StoreUnavailable("the read cache needs a RESP3 connection to Redis")
             try:
                 async with asyncio.timeout(limits.timeout):
                     (reply,) = await lane.send(pack([TRACKING_ON]), 1)
