@@ -539,16 +539,6 @@ def round_trips(bench: Bench) -> None:
 # Measurements ---------------------------------------------------------------------------------------------
 
 
-def calibrate(bench: Bench) -> None:
-    say("load generator against bench/static_server.py")
-    result = bench.load("static", "static")
-    bench.results["loadgen_capacity"] = {
-        "rate": result["achieved_rate"],
-        "loadgen_cpu": result["watched_cpu_share"].get("loadgen"),
-        "loop": result.get("loop"),
-    }
-
-
 def warm(bench: Bench) -> None:
     say("warm-up: every side (not recorded)")
     for side in bench.sides:
@@ -745,16 +735,7 @@ def report(r: dict[str, Any]) -> str:
         f"Linked identifiers and trust ({r['mode']} run), {m['cpus']} CPUs ({m['cpu']}), pinning: {r['pinning']}, "
         f"load average at start {m['loadavg_start']}, at end {m.get('loadavg_end')}"
     )
-    add(
-        f"Code measured: commit {src['commit'][:12]}"
-        + (
-            f" with uncommitted changes to {len(src['uncommitted'])} files"
-            if src["uncommitted"]
-            else " (clean)"
-        )
-        + f", service/+sdk/ sha256 {src['source_sha256'][:12]}"
-        + (" (changed during the run)" if src.get("changed_during_run") else "")
-    )
+    add(bench_run.code_measured(src))
     b = r.get("before", {})
     add(
         f"before: SKIPPED, {b['skipped']}"
@@ -900,7 +881,7 @@ def main() -> int:
             # (a clone without that commit, say) and says so; a measuring run needs it.
             setup(bench, before_optional=args.smoke)
             round_trips(bench)
-            calibrate(bench)
+            transcripts.calibrate(bench)
             warm(bench)
             peaks(bench)
             open_loop(bench)

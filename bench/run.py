@@ -800,17 +800,7 @@ def report(r: dict[str, Any]) -> str:
         f"pinning: {r['pinning']}, load average at start {m['loadavg_start']}"
     )
     src = r["source"]
-    add(
-        f"Code measured: commit {src['commit'][:12]}"
-        + (
-            f" with uncommitted changes to {len(src['uncommitted'])} files"
-            if src["uncommitted"]
-            else " (clean)"
-        )
-        + ("" if src["service_dir"] == str(h.ROOT / "service") else f" from {src['service_dir']}")
-        + f", service/+sdk/ sha256 {src['source_sha256'][:12]}"
-        + (" (changed during the run: see perf.json)" if src.get("changed_during_run") else "")
-    )
+    add(code_measured(src, " (changed during the run: see perf.json)"))
     cap = r["loadgen_capacity"]
     add("")
     add(
@@ -976,6 +966,25 @@ def machine_info() -> dict[str, Any]:
             )
         },
     }
+
+
+def code_measured(src: dict[str, Any], changed: str = " (changed during the run)") -> str:
+    """The report's line on the code a run measured (its ``source`` record, from :func:`source_state`)."""
+    return (
+        f"Code measured: commit {src['commit'][:12]}"
+        + (
+            f" with uncommitted changes to {len(src['uncommitted'])} files"
+            if src["uncommitted"]
+            else " (clean)"
+        )
+        + (
+            ""
+            if src.get("service_dir", str(h.ROOT / "service")) == str(h.ROOT / "service")
+            else f" from {src['service_dir']}"
+        )
+        + (f", service/+sdk/ sha256 {src['source_sha256'][:12]}" if "source_sha256" in src else "")
+        + (changed if src.get("changed_during_run") else "")
+    )
 
 
 def source_state() -> dict[str, Any]:

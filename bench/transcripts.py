@@ -623,16 +623,7 @@ def report(r: dict[str, Any]) -> str:
         f"Conversation memory benchmarks ({r['mode']} run), {m['cpus']} CPUs ({m['cpu']}), pinning: {r['pinning']}, "
         f"load average at start {m['loadavg_start']}"
     )
-    add(
-        f"Code measured: commit {src['commit'][:12]}"
-        + (
-            f" with uncommitted changes to {len(src['uncommitted'])} files"
-            if src["uncommitted"]
-            else " (clean)"
-        )
-        + f", service/+sdk/ sha256 {src['source_sha256'][:12]}"
-        + (" (changed during the run)" if src.get("changed_during_run") else "")
-    )
+    add(bench_run.code_measured(src))
     cap = r["loadgen_capacity"]
     add(
         f"Load generator: {cap['rate']:.0f} req/s against a static server ({cap['loop']}, CPU {cap['loadgen_cpu'] or 0:.2f})"

@@ -699,15 +699,7 @@ def report(r: dict[str, Any]) -> str:
         f"Webhook benchmarks ({r['mode']} run), {m['cpus']} CPUs ({m['cpu']}), pinning: {r['pinning']}, "
         f"load average at start {m['loadavg_start']}, at end {m.get('loadavg_end')}"
     )
-    add(
-        f"Code measured: commit {src['commit'][:12]}"
-        + (
-            f" with uncommitted changes to {len(src['uncommitted'])} files"
-            if src["uncommitted"]
-            else " (clean)"
-        )
-        + (" (changed during the run)" if src.get("changed_during_run") else "")
-    )
+    add(bench_run.code_measured(src))
     cap = r["loadgen_capacity"]
     add(
         f"Load generator: {cap['rate']:.0f} req/s against a static server (CPU {cap['loadgen_cpu'] or 0:.2f})"
