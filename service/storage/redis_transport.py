@@ -409,7 +409,9 @@ class Lane:
             self.retired = True  # the server takes nothing: the next calls try a new connection
             raise LaneNotSent(f"Redis has not taken the last {MAX_UNSENT_BYTES >> 20} MiB written to it")
         future: asyncio.Future[list[Any]] = self.loop.create_future()
-        self.waiting.append(_Waiting(future, count, self.loop.time(), track))
+        # The send time matters to the read cache only: no clock read per call without one.
+        sent = self.loop.time() if self.cache is not None else 0.0
+        self.waiting.append(_Waiting(future, count, sent, track))
         if not self.out:
             self.loop.call_soon(self._flush)
         self.out.append(packed)
