@@ -4,7 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run test test-floors fuzz bench lint format redis-server chromium clean
+.PHONY: install install-test run test test-floors fuzz bench lint format redis-server wrk chromium clean
 
 # setuptools maps caller_memory.service -> service/ and caller_memory.sdk -> sdk/ (package-dir), a layout that a
 # static .pth cannot express, so its editable install uses an import hook and says so in a boxed warning asking
@@ -43,6 +43,10 @@ run: install
 # The tests need a real redis-server (Debian's package); install it when it is missing.
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || ./scripts/install-redis
+
+# `make bench` also measures the reads with wrk (Debian's package); install it when it is missing.
+wrk:
+	@command -v wrk >/dev/null 2>&1 || ./scripts/install-wrk
 
 # The browser tests drive Debian's chromium (headless); install it when it is missing.
 chromium:
@@ -110,7 +114,7 @@ fuzz: install-test redis-server
 # Benchmarks of issue 7 against a hand-written baseline, side by side (about 12 minutes; needs
 # redis-server and redis-benchmark). `$(BIN)/python bench/run.py --quick` takes about 2.5 minutes. Results in
 # bench/results/perf.json and bench/results/profile-*; see bench/README.md.
-bench: install-test redis-server
+bench: install-test redis-server wrk
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python bench/run.py
 

@@ -68,6 +68,10 @@ RESULTS = h.BENCH / "results"
 SIDES = ("today", "before", "first", "linked", "trust", "trust-passed")
 #: The code before issue 17 (linked identifiers and trust): the ``before`` side's service runs it.
 BEFORE_COMMIT = "cd7676b"
+#: Changes made since BEFORE_COMMIT that are not issue 17's but change what every request costs: applied to the
+#: ``before`` side's worktree (``git apply`` of each commit's diff under service/), so that the two sides
+#: differ by issue 17 alone. c72f255: the collector settled once the service listens (gc.freeze, thresholds).
+BEFORE_RUNTIME_COMMITS = ("c72f255",)
 #: The project each side reads, by what it is configured with.
 PROJECTS = {"plain": "bench", "linking": "bench-linked", "trust": "bench-trust"}
 SIDE_PROJECT = {
@@ -272,7 +276,8 @@ def git(*args: str) -> subprocess.CompletedProcess[str]:
 
 def start_before(bench: Bench) -> None:
     """The ``before`` side's service: ``python -m caller_memory.service serve`` of BEFORE_COMMIT, from a git
-    worktree of it (``git worktree add --detach``, removed at the end by ``remove_worktree``), pinned like the
+    worktree of it (``git worktree add --detach``, removed at the end by ``remove_worktree``) with
+    BEFORE_RUNTIME_COMMITS applied, pinned like the
     other service, on the same redis-server. The installed package is an editable install of this work tree,
     so a folder holding a ``caller_memory`` package whose ``service`` and ``sdk`` are symlinks to the
     worktree's goes first on its PYTHONPATH (the editable finder comes after the path finder). Checked before
@@ -287,6 +292,13 @@ def start_before(bench: Bench) -> None:
     if made.returncode != 0:
         raise NoWorktree(f"git worktree add {BEFORE_COMMIT} failed: {made.stderr.strip()[-500:]}")
     bench.worktree = tree
+    for change in BEFORE_RUNTIME_COMMITS:
+        diff = git("diff", f"{change}^", change, "--", "service/")
+        applied = subprocess.run(
+            ["git", "-C", str(tree), "apply"], input=diff.stdout, capture_output=True, text=True, check=False
+        )
+        if diff.returncode != 0 or not diff.stdout or applied.returncode != 0:
+            raise RuntimeError(f"commit {change} does not apply to {BEFORE_COMMIT}: {applied.stderr.strip()}")
     package = bench.work / "before-pkg" / "caller_memory"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -329,12 +341,16 @@ def start_before(bench: Bench) -> None:
         "subject": git("log", "-1", "--format=%s", commit).stdout.strip(),
         "how": "git worktree add --detach (removed at the end); PYTHONPATH first: a caller_memory package whose "
         "service and sdk are symlinks to the worktree's",
+        "with_runtime_commits": list(BEFORE_RUNTIME_COMMITS),
         "imports": files,
         "openapi_paths": len(old["paths"]),
         "openapi_links_paths": links,
         "source_sha256": digest.hexdigest(),
     }
-    say(f"before: commit {commit[:12]} from a worktree, {len(old['paths'])} API paths, none of /links")
+    say(
+        f"before: commit {commit[:12]} from a worktree, with {', '.join(BEFORE_RUNTIME_COMMITS)} applied, "
+        f"{len(old['paths'])} API paths, none of /links"
+    )
 
 
 def remove_worktree(bench: Bench) -> None:

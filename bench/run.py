@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -51,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,8 @@ from loadgen import ZipfCallers
 
 RESULTS = h.BENCH / "results"
 READ_CALLERS = 1000  # callers cycled through by the memory-read scenario (all have 10 fields)
+#: The read cache's staleness bound of service-redis-cached (CALLER_MEMORY_READ_CACHE_SECONDS).
+READ_CACHE_SECONDS = 1
 END_STATE_FIELDS = 3  # state fields written by each end of conversation (32 bytes of JSON each)
 ZIPF_S = 0.99  # YCSB's zipfian constant
 #: A run during which the machine's other processes used less CPU than this (CPU-seconds per second) is
@@ -148,7 +152,10 @@ class Bench:
         store = {
             "service-redis": "plain",
             "service-redis-quiet": "plain",
+            "service-redis-cached": "plain",
             "service-redis-noanalytics": "plain",
+            "service-redis-1-process": "plain",
+            "service-redis-2-workers": "plain",
             "baseline": "plain",
             "service-redis-aof": "aof",
         }.get(server)
@@ -301,6 +308,7 @@ def setup(bench: Bench) -> None:
     say(f"Redis prefilled with {plan.callers:,} callers x 10 fields in {fill_s:.1f} s")
     bench.results["footprint_redis"] = redis_footprint(bench, used_after - used_before)
     bench.results["footprint_redis"]["fill_s"] = fill_s
+    bench.results["footprint_redis_small"] = small_redis_footprint(bench, now_ms)
 
     svc = bench.servers["service-redis"] = h.start_service(
         "service-redis", plain.url, bench.work, bench.key, bench.server_cpus
@@ -318,6 +326,17 @@ def setup(bench: Bench) -> None:
         CALLER_MEMORY_LOG_LEVEL="WARNING",
     )
     bench.tokens["service-redis-quiet"] = bench.tokens["service-redis"]
+    # The same service with the read cache on (issue 18; docs/storage.md): its reads of the 1,000 callers are
+    # hits once each was read, as no one writes them during the reads (a caller read every turn of a call).
+    bench.servers["service-redis-cached"] = h.start_service(
+        "service-redis-cached",
+        plain.url,
+        bench.work,
+        bench.key,
+        bench.server_cpus,
+        CALLER_MEMORY_READ_CACHE_SECONDS=str(READ_CACHE_SECONDS),
+    )
+    bench.tokens["service-redis-cached"] = bench.tokens["service-redis"]
     # The same service process, ending conversations in a project without analytics: what analytics cost.
     bench.servers["service-redis-noanalytics"] = svc
     bench.tokens["service-redis-noanalytics"] = h.create_project(svc, analytics=False, project=NO_ANALYTICS)
@@ -389,6 +408,26 @@ def redis_footprint(bench: Bench, used_delta: int) -> dict[str, Any]:
     }
 
 
+#: Callers of the second, small footprint measurement (issue 18 asks for used_memory at 2,000 and at 1M).
+SMALL_FOOTPRINT_CALLERS = 2_000
+
+
+def small_redis_footprint(bench: Bench, now_ms: int) -> dict[str, Any]:
+    """used_memory per caller of SMALL_FOOTPRINT_CALLERS callers written the same way into a redis-server of
+    their own (started and stopped here)."""
+    server = h.start_redis(cpus=bench.aux_cpus)
+    try:
+        before = h.redis_info(server)["used_memory"]
+        h.fill_redis(server, bench.subjects[:SMALL_FOOTPRINT_CALLERS], now_ms)
+        after = h.redis_info(server)["used_memory"]
+    finally:
+        h.stop_redis(server)
+    return {
+        "callers": SMALL_FOOTPRINT_CALLERS,
+        "used_memory_delta_per_caller": (after - before) / SMALL_FOOTPRINT_CALLERS,
+    }
+
+
 def sqlite_footprint(bench: Bench, db: Path, fill_s: float) -> dict[str, Any]:
     """Bytes on disk per caller: the service's store at full size, and a fresh file of 100k callers."""
     from caller_memory.service.storage import open_store
@@ -456,7 +495,11 @@ def interleaved(bench: Bench, kind: str, servers: list[str]) -> dict[str, list[d
 
 def peak_reads(bench: Bench) -> None:
     say("peak memory-read throughput, closed loop, interleaved rounds")
-    runs = interleaved(bench, "read", ["service-redis", "baseline", "service-sqlite", "service-redis-quiet"])
+    runs = interleaved(
+        bench,
+        "read",
+        ["service-redis", "baseline", "service-sqlite", "service-redis-quiet", "service-redis-cached"],
+    )
     bench.results["read_peak"] = {s: summarise(r) | {"all": r} for s, r in runs.items()}
     bench.results["read_peak_ratios"] = {
         "service_redis_over_baseline": paired_ratio(runs["service-redis"], runs["baseline"]),
@@ -467,6 +510,173 @@ def peak_reads(bench: Bench) -> None:
         "service_redis_over_baseline_per_cpu": paired_ratio(
             runs["service-redis"], runs["baseline"], key="requests_per_server_cpu_s"
         ),
+        "service_redis_cached_over_baseline": paired_ratio(runs["service-redis-cached"], runs["baseline"]),
+    }
+
+
+#: ``serve --workers 2`` against the one process that ``serve`` runs by default (issue 18), on service-redis's
+#: Redis: both unpinned (the scheduler places the workers and the single process alike; the load generator
+#: keeps its CPU, so it shares a core with a worker), with more connections than the other peaks so that the
+#: kernel's SO_REUSEPORT hash has connections to spread over the workers' listening sockets.
+WORKER_SERVERS = {"service-redis-1-process": 1, "service-redis-2-workers": 2}
+WORKERS_CONNECTIONS = 64
+#: Targets: the median of the paired ratios, the lowest round, each worker's share of every round's requests.
+WORKERS_MEDIAN, WORKERS_LOWEST, WORKER_SHARE = 1.3, 1.15, (0.35, 0.65)
+
+
+def worker_requests(server: h.Server) -> dict[str, float]:
+    """``caller_memory_worker_requests`` by worker pid, from the server's ``/metrics`` (any worker answers it
+    with the values of all of them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        sample.labels["pid"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "caller_memory_worker_requests"
+        for sample in family.samples
+    }
+
+
+def workers(bench: Bench) -> None:
+    """Closed-loop reads of ``serve --workers 2`` and of one process, interleaved rounds in alternating
+    order; each round's share of every worker from the workers' request counters (read before and after the
+    run: the load generator's warm-up is in them, on the same connections)."""
+    for name, count in WORKER_SERVERS.items():
+        bench.servers[name] = h.start_service(
+            name, bench.redis["plain"].url, bench.work, bench.key, None, CALLER_MEMORY_WORKERS=str(count)
+        )
+        bench.tokens[name] = bench.tokens["service-redis"]
+    say(f"serve --workers 2 vs one process: closed-loop reads, {WORKERS_CONNECTIONS} connections, unpinned")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in WORKER_SERVERS}
+    names = list(WORKER_SERVERS)
+    try:
+        for round_ in range(bench.plan.rounds):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                server = bench.servers[name]
+                before = worker_requests(server) if WORKER_SERVERS[name] > 1 else {}
+                result = bench.load(
+                    name, "read", mode="closed", seconds=bench.plan.closed_s, connections=WORKERS_CONNECTIONS
+                )
+                if WORKER_SERVERS[name] > 1:
+                    after = worker_requests(server)
+                    served = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+                    total = sum(served.values()) or 1.0
+                    result["worker_shares"] = sorted(round(n / total, 3) for n in served.values())
+                runs[name].append(result)
+                say(
+                    f"  round {round_ + 1}/{bench.plan.rounds} {name:24} {result['achieved_rate']:8.0f} req/s"
+                    f"  p50 {result['latency_ms']['p50']:6.2f} ms  errors {result['errors']}"
+                    + (f"  worker shares {result['worker_shares']}" if "worker_shares" in result else "")
+                )
+    finally:
+        for name in WORKER_SERVERS:
+            h.stop(bench.servers.pop(name).proc)
+    two, one = runs["service-redis-2-workers"], runs["service-redis-1-process"]
+    bench.results["workers"] = {
+        "connections": WORKERS_CONNECTIONS,
+        "pinning": "none for both servers; the load generator on its usual CPU",
+        **{name: summarise(r) | {"all": r} for name, r in runs.items()},
+        "ratio": paired_ratio(two, one),
+        "worker_shares_per_round": [r["worker_shares"] for r in two],
+    }
+
+
+#: wrk (an HTTP load generator in C, not the project's): threads and connections of each run, like the peaks'.
+WRK_THREADS = 1
+WRK_SERVERS = ("service-redis", "service-redis-cached", "baseline")
+WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def wrk_script(paths: list[str], token: str | None) -> str:
+    """A wrk Lua script that cycles through ``paths`` (the callers the project's generator reads), with the
+    bearer token when the server wants one."""
+    listed = ",\n".join(f'  "{p}"' for p in paths)
+    auth = f'wrk.headers["Authorization"] = "Bearer {token}"\n' if token else ""
+    return (
+        f"local paths = {{\n{listed}\n}}\nlocal i = 0\n{auth}"
+        'request = function()\n  i = i % #paths + 1\n  return wrk.format("GET", paths[i])\nend\n'
+    )
+
+
+def parse_wrk(output: str) -> dict[str, Any]:
+    """Requests/sec, errors and the latency percentiles of ``wrk --latency``'s report."""
+    rate = float(re.search(r"^Requests/sec:\s+([\d.]+)", output, re.M).group(1))  # type: ignore[union-attr]
+    latency = {
+        f"p{m.group(1)}": float(m.group(2)) * WRK_UNITS[m.group(3)]
+        for m in re.finditer(r"^\s+(50|90|99)(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", output, re.M)
+    }
+    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    return {
+        "achieved_rate": rate,
+        "latency_ms": latency,
+        "errors": (int(errors.group(1)) if errors else 0)
+        + (sum(int(n) for n in socket_errors.groups()) if socket_errors else 0),
+    }
+
+
+def wrk_reads(bench: Bench) -> None:
+    """The same closed-loop reads as the peaks (same callers, same connections, the same CPU as the project's
+    generator), driven by wrk instead: an independent client beside the project's own."""
+    exe = shutil.which("wrk")
+    if exe is None:
+        bench.results["wrk"] = {
+            "skipped": "wrk is not installed (make bench installs it: scripts/install-wrk)"
+        }
+        say("wrk not found: its runs skipped")
+        return
+    from loadgen import _read_path
+
+    scripts: dict[str, Path] = {}
+    for server in WRK_SERVERS:
+        if server == "baseline":
+            paths = [f"/callers/{subject}" for subject in bench.subjects[:READ_CALLERS]]
+        else:
+            paths = [_read_path(PROJECT, i) for i in range(READ_CALLERS)]
+        scripts[server] = bench.work / f"wrk-{server}.lua"
+        scripts[server].write_text(wrk_script(paths, bench.tokens.get(server)))
+    say(
+        f"wrk: closed-loop reads, {bench.plan.connections} connections, {WRK_THREADS} thread, interleaved rounds"
+    )
+    cpus = bench.aux_cpus
+    runs: dict[str, list[dict[str, Any]]] = {server: [] for server in scripts}
+    version = subprocess.run([exe, "-v"], capture_output=True, text=True, check=False).stdout.splitlines()[:1]
+    for round_ in range(bench.plan.rounds):
+        for server in scripts if round_ % 2 == 0 else list(scripts)[::-1]:
+            cmd = [exe, f"-t{WRK_THREADS}", f"-c{bench.plan.connections}", f"-d{bench.plan.closed_s:g}s"]
+            cmd += ["--latency", "-s", str(scripts[server]), bench.servers[server].url]
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=bench.plan.closed_s + 60,
+                check=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None,
+            )
+            result = parse_wrk(done.stdout)
+            runs[server].append(result)
+            say(
+                f"  wrk round {round_ + 1}/{bench.plan.rounds} {server:14} {result['achieved_rate']:8.0f} req/s"
+                f"  p50 {result['latency_ms'].get('p50', float('nan')):.2f} ms  errors {result['errors']}"
+            )
+    bench.results["wrk"] = {
+        "version": version[0].split(" Copyright")[0] if version else "",
+        "threads": WRK_THREADS,
+        "connections": bench.plan.connections,
+        **{
+            server: {
+                "rate": med([r["achieved_rate"] for r in rs]),
+                "rates": [r["achieved_rate"] for r in rs],
+                "p50_ms": med([r["latency_ms"].get("p50", float("nan")) for r in rs]),
+                "p99_ms": med([r["latency_ms"].get("p99", float("nan")) for r in rs]),
+                "errors": sum(r["errors"] for r in rs),
+            }
+            for server, rs in runs.items()
+        },
+        "ratio": paired_ratio(runs["service-redis"], runs["baseline"]),
+        "cached_ratio": paired_ratio(runs["service-redis-cached"], runs["baseline"]),
     }
 
 
@@ -716,6 +926,48 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         ratio >= 0.8,
         f"{svc:.0f} vs {base:.0f} req/s: {ratio:.2f}x (median of paired rounds)",
     )
+    check(
+        "peak memory reads, service on Redis >= 0.9x baseline (issue 18, read cache off)",
+        ratio >= 0.9,
+        f"{svc:.0f} vs {base:.0f} req/s: {ratio:.2f}x (median of paired rounds "
+        f"{r['read_peak_ratios']['service_redis_over_baseline']['per_round']})",
+    )
+    cached = r["read_peak_ratios"]["service_redis_cached_over_baseline"]
+    check(
+        f"peak memory reads, service on Redis with the read cache on ({READ_CACHE_SECONDS} s) >= 1.0x baseline",
+        cached["median_of_paired"] >= 1.0,
+        f"{r['read_peak']['service-redis-cached']['rate']:.0f} vs {base:.0f} req/s: "
+        f"{cached['median_of_paired']:.2f}x (median of paired rounds {cached['per_round']})",
+    )
+    wrk = r["wrk"]
+    if "skipped" in wrk:
+        check("peak memory reads measured with wrk (issue 18)", False, wrk["skipped"])
+    else:
+        for name, key, target in (
+            ("service-redis", "ratio", 0.9),
+            ("service-redis-cached", "cached_ratio", 1.0),
+        ):
+            check(
+                f"peak memory reads measured with wrk (an independent client): {name} >= {target}x baseline",
+                wrk[key]["median_of_paired"] >= target,
+                f"{wrk[name]['rate']:.0f} vs {wrk['baseline']['rate']:.0f} req/s: "
+                f"{wrk[key]['median_of_paired']:.2f}x (median of paired rounds {wrk[key]['per_round']})",
+            )
+    w = r["workers"]
+    per_round = w["ratio"]["per_round"]
+    check(
+        f"serve --workers 2 vs one process: reads >= {WORKERS_MEDIAN}x median, no round below {WORKERS_LOWEST}x",
+        w["ratio"]["median_of_paired"] >= WORKERS_MEDIAN and min(per_round) >= WORKERS_LOWEST,
+        f"{w['service-redis-2-workers']['rate']:.0f} vs {w['service-redis-1-process']['rate']:.0f} req/s: "
+        f"{w['ratio']['median_of_paired']:.2f}x (median of paired rounds {per_round}), {w['connections']} connections",
+    )
+    low, high = WORKER_SHARE
+    shares = w["worker_shares_per_round"]
+    check(
+        f"serve --workers 2: each worker serves {low:.0%}-{high:.0%} of the requests in every round",
+        all(len(s) == 2 and low <= min(s) and max(s) <= high for s in shares),
+        f"shares per round (from caller_memory_worker_requests): {shares}",
+    )
     lat = r["read_open_50"]["service-redis"]["latency_ms"]
     rate = r["read_open_50"]["service-redis"]
     quiet = rate.get("quiet_runs")
@@ -730,6 +982,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         lat["p99"] <= 5.0 and rate["errors"] == 0,
         f"p99 {lat['p99']:.2f} ms at {rate['rate']:.0f}/{rate['target_rate']:.0f} req/s, {rate['errors']} errors, "
         f"median of {rate['runs']} runs{quiet_note}",
+    )
+    base_p99 = r["read_open_50"]["baseline"]["latency_ms"]["p99"]
+    check(
+        "open loop at 50% of peak: memory-read p99 <= 2x the baseline's p99 at the same rate (issue 18)",
+        lat["p99"] <= 2 * base_p99 and rate["errors"] == 0,
+        f"p99 {lat['p99']:.2f} vs {base_p99:.2f} ms: {lat['p99'] / base_p99:.2f}x",
     )
     check(
         "open loop at 50% of peak: memory-read p99.9 <= 20 ms",
@@ -764,6 +1022,14 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         f"{fp['expiry_index_bytes_per_caller']:.0f} ({fp['callers']:,} callers; used_memory delta "
         f"{fp['used_memory_delta_per_caller']:.0f} B/caller)",
     )
+    small = r["footprint_redis_small"]
+    check(
+        "Redis used_memory <= 1 KiB per caller (issue 18), at "
+        f"{small['callers']:,} and at {fp['callers']:,} callers",
+        max(small["used_memory_delta_per_caller"], fp["used_memory_delta_per_caller"]) <= 1024,
+        f"{small['used_memory_delta_per_caller']:.0f} B and {fp['used_memory_delta_per_caller']:.0f} B per caller "
+        "(used_memory delta over the prefill)",
+    )
     cached = r["sdk"]["cached"]
     check(
         "SDK: reads of conv.memory within a turn cost no request",
@@ -788,6 +1054,49 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
 def _lat(s: dict[str, Any]) -> str:
     lat = s["latency_ms"]
     return f"{lat['p50']:7.2f} {lat['p99']:7.2f} {lat['p99_9']:7.2f} {lat['max_of_runs']:7.1f}"
+
+
+def report_wrk_and_workers(r: dict[str, Any]) -> list[str]:
+    """The report's lines for the reads measured with wrk and for ``--workers 2`` against one process."""
+    lines: list[str] = []
+    add = lines.append
+    wrk = r["wrk"]
+    add("")
+    if "skipped" in wrk:
+        add(f"wrk: {wrk['skipped']}")
+    else:
+        add(
+            f"Memory reads, peak, measured with wrk ({wrk['version']}; {wrk['threads']} thread, "
+            f"{wrk['connections']} connections, on the load generator's CPU; medians of {r['plan']['rounds']} rounds)"
+        )
+        for name in WRK_SERVERS:
+            x = wrk[name]
+            add(
+                f"  {name:26} {x['rate']:8.0f} {min(x['rates']):7.0f}-{max(x['rates']):<7.0f} p50 {x['p50_ms']:.2f} ms"
+                f"  p99 {x['p99_ms']:.2f} ms  errors {x['errors']}"
+            )
+        add(
+            f"  service-redis / baseline: {wrk['ratio']['median_of_paired']:.2f}x (rounds {wrk['ratio']['per_round']});"
+            f" service-redis-cached / baseline: {wrk['cached_ratio']['median_of_paired']:.2f}x "
+            f"(rounds {wrk['cached_ratio']['per_round']})"
+        )
+    w = r["workers"]
+    add("")
+    add(
+        f"serve --workers 2 vs one process (closed-loop reads, {w['connections']} connections, unpinned; medians "
+        f"of {r['plan']['rounds']} interleaved rounds)"
+    )
+    for name in WORKER_SERVERS:
+        s = w[name]
+        add(
+            f"  {name:26} {s['rate']:8.0f} {min(s['rates']):7.0f}-{max(s['rates']):<7.0f} p50 "
+            f"{s['latency_ms']['p50']:.2f} ms  p99 {s['latency_ms']['p99']:.2f} ms  errors {s['errors']}"
+        )
+    add(
+        f"  2 workers / 1 process: {w['ratio']['median_of_paired']:.2f}x (rounds {w['ratio']['per_round']}); "
+        f"each round's worker shares {w['worker_shares_per_round']}"
+    )
+    return lines
 
 
 def report(r: dict[str, Any]) -> str:
@@ -833,6 +1142,11 @@ def report(r: dict[str, Any]) -> str:
         f"{ratios['service_redis_over_baseline_per_cpu']['median_of_paired']:.2f}x"
     )
     add(
+        f"  service-redis-cached (read cache on, {READ_CACHE_SECONDS} s) / baseline: "
+        f"{ratios['service_redis_cached_over_baseline']['median_of_paired']:.2f}x "
+        f"(rounds {ratios['service_redis_cached_over_baseline']['per_round']})"
+    )
+    add(
         f"  service-sqlite / service-redis: {ratios['service_sqlite_over_service_redis']['median_of_paired']:.2f}x;"
         f" service-redis-quiet (log level WARNING; access log off in both) / service-redis: "
         f"{ratios['service_redis_log_warning_over_info']['median_of_paired']:.2f}x"
@@ -841,6 +1155,7 @@ def report(r: dict[str, Any]) -> str:
         "  (srv/redis/LG CPU: CPU-seconds per second of the server, its Redis and the load generator during the"
         " measured window; others: every other process on the machine, this one being shared)"
     )
+    lines.extend(report_wrk_and_workers(r))
     add("")
     add(
         "Memory reads, open loop (fixed rate; latency from the scheduled send time; medians of runs; max of runs)"
@@ -1116,6 +1431,8 @@ def main() -> int:
         ("calibrate", calibrate),
         ("warm", warm),
         ("peak_reads", peak_reads),
+        ("wrk", wrk_reads),
+        ("workers", workers),
         ("redis_benchmark", redis_benchmark),
         ("open_reads", open_reads),
         ("peak_ends", peak_ends),
