@@ -50,6 +50,9 @@ from .storage.archive_objects import ArchiveObjects
 
 log = logging.getLogger("caller_memory")
 
+#: Seconds between two publications of the read cache's counters to ``/metrics``.
+READ_CACHE_METRICS_S = 5.0
+
 
 def build_services(settings: Settings, *, clock: Clock | None = None, store: Store | None = None) -> Services:
     clock = clock or SystemClock()
@@ -114,7 +117,15 @@ def create_app(
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
+        publisher = None
+        if services.store.read_cache_counts() is not None:
+            metrics.count_read_cache(services.store.read_cache_counts)
+            publisher = asyncio.create_task(publish_read_cache(metrics))
         yield
+        if publisher is not None:
+            publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher
         await services.store.close()
 
     async def sweep_schedule(app: web.Application) -> AsyncIterator[None]:
@@ -212,6 +223,14 @@ def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> 
 
 #: Seconds between refreshes of the queue's gauges.
 QUEUE_STATS_S = 10.0
+
+
+async def publish_read_cache(metrics: Metrics) -> None:
+    """The read cache's counters, every few seconds (a scrape brings them up to date as well, in the process
+    that answers it; with ``--workers N`` the others' are at most this old)."""
+    while True:
+        await asyncio.sleep(READ_CACHE_METRICS_S)
+        metrics.publish_read_cache()
 
 
 async def run_deliveries(app: web.Application, interval: float) -> None:

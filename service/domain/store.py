@@ -282,6 +282,11 @@ class Store(TranscriptStore, WebhookStore, ArchiveStore, LinkStore, ABC):
     async def ping(self) -> None:
         """Raise ``StoreUnavailable`` unless the store answers now (used by ``/readyz``)."""
 
+    def read_cache_counts(self) -> tuple[int, int] | None:
+        """Memory reads the store's read cache answered and those that went to the store while it was on,
+        since the store was opened (``/metrics``); None for a store without a read cache."""
+        return None
+
     # Projects -----------------------------------------------------------------------------------------
 
     @abstractmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -117,6 +118,16 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self.read_cache = Counter(
+            "caller_memory_read_cache_reads",
+            "Memory reads with the read cache on (CALLER_MEMORY_READ_CACHE_SECONDS), by outcome: hit (answered "
+            "from the cache, no store round trip) or miss (read from Redis). Brought up to date at each scrape "
+            "and every few seconds.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self._read_cache_source: Callable[[], tuple[int, int] | None] | None = None
+        self._read_cache_seen = (0, 0)
         self.erasures = Counter(
             "caller_memory_erasures", "Callers erased on request.", registry=self.registry
         )
@@ -170,7 +181,25 @@ class Metrics:
         Metrics.observe(self, request, status, started)
         self._worker_requests.inc()
 
+    def count_read_cache(self, source: Callable[[], tuple[int, int] | None]) -> None:
+        """Publish the read cache's counts (hits, misses: running totals) that ``source`` returns."""
+        self._read_cache_source = source
+        self.publish_read_cache()
+
+    def publish_read_cache(self) -> None:
+        """Add what the read cache counted since the last call to ``caller_memory_read_cache_reads``."""
+        counts = self._read_cache_source() if self._read_cache_source is not None else None
+        if counts is None:
+            return
+        (hits, misses), (seen_hits, seen_misses) = counts, self._read_cache_seen
+        if hits > seen_hits:
+            self.read_cache.labels("hit").inc(hits - seen_hits)
+        if misses > seen_misses:
+            self.read_cache.labels("miss").inc(misses - seen_misses)
+        self._read_cache_seen = (max(hits, seen_hits), max(misses, seen_misses))
+
     def response(self) -> web.Response:
+        self.publish_read_cache()
         response = web.Response(body=generate_latest(self._exposed))
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response

@@ -160,6 +160,9 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         async with Call("ping", self._timeout):
             await self._transport.ping()
 
+    def read_cache_counts(self) -> tuple[int, int] | None:
+        return self._transport.cache_counts()
+
     # Projects -----------------------------------------------------------------------------------------
 
     async def put_project(self, project: str, document: bytes, now_ms: int) -> bool:

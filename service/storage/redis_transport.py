@@ -208,6 +208,11 @@ class RedisTransport(ABC):
         (there is no cache but on one server with ``cache_seconds``). No I/O: no :class:`Call` needed."""
         return None
 
+    def cache_counts(self) -> tuple[int, int] | None:
+        """Reads the read cache answered and reads that went to Redis, since the transport was made, over
+        every lane it had; None without a read cache."""
+        return None
+
     async def read(self, *commands: tuple[str, str]) -> list[Any]:
         """Reads of one key each (``("HGETALL", key)``, ``("GET", key)``), whose replies the read cache
         keeps (where there is one) until Redis says the key changed. Else the same as :meth:`run`."""
@@ -522,6 +527,7 @@ class StandaloneTransport(RedisTransport):
         self._opening: asyncio.Future[Lane] | None = None  # the lane being connected, shared by its waiters
         self._lanes: set[Lane] = set()  # every lane not closed yet, retired ones included
         self._closing: set[asyncio.Future[None]] = set()  # lanes' connections being closed
+        self._gone_counts = (0, 0)  # the read cache's hits and misses on lanes whose reader ended
 
     def _connect(self) -> Redis:
         pool = ConnectionPool.from_url(
@@ -597,6 +603,22 @@ class StandaloneTransport(RedisTransport):
 
     async def ping(self) -> None:
         await self.client.ping()
+
+    def cache_counts(self) -> tuple[int, int] | None:
+        if not self.limits.cache_seconds:
+            return None
+        hits, misses = self._gone_counts
+        for lane in self._lanes:
+            if lane.cache is not None:
+                hits, misses = hits + lane.cache.hits, misses + lane.cache.misses
+        return hits, misses
+
+    def _lane_gone(self, lane: Lane) -> None:
+        """The lane's reader ended (once per lane): it is no longer one to close, and its counts are kept."""
+        self._lanes.discard(lane)
+        if lane.cache is not None:
+            hits, misses = self._gone_counts
+            self._gone_counts = (hits + lane.cache.hits, misses + lane.cache.misses)
 
     def cached(self, *keys: str) -> list[Any] | None:
         lane = self._lane
@@ -710,7 +732,7 @@ class StandaloneTransport(RedisTransport):
         cache = ReadCache(limits.cache_seconds, limits.cache_entries) if limits.cache_seconds else None
         lane = Lane(connection, asyncio.get_running_loop(), cache)
         self._lanes.add(lane)
-        lane.reader.add_done_callback(lambda _: self._lanes.discard(lane))
+        lane.reader.add_done_callback(lambda _: self._lane_gone(lane))
         if cache is not None:
             if str(getattr(connection, "protocol", "")) != "3":  # pragma: no cover - asked for above
                 lane.close()

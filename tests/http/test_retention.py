@@ -215,6 +215,40 @@ async def test_metrics(api: Api, shop: dict[str, str]) -> None:
     assert "4155550100" not in text and "hello" not in text and "cheese-shop" not in text
 
 
+async def test_metrics_count_the_read_caches_hits_and_misses(
+    redis_server: RedisServer, clock: FakeClock
+) -> None:
+    with redis_server.client() as client:
+        client.flushall()
+    async with running_api(redis_server.url, clock, store_timeout=5.0, read_cache_seconds=1.0) as api:
+        tokens = await api.project_with_tokens("shop", CONFIG)
+        patched = await api.call(
+            "PATCH", memory_path("shop"), token=tokens["admin"], json={"caller_name": "Ada"}
+        )
+        assert patched.status == 200, patched.body
+
+        async def counted() -> dict[str, float]:
+            text = (await api.call("GET", "/metrics")).body
+            found = re.findall(
+                r'^caller_memory_read_cache_reads_total\{outcome="(hit|miss)"\} (\S+)$', text, re.M
+            )
+            return {outcome: float(value) for outcome, value in found}
+
+        for _ in range(5):
+            reply = await api.call("GET", memory_path("shop"), token=tokens["agent"])
+            assert reply.body["fields"] == {"caller_name": "Ada"}
+        first = await counted()
+        assert first["miss"] >= 1 and first["hit"] >= 4, first
+        for _ in range(3):
+            await api.call("GET", memory_path("shop"), token=tokens["agent"])
+        assert await counted() == {"hit": first["hit"] + 3, "miss": first["miss"]}
+    # Without the cache there is nothing to count.
+    async with running_api(redis_server.url, clock, store_timeout=5.0) as api:
+        await api.call("GET", memory_path("shop"), token=tokens["agent"])
+        text = (await api.call("GET", "/metrics")).body
+        assert not re.search(r"^caller_memory_read_cache_reads_total\{", text, re.M)
+
+
 async def test_the_service_sweeps_on_its_own(store_url: str) -> None:
     async with running_api(store_url, SystemClock(), sweep_interval=0.2) as api:  # type: ignore[arg-type]
         # The scheduler (real time) calls the service's sweeper: told when a run ends, the test waits for that.

@@ -135,6 +135,27 @@ async def test_a_lost_connection_takes_its_cache_with_it(
         await asyncio.sleep(0.001)
 
 
+async def test_the_store_counts_its_hits_and_misses_across_connections(
+    cached: RedisStore, other: RedisStore, redis_server: RedisServer
+) -> None:
+    assert other.read_cache_counts() is None  # no cache, nothing to count
+    assert cached.read_cache_counts() == (0, 0)
+    caller, t = CallerRef(PROJECT, new_subject()), now_ms()
+    await cached.patch_fields(caller, {"a": field(1, t)}, [], t)
+    await cached.read_fields(caller, t)  # after a write: read from Redis
+    for _ in range(10):
+        await cached.read_fields(caller, t)
+    assert cached.read_cache_counts() == (10, 1)
+    # A lost connection takes its cache, not its counts: the totals never go back.
+    with redis_server.client() as client:
+        client.client_kill_filter(_type="normal", skipme=True)
+    await asyncio.sleep(0.05)
+    assert cached.read_cache_counts() == (10, 1)
+    await cached.read_fields(caller, t)  # a new connection, an empty cache: a miss
+    await cached.read_fields(caller, t)
+    assert cached.read_cache_counts() == (11, 2)
+
+
 def test_the_cache_is_refused_on_a_cluster_and_bounded_in_the_settings() -> None:
     with pytest.raises(InvalidInput, match="one Redis server, not on a Redis Cluster"):
         open_store("redis+cluster://127.0.0.1:7000/", cache_seconds=0.05)
