@@ -386,7 +386,7 @@ def settle_heap() -> None:
 
     Why: with Python's defaults a full collection walked every object the imports made, 13 ms at rest and
     35-50 ms under load on the benchmark machine, every few seconds at peak, each one a stall of every
-    request in flight (it was the tail of the latency at half of peak). A young collection ran every 700
+    request in flight. A young collection ran every 700
     allocations, when most of what it walks are the objects of requests still in flight, which it then
     promotes to be walked again. Reference cycles are still collected; objects that die young (nearly all
     of a request's) are freed by their reference counts and never walked."""
