@@ -1,7 +1,7 @@
 """Benchmarks of Caller Memory against a hand-written baseline, side by side in one run (issue 7).
 
-    .venv/bin/python bench/run.py            # full run (about 12 minutes on a 2-core machine)
-    .venv/bin/python bench/run.py --quick    # about 2.5 minutes: smaller store, shorter and fewer runs
+    .venv/bin/python bench/run.py            # full run (about 16 minutes on a 2-core machine)
+    .venv/bin/python bench/run.py --quick    # about 3 minutes: smaller store, shorter and fewer runs
     make bench                               # the full run
 
 What runs, each server in its own OS process (bench/README.md has the details):
