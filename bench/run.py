@@ -300,13 +300,9 @@ def setup(bench: Bench) -> None:
     bench.subjects = h.subjects(bench.key, plan.callers)
 
     plain = bench.redis["plain"] = h.start_redis(cpus=bench.aux_cpus)
-    used_before = h.redis_info(plain)["used_memory"]
-    began = time.monotonic()
-    h.fill_redis(plain, bench.subjects, now_ms)
-    fill_s = time.monotonic() - began
-    used_after = h.redis_info(plain)["used_memory"]
+    used_delta, fill_s = fill_measured(plain, bench.subjects, now_ms)
     say(f"Redis prefilled with {plan.callers:,} callers x 10 fields in {fill_s:.1f} s")
-    bench.results["footprint_redis"] = redis_footprint(bench, used_after - used_before)
+    bench.results["footprint_redis"] = redis_footprint(bench, used_delta)
     bench.results["footprint_redis"]["fill_s"] = fill_s
     bench.results["footprint_redis_small"] = small_redis_footprint(bench, now_ms)
 
@@ -412,19 +408,27 @@ def redis_footprint(bench: Bench, used_delta: int) -> dict[str, Any]:
 SMALL_FOOTPRINT_CALLERS = 2_000
 
 
+def fill_measured(server: h.RedisServer, subjects: list[str], now_ms: int) -> tuple[int, float]:
+    """Prefill ``server`` with ``subjects``' callers (h.fill_redis): what it added to Redis's used_memory,
+    and the seconds it took."""
+    before = h.redis_info(server)["used_memory"]
+    began = time.monotonic()
+    h.fill_redis(server, subjects, now_ms)
+    seconds = time.monotonic() - began
+    return h.redis_info(server)["used_memory"] - before, seconds
+
+
 def small_redis_footprint(bench: Bench, now_ms: int) -> dict[str, Any]:
     """used_memory per caller of SMALL_FOOTPRINT_CALLERS callers written the same way into a redis-server of
     their own (started and stopped here)."""
     server = h.start_redis(cpus=bench.aux_cpus)
     try:
-        before = h.redis_info(server)["used_memory"]
-        h.fill_redis(server, bench.subjects[:SMALL_FOOTPRINT_CALLERS], now_ms)
-        after = h.redis_info(server)["used_memory"]
+        used_delta, _ = fill_measured(server, bench.subjects[:SMALL_FOOTPRINT_CALLERS], now_ms)
     finally:
         h.stop_redis(server)
     return {
         "callers": SMALL_FOOTPRINT_CALLERS,
-        "used_memory_delta_per_caller": (after - before) / SMALL_FOOTPRINT_CALLERS,
+        "used_memory_delta_per_caller": used_delta / SMALL_FOOTPRINT_CALLERS,
     }
 
 

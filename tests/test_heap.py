@@ -1,9 +1,11 @@
 """The collector once the service is up (service/http/server.py, ``settle_heap``): what the imports and the
 start-up made is frozen out of every collection, and the thresholds are raised. Each test runs in a process of
-its own: the collector's state is per process, and the test process's own must stay as Python leaves it."""
+its own: the collector's state is per process, and the test process's own stays as Python leaves it (the
+subprocess's defaults are compared with it)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -60,20 +62,10 @@ def test_once_serving_the_start_up_objects_are_frozen_and_the_thresholds_raised(
     # Before serving, Python's own settings; once serving, the start-up is frozen (tens of thousands of
     # objects: modules, classes, the application and its services) and what a collection walks is what came
     # after it.
-    assert report["before"] == {"frozen": 0, "thresholds": list(gc_defaults())}
+    assert report["before"] == {"frozen": 0, "thresholds": list(gc.get_threshold())}
     assert report["thresholds"] == list(GC_THRESHOLDS)
     assert report["frozen"] > 20_000
     assert report["tracked"] < report["frozen"] / 10
     # A full collection (which took 13 ms at rest on the benchmark machine, 35-50 ms under load) is a small
     # fraction of what it was before serving.
     assert report["full_ms"] < report["before_ms"] / 4, report
-
-
-def gc_defaults() -> tuple[int, ...]:
-    done = subprocess.run(
-        [sys.executable, "-c", "import gc; print(*gc.get_threshold())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return tuple(int(n) for n in done.stdout.split())
