@@ -25,6 +25,7 @@ BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
+from caller_memory.service.domain.fields import StoredField  # noqa: E402
 from caller_memory.service.storage import keys  # noqa: E402
 from common import FIELDS, PROJECT, VALUE, caller_phone, cpu_seconds, pseudonym  # noqa: E402, F401
 
@@ -256,7 +257,7 @@ def fill_redis(server: RedisServer, subs: Iterable[str], now_ms: int, chunk: int
     ``now_ms``): the hash of packed fields, its PEXPIREAT, its member in its bucket's expiry index. Sent as
     raw pipelined RESP over one socket: a million callers take seconds."""
     expires = now_ms + RETENTION_MS
-    packed = b"%d|%d|%s" % (expires, now_ms, VALUE)
+    packed = StoredField(VALUE, expires, now_ms).packed()
     hash_args: list[bytes] = []
     for name in FIELDS:
         hash_args += [name.encode(), packed]

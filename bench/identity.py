@@ -238,8 +238,11 @@ class NoWorktree(RuntimeError):
 
 def setup(bench: Bench, *, before_optional: bool) -> None:
     store = bench.redis = h.start_redis(cpus=bench.aux_cpus)
+    # Both sides read the same callers, so today's writes them in the form the code before issue 17 reads:
+    # decimal times, as in the first rollout of an upgrade (docs/operations.md, "Upgrades"). A read costs the
+    # same in either form.
     svc = bench.servers["service"] = h.start_service(
-        "service", store.url, bench.work, bench.key, bench.server_cpus
+        "service", store.url, bench.work, bench.key, bench.server_cpus, CALLER_MEMORY_REDIS_DECIMAL_TIMES="1"
     )
     try:
         start_before(bench)

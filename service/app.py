@@ -61,6 +61,7 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         timeout=settings.store_timeout,
         cache_seconds=settings.read_cache_seconds,
         cache_entries=settings.read_cache_entries,
+        decimal_times=settings.redis_decimal_times,
     )
     pseudonymizer = Pseudonymizer(settings.pseudonym_key)
     memory = MemoryService(store, pseudonymizer, clock)

@@ -129,6 +129,10 @@ class Settings:
     #: only, see docs/storage.md, "The read cache"). The cache holds at most ``read_cache_entries`` keys.
     read_cache_seconds: float = 0.0
     read_cache_entries: int = 10_000
+    #: ``CALLER_MEMORY_REDIS_DECIMAL_TIMES``: write memory fields to Redis with decimal times, the form
+    #: releases before the base-36 one read (for the first rollout of a rolling upgrade from such a release;
+    #: docs/operations.md, "Upgrades"). Both forms are always read.
+    redis_decimal_times: bool = False
     #: Seconds a process caches project configurations and token lookups. A change made through one process
     #: (or replica) is seen by that one at once and by every other within these many seconds (plus one store
     #: round trip): they are the propagation bounds for configuration changes and token revocations.
@@ -227,6 +231,7 @@ class Settings:
                 seconds[attribute] = _whole(env, name, least)
         seconds["access_log"] = _flag(env, "CALLER_MEMORY_ACCESS_LOG")
         seconds["webhook_history"] = _flag(env, "CALLER_MEMORY_WEBHOOK_HISTORY")
+        seconds["redis_decimal_times"] = _flag(env, "CALLER_MEMORY_REDIS_DECIMAL_TIMES")
         if env.get("CALLER_MEMORY_SECRET_KEY", "").strip():
             seconds["secret_key"] = parse_secret_key(env["CALLER_MEMORY_SECRET_KEY"])
         archive = env.get("CALLER_MEMORY_ARCHIVE_URL", "").strip()

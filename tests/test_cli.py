@@ -246,6 +246,14 @@ def test_cache_times_and_workers_come_from_the_environment() -> None:
             Settings.from_env(key | {"CALLER_MEMORY_WORKERS": bad})
 
 
+def test_decimal_times_for_a_rolling_upgrade_come_from_the_environment() -> None:
+    key = {"CALLER_MEMORY_PSEUDONYM_KEY": PSEUDONYM_KEY.decode()}
+    assert Settings.from_env(key).redis_decimal_times is False
+    assert Settings.from_env(key | {"CALLER_MEMORY_REDIS_DECIMAL_TIMES": "1"}).redis_decimal_times is True
+    with pytest.raises(SettingsError, match="CALLER_MEMORY_REDIS_DECIMAL_TIMES must be 1 or 0"):
+        Settings.from_env(key | {"CALLER_MEMORY_REDIS_DECIMAL_TIMES": "decimal"})
+
+
 def test_workers_setting_does_not_concern_management_commands(tmp_path: Path) -> None:
     # CALLER_MEMORY_WORKERS=2 with the SQLite store refuses `serve`, not the commands that manage the store.
     config = tmp_path / "shop.json"

@@ -7,7 +7,12 @@ from ..domain.store import Store
 
 
 def open_store(
-    url: str, *, timeout: float = 0.5, cache_seconds: float = 0.0, cache_entries: int = 10_000
+    url: str,
+    *,
+    timeout: float = 0.5,
+    cache_seconds: float = 0.0,
+    cache_entries: int = 10_000,
+    decimal_times: bool = False,
 ) -> Store:
     """Build (not yet open) the store for ``url``.
 
@@ -19,7 +24,8 @@ def open_store(
     other than 0 on a cluster) raises :class:`InvalidInput` (a ``ValueError``), which the command line
     prints as an error rather than a traceback. ``cache_seconds`` (with ``cache_entries``) turns on the read
     cache of one Redis server (:class:`.redis_transport.ReadCache`); SQLite reads a local file and needs
-    none, and a Redis Cluster has none (refused).
+    none, and a Redis Cluster has none (refused). ``decimal_times``: Redis writes memory fields in the form
+    earlier releases read (:class:`.redis.RedisStore`; SQLite has no such form).
     """
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
@@ -42,6 +48,7 @@ def open_store(
                 socket_connect_timeout=timeout,
                 cache_seconds=cache_seconds,
                 cache_entries=cache_entries,
+                decimal_times=decimal_times,
             )
         except ValueError as exc:
             raise InvalidInput(f"store URL: {exc}", field="store") from exc

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from ..domain.errors import StoreCorrupt
-from ..domain.fields import StoredField
+from ..domain.fields import PACKED_MARK, StoredField
 from ..domain.store import BUCKET_KINDS, AuditEntry, ConversationEntry, EndAnalytics, FirstInteraction
 
 #: The stored analytics of a conversation ended with analytics off.
@@ -103,9 +103,15 @@ def memory_fields(data: Any, now_ms: int) -> dict[str, StoredField]:
         pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
         for name, packed in pairs:
             expires, written, value = packed.split(b"|", 2)
-            expires_at = int(expires)
-            if expires_at > now_ms:
-                fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
+            # (StoredField.unpack's two forms, inline: this runs for every field of every read)
+            if expires[:1] == PACKED_MARK:
+                expires_at = int(expires[1:], 36)
+                if expires_at > now_ms:
+                    fields[name.decode()] = StoredField(value, expires_at, int(written, 36), packed)
+            else:
+                expires_at = int(expires)
+                if expires_at > now_ms:
+                    fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
     except ValueError as exc:
         raise StoreCorrupt("a stored memory field cannot be read") from exc
     return fields

@@ -122,7 +122,11 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         bulk_timeout: float = 60.0,
         cache_seconds: float = 0.0,
         cache_entries: int = 10_000,
+        decimal_times: bool = False,
     ) -> None:
+        """``decimal_times`` writes memory fields in the decimal form of releases before the base-36 one
+        (:meth:`StoredField.packed_decimal`), so that they can read what this one writes while both run
+        during a rolling upgrade (``CALLER_MEMORY_REDIS_DECIMAL_TIMES``, docs/operations.md)."""
         transport = ClusterTransport if is_cluster_url(url) else StandaloneTransport
         limits = ConnectionLimits(
             socket_timeout,
@@ -139,6 +143,7 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         self._timeout = socket_timeout
         self._bulk_timeout = bulk_timeout
         self._sweep_from = 0  # the bucket where the next sweep round starts
+        self._pack = StoredField.packed_decimal if decimal_times else StoredField.packed
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -261,7 +266,7 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
                 args += [name, ttl]
         args.append(len(sets))
         for name, stored in sets.items():
-            args += [name, stored.packed()]
+            args += [name, self._pack(stored)]
         args += deletes
         async with Call("patch_fields", self._timeout):
             reply: list[Any] = await self._transport.script(
@@ -323,7 +328,7 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             ]
         args += ["", 0, 0, len(end.sets)]
         for name, stored in end.sets.items():
-            args += [name, stored.packed()]
+            args += [name, self._pack(stored)]
         args += end.deletes
         async with Call("end_conversation", self._timeout):
             if self._cluster:

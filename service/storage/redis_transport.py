@@ -19,6 +19,7 @@ call at a time (``bench/transport.py`` measures the lane against redis-py's clie
 from __future__ import annotations
 
 import asyncio
+import re
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -94,8 +95,15 @@ class NotReplicated(RedisError):
         )
 
 
+#: A line of a script that is replaced by another file of ``lua/`` (code that several scripts share).
+_INCLUDE = re.compile(r"^-- #include ([a-z_]+\.lua)$", re.MULTILINE)
+
+
 def load_script(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", name).read_text(encoding="utf-8")
+    """A script of ``lua/``, with each ``-- #include <file>.lua`` line replaced by that file."""
+    lua = resources.files(__package__).joinpath("lua")
+    text = lua.joinpath(name).read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda m: lua.joinpath(m.group(1)).read_text(encoding="utf-8").rstrip("\n"), text)
 
 
 def check_version(info: Mapping[str, Any]) -> None:

@@ -8,6 +8,7 @@ The Redis-only tests at the end look at the keys the backend leaves on the serve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -636,6 +637,61 @@ async def test_redis_scripts_survive_a_script_flush(
     await redis_client.script_flush()  # what a restarted or failed-over server looks like
     result = await redis_store.patch_fields(CallerRef(PROJECT, subject), {"a": field(1, t)}, [], t)
     assert values(result.fields) == {"a": 1}
+
+
+def decimal(value: Any, at: int, ttl: int = TTL) -> bytes:
+    """A field as releases before the base-36 times packed it: ``<expires_at>|<written_at>|<json>``."""
+    return b"%d|%d|%s" % (at + ttl, at, json.dumps(value).encode())
+
+
+async def test_redis_memory_packed_by_an_earlier_release_is_read_written_and_swept(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    """An upgrade finds fields with decimal times: every script and read takes them as they are."""
+    subject, t = new_subject(), now_ms()
+    caller, hash_key = CallerRef(PROJECT, subject), keys.memory_key(PROJECT, subject)
+    old = {"name": decimal("Ada", t), "cheese": decimal("gouda", t, 5_000), "gone": decimal(1, t - TTL, 1)}
+    await redis_client.hset(hash_key, mapping=old)
+    await redis_client.pexpireat(hash_key, t + TTL)
+    await redis_client.zadd(keys.caller_index_key(subject), {keys.index_member(PROJECT, subject): t + 1})
+
+    read = await redis_store.read_fields(caller, t)
+    assert values(read) == {"name": "Ada", "cheese": "gouda"}
+    assert read["cheese"] == field("gouda", t, 5_000) and read["cheese"].packed() == old["cheese"]
+    etag = compute_etag(read)  # what a client read before the upgrade was given
+    assert etag == compute_etag({n: StoredField.unpack(v) for n, v in old.items() if n != "gone"})
+
+    # patch.lua evaluates If-Match over the stored form, leaves an untouched field in it, writes the new one.
+    written = await redis_store.patch_fields(
+        caller,
+        {"order": field("two", t + 1)},
+        [],
+        t + 1,
+        WriteCondition((etag,), False, dict.fromkeys(old, TTL)),
+    )
+    assert written.applied and values(written.fields) == {"name": "Ada", "cheese": "gouda", "order": "two"}
+    stored = await redis_client.hgetall(hash_key)
+    assert stored[b"name"] == old["name"] and b"gone" not in stored  # dead on the way, as always
+    assert stored[b"order"] == field("two", t + 1).packed() and stored[b"order"].startswith(b"~")
+    assert await redis_client.zscore(keys.caller_index_key(subject), keys.index_member(PROJECT, subject)) == (
+        t + 5_000
+    )
+
+    # An older checkpoint never overwrites a later write, whichever form the later one is in.
+    checkpoint = dataclasses.replace(
+        ending(subject, "c-old", t - 10, "fp", {"name": field("Bo", t - 10)}), written_at=t - 10
+    )
+    ended = await redis_store.end_conversation(checkpoint, t + 2)
+    assert ended.status is EndStatus.APPLIED
+    assert (await redis_client.hget(hash_key, "name")) == old["name"]
+
+    # The sweep reads the decimal expiry of "cheese" and re-files the caller under the next one.
+    counts, _ = await redis_store.sweep(t + 6_000, 100)
+    assert counts["fields"] >= 1
+    assert sorted(await redis_client.hkeys(hash_key)) == [b"name", b"order"]
+    assert await redis_client.zscore(keys.caller_index_key(subject), keys.index_member(PROJECT, subject)) == (
+        t + TTL
+    )
 
 
 async def test_redis_unreadable_field_is_store_corrupt(

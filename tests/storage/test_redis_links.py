@@ -16,7 +16,7 @@ from caller_memory.service.storage.redis import RedisStore
 from caller_memory.service.storage.redis_cluster import slot_of
 from redis.crc import key_slot
 
-from tests.storage.test_contract import PROJECT, TTL, ending, field, new_subject, now_ms, values
+from tests.storage.test_contract import PROJECT, TTL, decimal, ending, field, new_subject, now_ms, values
 from tests.storage.test_links import MAX, first_interaction, link, link_to, ref, remember
 
 Client = redis.asyncio.Redis | redis.asyncio.RedisCluster
@@ -149,6 +149,29 @@ async def test_an_erasure_of_the_profile_while_a_link_is_made_wins(
     assert await redis_store.resolve_profile(ref(a), t + 2) == a
     for name in (keys.alias_key(PROJECT, a), keys.links_key(PROJECT, p), keys.memory_key(PROJECT, p)):
         assert await redis_client.exists(name) == 0
+
+
+async def test_a_merge_takes_fields_packed_by_an_earlier_release(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    """Decimal times (before the base-36 form) on either side of a merge: the later write of a name wins, the
+    dead one is not taken, and what moves keeps its stored form."""
+    p, a, t = new_subject(), new_subject(), now_ms()
+    await remember(redis_store, p, {"name": field("Bo", t + 5), "cheese": field("brie", t + 5)}, t + 5)
+    older = decimal("Ada", t + 10)
+    await redis_client.hset(
+        keys.memory_key(PROJECT, p), "cheese", decimal("stilton", t)
+    )  # the profile's own older field, from before the upgrade
+    await redis_client.hset(
+        keys.memory_key(PROJECT, a),
+        mapping={"name": older, "cheese": decimal("gouda", t + 1), "gone": decimal(1, t - TTL, 1)},
+    )
+    await redis_client.pexpireat(keys.memory_key(PROJECT, a), t + 10 + TTL)
+    result = await link(redis_store, p, a, t + 20, merge=True)
+    assert result.status is LinkStatus.LINKED and result.fields_merged == 2
+    merged = await redis_store.read_fields(ref(p), t + 21)
+    assert values(merged) == {"name": "Ada", "cheese": "gouda"}
+    assert (await redis_client.hget(keys.memory_key(PROJECT, p), "name")) == older
 
 
 async def test_link_keys_expire_with_their_links(redis_store: RedisStore, redis_client: Client) -> None:

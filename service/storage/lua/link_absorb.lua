@@ -37,13 +37,7 @@ if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) > now then
   return {0}
 end
 
-local function parse(packed)
-  local e, w = string.match(packed, '^(%-?%d+)|(%-?%d+)|')
-  if not e then
-    return nil
-  end
-  return {packed, e, tonumber(e), tonumber(w)}
-end
+-- #include field.lua
 
 local entry = redis.call('HGET', KEYS[4], subject)
 local merged, first_merged = 0, 0

@@ -19,6 +19,8 @@ profile already (its record takes the new expiry and link_id: a renewal, or a li
 finished), 2 a live alias of another profile, 3 it has live links of its own, 4 it has memory (a live field or
 a live first interaction) and merge was not given. A refusal (2 to 4) writes nothing and is {status} alone.
 ]]
+-- #include field.lua
+
 local now = tonumber(ARGV[1])
 local profile, link_id, expires_at = ARGV[2], ARGV[3], ARGV[4]
 
@@ -46,11 +48,11 @@ end
 local fields = {}
 local raw = redis.call('HGETALL', KEYS[3])
 for i = 1, #raw, 2 do
-  local e = string.match(raw[i + 1], '^(%-?%d+)|%-?%d+|')
-  if not e then
+  local f = parse(raw[i + 1])
+  if not f then
     return redis.error_reply('CMCORRUPT unreadable field in ' .. KEYS[3])
   end
-  if tonumber(e) > now then
+  if f[3] > now then
     fields[#fields + 1] = raw[i]
     fields[#fields + 1] = raw[i + 1]
   end

@@ -134,13 +134,7 @@ local sets_start = pos + 1
 local deletes_start = sets_start + 2 * sets_count
 
 -- A field as {packed, expires_at (string, passed back to Redis as is), expires_at, written_at}.
-local function parse(packed)
-  local e, w = string.match(packed, '^(%-?%d+)|(%-?%d+)|')
-  if not e then
-    return nil
-  end
-  return {packed, e, tonumber(e), tonumber(w)}
-end
+-- #include field.lua
 
 local stored = {}
 local raw = redis.call('HGETALL', hash)

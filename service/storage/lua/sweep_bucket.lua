@@ -10,6 +10,8 @@ removes the dead fields, then re-files the caller under its new earliest expiry 
 expiry to its latest field), or removes it when nothing is left. Safe to repeat and to interrupt.
 Returns {fields removed, callers removed, 1 if more callers are due in this bucket else 0, callers visited}.
 ]]
+-- #include field.lua
+
 local now = tonumber(ARGV[1])
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
 local fields, callers = 0, 0
@@ -18,10 +20,11 @@ for _, member in ipairs(due) do
   local raw = redis.call('HGETALL', hash)
   local dead, min_e, max_e = {}, nil, nil
   for i = 1, #raw, 2 do
-    local e = tonumber(string.match(raw[i + 1], '^(%-?%d+)|'))
-    if e == nil then
+    local f = parse(raw[i + 1])
+    if f == nil then
       return redis.error_reply('CMCORRUPT unreadable field in ' .. hash)
     end
+    local e = f[3]
     if e <= now then
       dead[#dead + 1] = raw[i]
     else
