@@ -115,3 +115,18 @@ def memory_fields(data: Any, now_ms: int) -> dict[str, StoredField]:
     except ValueError as exc:
         raise StoreCorrupt("a stored memory field cannot be read") from exc
     return fields
+
+
+#: Before every time a field can hold: :func:`memory_fields` with it keeps every field.
+_EVER = -(1 << 63)
+
+
+def every_memory_field(data: Any) -> dict[str, StoredField]:
+    """A memory hash's fields, expired ones too: what the read cache keeps of a cached hash (a read then
+    takes the live ones with :func:`unexpired`, at every read)."""
+    return memory_fields(data, _EVER)
+
+
+def unexpired(fields: dict[str, StoredField], now_ms: int) -> dict[str, StoredField]:
+    """The fields whose stored expiry is after ``now_ms`` (what :func:`memory_fields` keeps)."""
+    return {name: f for name, f in fields.items() if f.expires_at > now_ms}

@@ -22,7 +22,7 @@ import asyncio
 import re
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
@@ -211,9 +211,11 @@ class RedisTransport(ABC):
     async def ping(self) -> None:
         """Raise unless Redis answers."""
 
-    def cached(self, *keys: str) -> list[Any] | None:
+    def cached(self, *keys: str, derive: Callable[[Any], Any] | None = None) -> list[Any] | None:
         """The values of ``keys`` from the read cache, if every one is there and may be served; else None
-        (there is no cache but on one server with ``cache_seconds``). No I/O: no :class:`Call` needed."""
+        (there is no cache but on one server with ``cache_seconds``). No I/O: no :class:`Call` needed. With
+        ``derive`` (a pure function of the reply), the first value is what it made of the cached reply,
+        made once while that reply is cached."""
         return None
 
     def cache_counts(self) -> tuple[int, int] | None:
@@ -301,22 +303,30 @@ class ReadCache:
       the lane has read the reply of a command sent less than ``bound`` seconds ago (``synced``), so a hit
       is never staler than ``bound``: a quiet lane's next read goes to Redis, and refreshes it.
 
-    Values are the raw replies: a memory read still drops the fields whose own expiry has passed, at every
-    read (an expired field is never served). The cache dies with its lane (a new connection starts empty).
+    Values are the raw replies, and beside them (``derived``) what a reader made of one, such as a memory
+    hash decoded into its fields, dropped with it: a hit does not decode the same reply again. A memory read
+    still drops the fields whose own expiry has passed, at every read (an expired field is never served). The
+    cache dies with its lane (a new connection starts empty).
     """
 
-    __slots__ = ("bound", "dirty", "entries", "hits", "limit", "misses", "synced")
+    __slots__ = ("bound", "derived", "dirty", "entries", "hits", "limit", "misses", "synced")
 
     def __init__(self, bound: float, limit: int) -> None:
         self.bound = bound
         self.limit = limit
         self.entries: dict[str, Any] = {}
+        #: key -> what :meth:`get`'s ``derive`` made of its entry (never outlives the entry).
+        self.derived: dict[str, Any] = {}
         self.synced = float("-inf")  # when the command of the last reply read was sent (loop time)
         self.dirty = float("-inf")  # when the last call that may have written ended (loop time)
         self.hits = 0
         self.misses = 0
 
-    def get(self, keys: Sequence[str], now: float) -> list[Any] | None:
+    def get(
+        self, keys: Sequence[str], now: float, derive: Callable[[Any], Any] | None = None
+    ) -> list[Any] | None:
+        """The entries of ``keys``, if all are there and may be served; with ``derive``, the first one as
+        ``derive`` made it of the entry (made once per entry, kept until the entry goes)."""
         if self.synced <= self.dirty or now - self.synced > self.bound:
             return None
         entries = self.entries
@@ -324,6 +334,12 @@ class ReadCache:
         if _MISSING in values:
             return None
         self.hits += 1
+        if derive is not None:
+            first = keys[0]
+            made = self.derived.get(first, _MISSING)
+            if made is _MISSING:
+                made = self.derived[first] = derive(values[0])
+            values[0] = made
         return values
 
     def ended(self, call: _Waiting, loop: asyncio.AbstractEventLoop) -> None:
@@ -335,13 +351,16 @@ class ReadCache:
             self.fill(call.track, call.replies[1::2])
 
     def fill(self, keys: Sequence[str], values: Sequence[Any]) -> None:
-        entries = self.entries
+        entries, derived = self.entries, self.derived
         for key, value in zip(keys, values, strict=True):
             if isinstance(value, ResponseError):
                 continue
             if key not in entries and len(entries) >= self.limit:
-                del entries[next(iter(entries))]  # the oldest filled
+                oldest = next(iter(entries))  # the oldest filled
+                del entries[oldest]
+                derived.pop(oldest, None)
             entries[key] = value
+            derived.pop(key, None)
 
     def invalidate(self, message: Any) -> None:
         """An ``invalidate`` push: its keys changed (None: the database was flushed)."""
@@ -349,9 +368,12 @@ class ReadCache:
             return
         if message[1] is None:
             self.entries.clear()
+            self.derived.clear()
             return
         for key in message[1]:
-            self.entries.pop(key.decode(), None)
+            name = key.decode()
+            self.entries.pop(name, None)
+            self.derived.pop(name, None)
 
 
 class LaneNotSent(RedisConnectionError):
@@ -628,11 +650,11 @@ class StandaloneTransport(RedisTransport):
             hits, misses = self._gone_counts
             self._gone_counts = (hits + lane.cache.hits, misses + lane.cache.misses)
 
-    def cached(self, *keys: str) -> list[Any] | None:
+    def cached(self, *keys: str, derive: Callable[[Any], Any] | None = None) -> list[Any] | None:
         lane = self._lane
         if lane is None or lane.cache is None or lane.retired or lane.failure is not None:
             return None
-        return lane.cache.get(keys, lane.loop.time())
+        return lane.cache.get(keys, lane.loop.time(), derive)
 
     async def read(self, *commands: tuple[str, str]) -> list[Any]:
         if not self.limits.cache_seconds:

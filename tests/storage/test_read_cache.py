@@ -208,3 +208,34 @@ def test_after_a_call_that_may_have_written_nothing_is_served_until_a_later_repl
     assert "y" not in cache.entries and "x" in cache.entries
     cache.invalidate([b"invalidate", None])
     assert cache.entries == {}
+
+
+def test_what_a_hit_derives_from_an_entry_is_made_once_and_goes_with_the_entry() -> None:
+    """A cached memory hash is decoded on its first hit only; a new reply of the key, its invalidation, its
+    eviction and a flush each drop what was made of the old one."""
+    cache = ReadCache(bound=10.0, limit=2)
+    made: list[Any] = []
+
+    def derive(reply: Any) -> Any:
+        made.append(reply)
+        return ("decoded", reply)
+
+    cache.synced = 1.0
+    cache.fill(("m", "a"), [{b"f": b"1"}, None])
+    assert cache.get(("m", "a"), 1.0, derive) == [("decoded", {b"f": b"1"}), None]
+    assert cache.get(("m", "a"), 1.0, derive) == [("decoded", {b"f": b"1"}), None]
+    assert cache.get(("m",), 1.0) == [{b"f": b"1"}]  # the entry itself is kept as it came
+    assert made == [{b"f": b"1"}]
+    cache.fill(("m",), [{b"f": b"2"}])  # a later reply of the key
+    assert cache.get(("m",), 1.0, derive) == [("decoded", {b"f": b"2"})]
+    cache.invalidate([b"invalidate", [b"m"]])
+    assert cache.get(("m",), 1.0, derive) is None and "m" not in cache.derived
+    cache.fill(("m",), [{b"f": b"3"}])
+    cache.get(("m",), 1.0, derive)
+    cache.fill(("b",), [{}])  # a third key: "a" (the oldest filled) goes, "m" stays
+    cache.fill(("c",), [{}])  # and now "m"
+    assert "m" not in cache.entries and "m" not in cache.derived
+    cache.get(("b",), 1.0, derive)
+    cache.invalidate([b"invalidate", None])
+    assert cache.entries == {} and cache.derived == {}
+    assert made == [{b"f": b"1"}, {b"f": b"2"}, {b"f": b"3"}, {}]
