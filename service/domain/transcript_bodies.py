@@ -5,7 +5,7 @@ OpenAPI document), who reads a transcript, and the small views and refusals the 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -26,7 +26,6 @@ from .transcripts import (
     MAX_TRANSCRIPT_BYTES,
     NAME_PATTERN,
     Incoming,
-    Message,
     MessageIn,
     estimate_tokens,
     fast_messages,
@@ -248,8 +247,10 @@ def message_may_hold_number(message: Incoming) -> bool:
     return may_hold_number(message.content) or (original is not None and may_hold_number(original))
 
 
-def token_source(messages: Sequence[Message]) -> Any:
-    given = {m.tokens is not None for m in messages}
+def token_source(tokens: Iterable[int | None]) -> Any:
+    """``client``, ``estimate`` or ``mixed``: whether the messages whose ``tokens`` these are had their
+    counts from the client (a count) or estimated (None)."""
+    given = {t is not None for t in tokens}
     return "mixed" if len(given) > 1 else "client" if given == {True} else "estimate"
 
 

@@ -81,12 +81,15 @@ from .transcripts import (
     MAX_TRANSCRIPT_BYTES,
     Incoming,
     Message,
+    chat_of_row,
     check_batch_order,
     encode_message,
     estimate_tokens,
     redact,
     redact_identifiers,
     region_of,
+    stored_rows,
+    turns_of_rows,
 )
 from .trust import TRANSCRIPT_CLASS, CallTrust
 
@@ -328,7 +331,7 @@ class TranscriptService:
             # caller may have become an identifier linked to a profile since it started: read_fields follows
             # the link (read_context reads the subject's own fields only).
             fields = None
-        messages = Message.decode_all([m.body for m in stored])
+        rows = stored_rows([m.body for m in stored])
         summary = summary_of(header)
         through = summary["through_turn"] if summary else -1
         profile = await self._profile(
@@ -338,23 +341,10 @@ class TranscriptService:
         if summarised is not None and summarised["tokens"] > max_tokens - profile["tokens"]:
             summarised = None  # a summary longer than the budget is left out: the context stays within it
         left = max_tokens - profile["tokens"] - (summarised["tokens"] if summarised else 0)
-        agent = reader.agent
         # Each turn's messages and token cost, counted once (a read of 2,000 messages counts each once).
-        turns: dict[int, list[Message]] = {}
-        costs: dict[int, int] = {}
-        for m in messages:
-            turn = m.turn_id
-            if turn > through and m.role != "tool" and (agent is None or m.visible_to(agent)):
-                cost = m.token_count
-                group = turns.get(turn)
-                if group is None:
-                    turns[turn] = [m]
-                    costs[turn] = cost
-                else:
-                    group.append(m)
-                    costs[turn] += cost
+        turns, costs = turns_of_rows(rows, through, reader.agent)
         unsummarized = sum(costs.values())
-        chosen: list[list[Message]] = []
+        chosen: list[list[list[Any]]] = []
         recent_tokens = 0
         for turn in sorted(turns, reverse=True):  # newest first: older turns are dropped first
             cost = costs[turn]
@@ -364,15 +354,15 @@ class TranscriptService:
             recent_tokens += cost
             chosen.append(turns[turn])
         chosen.reverse()
-        kept = [m for group in chosen for m in group]
+        kept = [row for group in chosen for row in group]
         recent: RecentTurnsSection = {
             "provenance": "transcript",
             "tokens": recent_tokens,
-            "token_source": token_source(kept),
-            "from_turn": kept[0].turn_id if kept else None,
-            "to_turn": kept[-1].turn_id if kept else None,
+            "token_source": token_source(row[4] for row in kept),
+            "from_turn": kept[0][2] if kept else None,
+            "to_turn": kept[-1][2] if kept else None,
             "dropped_turns": len(turns) - len(chosen),
-            "messages": [m.openai() for m in kept],
+            "messages": [chat_of_row(row) for row in kept],
         }
         sections: ContextSections = {"profile": profile, "summary": summarised, "recent_turns": recent}
         total = profile["tokens"] + (summarised["tokens"] if summarised else 0) + recent["tokens"]

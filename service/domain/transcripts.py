@@ -328,6 +328,46 @@ def encode_message(message: Incoming, content: str, original: str | None, timest
 _NO_EXTRAS: dict[str, Any] = {}
 
 
+def stored_rows(bodies: Sequence[bytes]) -> list[list[Any]]:
+    """Stored messages as their rows (``encode_message``'s list: role code, content, turn_id, timestamp,
+    tokens, source, message_id, then extras if any), in one orjson call for all of them."""
+    return orjson.loads(b"[" + b",".join(bodies) + b"]") if bodies else []
+
+
+def turns_of_rows(
+    rows: Sequence[list[Any]], after_turn: int, agent: str | None
+) -> tuple[dict[int, list[list[Any]]], dict[int, int]]:
+    """The turns after ``after_turn`` that a context may show, from stored rows without building a
+    :class:`Message` for each (a context read looks at every message of its window and shows two fields of
+    those it keeps): each turn's rows in order and its token cost (:attr:`Message.token_count`). Tool
+    messages are left out; under ``agent`` (``transcript_scope: "agent"``), so is what
+    :meth:`Message.visible_to` hides."""
+    turns: dict[int, list[list[Any]]] = {}
+    costs: dict[int, int] = {}
+    tool, user = _ROLE_CODE["tool"], _ROLE_CODE["user"]
+    for row in rows:
+        turn, role = row[2], row[0]
+        if turn <= after_turn or role == tool:
+            continue
+        if agent is not None and role != user and (row[7] if len(row) > 7 else _NO_EXTRAS).get("a") != agent:
+            continue
+        tokens = row[4]
+        cost = tokens if tokens is not None else estimate_tokens(row[1])
+        group = turns.get(turn)
+        if group is None:
+            turns[turn] = [row]
+            costs[turn] = cost
+        else:
+            group.append(row)
+            costs[turn] += cost
+    return turns, costs
+
+
+def chat_of_row(row: list[Any]) -> ChatMessage:
+    """:meth:`Message.openai` of a stored row."""
+    return {"role": _ROLES[row[0]], "content": row[1]}  # type: ignore[typeddict-item]
+
+
 class Message:
     """A stored message decoded (what history, context and resume read)."""
 
@@ -350,11 +390,9 @@ class Message:
     def decode_all(cls, bodies: Sequence[bytes]) -> list[Message]:
         """Many stored messages at once: one orjson call for all of them (a call per message costs more
         than the decoding)."""
-        if not bodies:
-            return []
         out = []
         new = object.__new__
-        for row in orjson.loads(b"[" + b",".join(bodies) + b"]"):
+        for row in stored_rows(bodies):
             message = new(cls)
             message._fill(row)
             out.append(message)

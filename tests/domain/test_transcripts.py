@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import phonenumbers
 import pytest
 from caller_memory.service.domain.errors import InvalidConfiguration
@@ -15,11 +16,16 @@ from caller_memory.service.domain.transcripts import (
     PHONE_MASK,
     Message,
     MessageIn,
+    chat_of_row,
     check_batch_order,
     encode_message,
     incoming,
     redact,
+    stored_rows,
+    turns_of_rows,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 #: The platform example transcript of SPEC section 14 (timestamps in ms).
@@ -224,3 +230,41 @@ def test_invalid_conversation_configuration_names_the_field(conversation: dict[s
     with pytest.raises(InvalidConfiguration) as caught:
         parse_config({"memory": {"conversation": conversation}})
     assert caught.value.field == field
+
+
+#: A stored row as encode_message writes it: role code, content, turn, timestamp, tokens, source, id, extras?
+ROWS = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1, 2]),
+        st.text(max_size=30),
+        st.integers(0, 6),
+        st.one_of(st.none(), st.integers(0, 50)),
+        st.sampled_from([None, "booking", "billing"]),
+        st.booleans(),
+    ).map(
+        lambda t: (
+            [t[0], t[1], t[2], 1_800_000_000_000, t[3], "asr" if t[0] == 0 else "llm", None]
+            + ([{"a": t[4]} | ({"x": 1} if t[5] else {})] if t[4] or t[5] else [])
+        )
+    ),
+    max_size=25,
+)
+
+
+@given(ROWS, st.integers(-1, 5), st.sampled_from([None, "booking", "billing"]))
+def test_the_contexts_selection_on_rows_is_what_messages_say(
+    rows: list[list[Any]], after_turn: int, agent: str | None
+) -> None:
+    """turns_of_rows (the context read, without building messages) keeps, groups and counts what the
+    Message of each row says: its turn, its role, Message.visible_to and Message.token_count."""
+    bodies = [orjson.dumps(row) for row in rows]
+    messages = Message.decode_all(bodies)
+    turns, costs = turns_of_rows(stored_rows(bodies), after_turn, agent)
+    expected: dict[int, list[Message]] = {}
+    for m in messages:
+        if m.turn_id > after_turn and m.role != "tool" and m.visible_to(agent):
+            expected.setdefault(m.turn_id, []).append(m)
+    assert list(turns) == list(expected)
+    for turn, group in expected.items():
+        assert [chat_of_row(row) for row in turns[turn]] == [m.openai() for m in group]
+        assert costs[turn] == sum(m.token_count for m in group)
