@@ -33,7 +33,7 @@ ARGV, in order:
   E, then E etags         the entity tags, quotes included (E = 0 unless mode is "=")
   T, then T pairs         name, ttl_ms: the project's current TTLs, used only to evaluate the condition
                           (a field without an entry is not live; see fields.effective_expiry)
-  S, then S pairs         name, packed: the fields to set, packed "<expires_at>|<written_at>|<json>"
+  S, then S pairs         name, packed: the fields to set, packed as field.lua reads them (either form)
   the rest                names of the fields to delete (applied before the sets)
 
 Returns a flat array: status, then name, packed for every field whose stored expiry is after now_ms once
