@@ -36,6 +36,9 @@ async def shop(api: Api) -> dict[str, str]:
 
 
 def client_for(api: Api, token: str, tmp_path: Path, **options: object) -> MemoryClient:
+    """A client whose reads have time (a shared machine under load: a first read once took more than the
+    default 150 ms in CI); the read budget itself is tested where a test sets it."""
+    options.setdefault("read_budget", 2.0)
     return MemoryClient(
         api.base_url,
         token=token,
