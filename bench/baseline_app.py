@@ -2,8 +2,9 @@
 
 One route, ``GET /callers/{id}``: one redis-py (hiredis) async ``HGETALL`` of the caller's hash, returned as
 JSON with orjson. ``id`` is the caller's pseudonym (the load generator computes it); the hash is the one the
-service reads (same key layout and packed values ``<expires_at>|<written_at>|<json>``, so both answer the
-same fields from the same Redis). No authentication, no validation, no metrics, no logging.
+service reads (same key layout and packed values ``~<expires_at>|<written_at>|<json>``, or the decimal form of
+earlier releases: the JSON is what follows the second ``|`` in both, so both answer the same fields from the
+same Redis). No authentication, no validation, no metrics, no logging.
 
     python bench/baseline_app.py --port 8090 --redis redis://127.0.0.1:6379/0
 """

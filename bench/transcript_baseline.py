@@ -7,7 +7,8 @@ A Redis list per conversation, one redis-py (hiredis) async command per request,
 - ``GET /conversations/{id}/history``: ``LRANGE 0 -1``, the stored messages returned as they are.
 - ``GET /conversations/{id}/context?caller=<pseudonym>``: ``LRANGE 0 -1`` and ``HGETALL`` of the caller's
   memory hash (the one the service writes: same key layout and packed values
-  ``<expires_at>|<written_at>|<json>``), pipelined in one round trip, returned together.
+  ``~<expires_at>|<written_at>|<json>``, the JSON after the second ``|``), pipelined in one round trip,
+  returned together.
 
 No authentication, no validation, no limits, no expiry, no redaction, no metrics, no logging.
 

@@ -240,24 +240,26 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         # The alias record is in the caller's slot: asked in the same write, one round trip for a caller that
         # is no alias; an alias's profile is read in a second one (one hop: a profile is no alias). Either may
         # come from the read cache (CALLER_MEMORY_READ_CACHE_SECONDS), with no round trip at all.
-        # A hash from the cache comes decoded (once per cached reply), then its expired fields are dropped.
+        # The hash that is returned, if it came from the cache, is decoded once per cached reply (derived);
+        # then its expired fields are dropped, at every read.
         memory, alias = keys.memory_key(project, subject), keys.alias_key(project, subject)
-        found = self._transport.cached(memory, alias, derive=every_memory_field)
+        found = self._transport.cached(memory, alias)
+        hit = found is not None
         if found is None:
             async with Call("read_fields", self._timeout):
-                data, record = await self._transport.read(("HGETALL", memory), ("GET", alias))
-            fields = None
-        else:
-            fields, record = found
+                found = await self._transport.read(("HGETALL", memory), ("GET", alias))
+        data, record = found
         if record is not None and (profile := alias_profile(record, now_ms)) is not None:
             memory = keys.memory_key(project, profile)
-            found = self._transport.cached(memory, derive=every_memory_field)
-            if found is not None:
-                return unexpired(found[0], now_ms)
-            async with Call("read_fields", self._timeout):
-                (data,) = await self._transport.read(("HGETALL", memory))
-            return memory_fields(data, now_ms)
-        return memory_fields(data, now_ms) if fields is None else unexpired(fields, now_ms)
+            found = self._transport.cached(memory)
+            hit = found is not None
+            if found is None:
+                async with Call("read_fields", self._timeout):
+                    found = await self._transport.read(("HGETALL", memory))
+            (data,) = found
+        if hit:
+            return unexpired(self._transport.derived(memory, data, every_memory_field), now_ms)
+        return memory_fields(data, now_ms)
 
     async def patch_fields(
         self,

@@ -211,12 +211,15 @@ class RedisTransport(ABC):
     async def ping(self) -> None:
         """Raise unless Redis answers."""
 
-    def cached(self, *keys: str, derive: Callable[[Any], Any] | None = None) -> list[Any] | None:
+    def cached(self, *keys: str) -> list[Any] | None:
         """The values of ``keys`` from the read cache, if every one is there and may be served; else None
-        (there is no cache but on one server with ``cache_seconds``). No I/O: no :class:`Call` needed. With
-        ``derive`` (a pure function of the reply), the first value is what it made of the cached reply,
-        made once while that reply is cached."""
+        (there is no cache but on one server with ``cache_seconds``). No I/O: no :class:`Call` needed."""
         return None
+
+    def derived(self, key: str, value: Any, make: Callable[[Any], Any]) -> Any:
+        """``make(value)`` for a ``value`` :meth:`cached` gave for ``key``: made once while that reply is
+        cached (``make`` a pure function of it, the same one for a key every time)."""
+        return make(value)
 
     def cache_counts(self) -> tuple[int, int] | None:
         """Reads the read cache answered and reads that went to Redis, since the transport was made, over
@@ -315,18 +318,14 @@ class ReadCache:
         self.bound = bound
         self.limit = limit
         self.entries: dict[str, Any] = {}
-        #: key -> what :meth:`get`'s ``derive`` made of its entry (never outlives the entry).
-        self.derived: dict[str, Any] = {}
+        #: key -> (its entry, what :meth:`derive` made of it); never outlives the entry.
+        self.derived: dict[str, tuple[Any, Any]] = {}
         self.synced = float("-inf")  # when the command of the last reply read was sent (loop time)
         self.dirty = float("-inf")  # when the last call that may have written ended (loop time)
         self.hits = 0
         self.misses = 0
 
-    def get(
-        self, keys: Sequence[str], now: float, derive: Callable[[Any], Any] | None = None
-    ) -> list[Any] | None:
-        """The entries of ``keys``, if all are there and may be served; with ``derive``, the first one as
-        ``derive`` made it of the entry (made once per entry, kept until the entry goes)."""
+    def get(self, keys: Sequence[str], now: float) -> list[Any] | None:
         if self.synced <= self.dirty or now - self.synced > self.bound:
             return None
         entries = self.entries
@@ -334,13 +333,18 @@ class ReadCache:
         if _MISSING in values:
             return None
         self.hits += 1
-        if derive is not None:
-            first = keys[0]
-            made = self.derived.get(first, _MISSING)
-            if made is _MISSING:
-                made = self.derived[first] = derive(values[0])
-            values[0] = made
         return values
+
+    def derive(self, key: str, value: Any, make: Callable[[Any], Any]) -> Any:
+        """``make(value)``, made once while ``value`` (what :meth:`get` just gave for ``key``) is the entry:
+        kept beside it until the entry goes. One ``make`` per key (the memory hash's decoding)."""
+        found = self.derived.get(key)
+        if found is not None and found[0] is value:
+            return found[1]
+        made = make(value)
+        if self.entries.get(key, _MISSING) is value:
+            self.derived[key] = (value, made)
+        return made
 
     def ended(self, call: _Waiting, loop: asyncio.AbstractEventLoop) -> None:
         """``call``'s last reply was just read (by the lane's reader, before what follows it in the stream)."""
@@ -650,11 +654,17 @@ class StandaloneTransport(RedisTransport):
             hits, misses = self._gone_counts
             self._gone_counts = (hits + lane.cache.hits, misses + lane.cache.misses)
 
-    def cached(self, *keys: str, derive: Callable[[Any], Any] | None = None) -> list[Any] | None:
+    def cached(self, *keys: str) -> list[Any] | None:
         lane = self._lane
         if lane is None or lane.cache is None or lane.retired or lane.failure is not None:
             return None
-        return lane.cache.get(keys, lane.loop.time(), derive)
+        return lane.cache.get(keys, lane.loop.time())
+
+    def derived(self, key: str, value: Any, make: Callable[[Any], Any]) -> Any:
+        lane = self._lane
+        if lane is None or lane.cache is None:
+            return make(value)
+        return lane.cache.derive(key, value, make)
 
     async def read(self, *commands: tuple[str, str]) -> list[Any]:
         if not self.limits.cache_seconds:

@@ -694,6 +694,29 @@ async def test_redis_memory_packed_by_an_earlier_release_is_read_written_and_swe
     )
 
 
+async def test_redis_scripts_read_negative_base36_times(
+    redis_store: RedisStore, redis_client: redis.asyncio.Redis
+) -> None:
+    """field.lua's '-' branch (tonumber(s, 36) alone would wrap a sign around): a field written "before the
+    epoch" is kept, compared and re-filed by its real times."""
+    subject, t = new_subject(), now_ms()
+    caller, hash_key = CallerRef(PROJECT, subject), keys.memory_key(PROJECT, subject)
+    early = StoredField(b'"old"', t + TTL, -123_456)
+    assert b"|-" in early.packed()
+    assert (await redis_store.patch_fields(caller, {"a": early, "b": field(2, t, 5_000)}, [], t)).applied
+    assert await redis_client.hget(hash_key, "a") == early.packed()
+    # An end made at 0 is after the field's write: its checkpoint replaces it (a wrapped sign would not).
+    later = field("new", 0, ttl=t + TTL)  # written at 0, expiring with the others
+    checkpoint = dataclasses.replace(
+        ending(subject, "c-neg", 0, "fp", {"a": later}, ttl=t + TTL), written_at=0
+    )
+    assert (await redis_store.end_conversation(checkpoint, t + 1)).status is EndStatus.APPLIED
+    assert values(await redis_store.read_fields(caller, t + 1))["a"] == "new"
+    assert await redis_client.zscore(keys.caller_index_key(subject), keys.index_member(PROJECT, subject)) == (
+        t + 5_000
+    )
+
+
 async def test_redis_unreadable_field_is_store_corrupt(
     redis_store: RedisStore, redis_client: redis.asyncio.Redis
 ) -> None:

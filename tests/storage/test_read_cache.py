@@ -15,7 +15,7 @@ import pytest
 from caller_memory.service.config import Settings, SettingsError
 from caller_memory.service.domain.errors import InvalidInput
 from caller_memory.service.domain.store import CallerRef
-from caller_memory.service.storage import open_store
+from caller_memory.service.storage import keys, open_store
 from caller_memory.service.storage.redis import RedisStore
 from caller_memory.service.storage.redis_transport import ReadCache, _Waiting
 
@@ -220,22 +220,46 @@ def test_what_a_hit_derives_from_an_entry_is_made_once_and_goes_with_the_entry()
         made.append(reply)
         return ("decoded", reply)
 
+    def hit(key: str) -> Any:
+        found = cache.get((key,), 1.0)
+        return None if found is None else cache.derive(key, found[0], derive)
+
     cache.synced = 1.0
     cache.fill(("m", "a"), [{b"f": b"1"}, None])
-    assert cache.get(("m", "a"), 1.0, derive) == [("decoded", {b"f": b"1"}), None]
-    assert cache.get(("m", "a"), 1.0, derive) == [("decoded", {b"f": b"1"}), None]
-    assert cache.get(("m",), 1.0) == [{b"f": b"1"}]  # the entry itself is kept as it came
+    assert hit("m") == ("decoded", {b"f": b"1"})
+    assert hit("m") == ("decoded", {b"f": b"1"})
+    assert cache.get(("m", "a"), 1.0) == [{b"f": b"1"}, None]  # the entry itself is kept as it came
     assert made == [{b"f": b"1"}]
     cache.fill(("m",), [{b"f": b"2"}])  # a later reply of the key
-    assert cache.get(("m",), 1.0, derive) == [("decoded", {b"f": b"2"})]
+    assert hit("m") == ("decoded", {b"f": b"2"})
     cache.invalidate([b"invalidate", [b"m"]])
-    assert cache.get(("m",), 1.0, derive) is None and "m" not in cache.derived
+    assert hit("m") is None and "m" not in cache.derived
     cache.fill(("m",), [{b"f": b"3"}])
-    cache.get(("m",), 1.0, derive)
+    hit("m")
     cache.fill(("b",), [{}])  # a third key: "a" (the oldest filled) goes, "m" stays
     cache.fill(("c",), [{}])  # and now "m"
     assert "m" not in cache.entries and "m" not in cache.derived
-    cache.get(("b",), 1.0, derive)
+    hit("b")
+    # Made of a value that is not (or no longer) the entry: made, never kept.
+    assert cache.derive("b", {b"f": b"old"}, derive) == ("decoded", {b"f": b"old"})
+    assert cache.derived["b"][1] == ("decoded", {})
     cache.invalidate([b"invalidate", None])
     assert cache.entries == {} and cache.derived == {}
-    assert made == [{b"f": b"1"}, {b"f": b"2"}, {b"f": b"3"}, {}]
+    assert made == [{b"f": b"1"}, {b"f": b"2"}, {b"f": b"3"}, {}, {b"f": b"old"}]
+
+
+async def test_a_hit_through_an_alias_decodes_the_profiles_hash_only(
+    cached: RedisStore, redis_server: RedisServer
+) -> None:
+    """A linked identifier's own hash is not what a read of it returns, so a hit does not decode it: an
+    unreadable leftover there fails neither the miss nor the hit."""
+    alias, profile, t = new_subject(), new_subject(), now_ms()
+    await cached.patch_fields(CallerRef(PROJECT, profile), {"name": field("Ada", t)}, [], t)
+    with redis_server.client() as client:
+        client.hset(keys.memory_key(PROJECT, alias), "left", b"not a packed field")
+        client.set(keys.alias_key(PROJECT, alias), f"{t + 60_000}|{profile}|link-1", pxat=t + 60_000)
+    caller = CallerRef(PROJECT, alias)
+    assert values(await cached.read_fields(caller, t)) == {"name": "Ada"}  # a miss
+    before = memory_reads(redis_server)
+    assert values(await cached.read_fields(caller, t)) == {"name": "Ada"}  # a hit
+    assert memory_reads(redis_server) == before

@@ -133,7 +133,7 @@ local sets_count = tonumber(ARGV[pos])
 local sets_start = pos + 1
 local deletes_start = sets_start + 2 * sets_count
 
--- A field as {packed, expires_at (string, passed back to Redis as is), expires_at, written_at}.
+-- A field as {packed, expires_at as a decimal string (for PEXPIREAT and ZADD), expires_at, written_at}.
 -- #include field.lua
 
 local stored = {}
