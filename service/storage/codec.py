@@ -103,15 +103,11 @@ def memory_fields(data: Any, now_ms: int) -> dict[str, StoredField]:
         pairs = data.items() if isinstance(data, dict) else zip(data[::2], data[1::2], strict=True)
         for name, packed in pairs:
             expires, written, value = packed.split(b"|", 2)
-            # (StoredField.unpack's two forms, inline: this runs for every field of every read)
-            if expires[:1] == PACKED_MARK:
-                expires_at = int(expires[1:], 36)
-                if expires_at > now_ms:
-                    fields[name.decode()] = StoredField(value, expires_at, int(written, 36), packed)
-            else:
-                expires_at = int(expires)
-                if expires_at > now_ms:
-                    fields[name.decode()] = StoredField(value, expires_at, int(written), packed)
+            # (fields.packed_times inline: this runs for every field of every read)
+            base = 36 if expires[:1] == PACKED_MARK else 10
+            expires_at = int(expires[1:] if base == 36 else expires, base)
+            if expires_at > now_ms:
+                fields[name.decode()] = StoredField(value, expires_at, int(written, base), packed)
     except ValueError as exc:
         raise StoreCorrupt("a stored memory field cannot be read") from exc
     return fields
