@@ -215,7 +215,7 @@ def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> 
     webhooks = Webhooks(service, deliverer, sender)
     holder.append(webhooks)
     service.wake = webhooks.wake
-    services.conversations.end_hooks.append(service.conversation_ended)
+    services.conversations.webhooks = service
     services.memory.erasure_hooks.append(service.erase_caller_deliveries)
     services.memory.on_erased = service.caller_erased
     services.memory.wants_erased = service.wants_erased

@@ -120,8 +120,8 @@ class AnalyticsService:
             first_after=now - project.retention_ms,
         )
 
-    async def record(
-        self,
+    @staticmethod
+    def recording(
         project: Project,
         caller: CallerRef,
         conversation_id: str,
@@ -134,11 +134,13 @@ class AnalyticsService:
         ended_by: str = "explicit",
         end_reason: str | None = None,
         attestation: str | None = None,
-    ) -> ConversationEntry:
-        """List and count a conversation from what the end of it found (:attr:`EndResult.analytics`).
-        Idempotent: a replay records nothing again, and completes a recording that an earlier attempt could
-        not finish (the service died between the two steps). A caller erased at or after ``made_at`` is not
-        listed (the store sees to it, whatever ran first). Returns the entry."""
+    ) -> Recording:
+        """What lists and counts a conversation, from what the end of it found (:attr:`EndResult.analytics`),
+        for :meth:`~.store.Store.record_conversation` (which the end's processing calls with its webhook
+        events, :meth:`.conversations.ConversationService.process_end`). Recording it is idempotent: a
+        replay records nothing again, and completes a recording that an earlier attempt could not finish
+        (the service died between the two steps). A caller erased at or after ``made_at`` is not listed
+        (the store sees to it, whatever ran first)."""
         entry = ConversationEntry(
             conversation_id=conversation_id,
             hour=found.hour,
@@ -151,15 +153,13 @@ class AnalyticsService:
             end_reason=end_reason,
             attestation=attestation,
         )
-        recording = Recording(
+        return Recording(
             caller=caller,
             entry=entry,
             increments=increments(entry, found.new_buckets),
             expires_at=now + project.retention_ms,
             made_at=made_at,
         )
-        await self._store.record_conversation(recording, now)
-        return entry
 
     # Queries ------------------------------------------------------------------------------------------
 

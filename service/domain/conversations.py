@@ -18,11 +18,12 @@ from .link_store import ProfileMoved
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
 from .reports import RepeatCallerMetrics
-from .store import CallerRef, EndResult, EndStatus, EndWrite, Store
+from .store import CallerRef, EndResult, EndStatus, EndWrite, Recording, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
 from .transcript_store import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
 from .trust import CallTrust
-from .webhooks import EndedEvent
+from .webhook_store import Delivery
+from .webhooks import EndedEvent, WebhookService
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +128,37 @@ class ConversationService:
         self._memory = memory
         self._analytics = analytics
         self._clock = clock
-        #: Called in turn by every end's processing before it reports success (the archive writes the
-        #: conversation, the webhooks queue their events): explicit ends here, the service's ends from
-        #: :class:`~.lifecycle.Lifecycle`. A hook that fails fails the end, which is then redone whole.
+        #: Called in turn by every end's processing before it reports success, once its analytics and
+        #: webhook events are stored (the archive writes the conversation): explicit ends here, the
+        #: service's ends from :class:`~.lifecycle.Lifecycle`. A hook that fails fails the end, which is
+        #: then redone whole.
         self.end_hooks: list[Callable[[Project, EndedEvent], Awaitable[None]]] = []
+        #: The webhooks, where they are on: the events of each end (:meth:`process_end`).
+        self.webhooks: WebhookService | None = None
 
-    async def announce(self, project: Project, event: EndedEvent) -> None:
-        for hook in self.end_hooks:
-            await hook(project, event)
+    async def process_end(
+        self, project: Project, event: EndedEvent | None, recording: Recording | None, now: int
+    ) -> None:
+        """What every end does once its state is persisted: record the conversation in analytics
+        (``recording``, when they were on at its end) and queue the webhook events of ``event`` (none for a
+        retry of a completed end), in one store call (on one Redis server, one round trip), then run the
+        end hooks. Durable once this returns. A failure fails the end, which is redone whole: each part is
+        idempotent (the same delivery ids, the same recording)."""
+        deliveries: list[Delivery] = []
+        if event is not None and self.webhooks is not None:
+            deliveries = await self.webhooks.ended_deliveries(project, event)
+        together = event is not None and recording is not None and recording.caller.subject == event.subject
+        if recording is not None:
+            await self._store.record_conversation(recording, now, deliveries if together else ())
+        if deliveries and event is not None and not together:
+            await self._store.enqueue_deliveries(
+                deliveries, CallerRef(project.project_id, event.subject), event.made_at, now
+            )
+        if deliveries and self.webhooks is not None:
+            self.webhooks.queued()
+        if event is not None:
+            for hook in self.end_hooks:
+                await hook(project, event)
 
     async def end(
         self,
@@ -219,8 +243,9 @@ class ConversationService:
         if result.status is EndStatus.ERASED:
             return ConversationEnd(conversation_id, [], sorted(state), False, {}, False, erased=True)
         repeat_caller: RepeatCallerMetrics = {}
+        recording: Recording | None = None
         if result.analytics is not None:  # analytics were on when the conversation was first applied
-            entry = await self._analytics.record(
+            recording = self._analytics.recording(
                 project,
                 ref,
                 conversation_id,
@@ -233,24 +258,23 @@ class ConversationService:
                 end_reason=end_reason,
                 attestation=None if call is None else call.attestation,
             )
-            repeat_caller = metrics(entry.first)
-        if not verdict.finished:  # a retry of a completed end: its archive and webhooks were made then
-            await self.announce(
-                project,
-                EndedEvent(
-                    key=key,
-                    subject=ref.subject,
-                    channel=channel,
-                    ended_by="explicit",
-                    end_reason=end_reason,
-                    outcome=outcome_body(outcome),
-                    persisted=changes.persisted,
-                    repeat_caller=dict(repeat_caller),
-                    made_at=made_at,
-                    started_at=verdict.started_at,
-                    expires_at=verdict.expires_at,
-                ),
+            repeat_caller = metrics(result.analytics.first)
+        event = None  # a retry of a completed end: its archive and webhooks were made then
+        if not verdict.finished:
+            event = EndedEvent(
+                key=key,
+                subject=ref.subject,
+                channel=channel,
+                ended_by="explicit",
+                end_reason=end_reason,
+                outcome=outcome_body(outcome),
+                persisted=changes.persisted,
+                repeat_caller=dict(repeat_caller),
+                made_at=made_at,
+                started_at=verdict.started_at,
+                expires_at=verdict.expires_at,
             )
+        await self.process_end(project, event, recording, now)
         if verdict.claimed:
             await self._store.finish_end(key, self._clock.now_ms())
         return ConversationEnd(
@@ -329,7 +353,7 @@ class ConversationService:
         if result.status is EndStatus.ERASED:
             ignored = sorted([*changes.persisted, *changes.ignored])
             return ConversationEnd(conversation_id, [], ignored, False, {}, False, erased=True, late=True)
-        await self.announce(
+        await self.process_end(
             project,
             EndedEvent(
                 key=ConversationKey(project.project_id, conversation_id),
@@ -343,6 +367,8 @@ class ConversationService:
                 made_at=made_at,
                 late=True,
             ),
+            None,
+            now,
         )
         return ConversationEnd(
             conversation_id=conversation_id,

@@ -27,7 +27,7 @@ from .conversations import (
 )
 from .projects import Project
 from .registry import ProjectRegistry
-from .store import CallerRef, EndStatus, Store
+from .store import CallerRef, EndStatus, Recording, Store
 from .transcript_bodies import (
     EVERYONE,
     Reader,
@@ -257,8 +257,9 @@ class Lifecycle:
             now=now,
         )
         repeat_caller: dict[str, Any] = {}
+        recording: Recording | None = None
         if result.status in (EndStatus.APPLIED, EndStatus.REPLAYED) and result.analytics is not None:
-            entry = await self._analytics.record(
+            recording = self._analytics.recording(
                 project,
                 ref,
                 claimed.key.conversation_id,
@@ -270,9 +271,9 @@ class Lifecycle:
                 ended_by=claimed.ended_by,
                 end_reason=claimed.end_reason or None,
             )
-            repeat_caller = dict(metrics(entry.first))
+            repeat_caller = dict(metrics(result.analytics.first))
         if result.status in (EndStatus.APPLIED, EndStatus.REPLAYED):
-            await self._conversations.announce(
+            await self._conversations.process_end(
                 project,
                 EndedEvent(
                     key=claimed.key,
@@ -287,6 +288,8 @@ class Lifecycle:
                     started_at=claimed.started_at,
                     expires_at=claimed.expires_at,
                 ),
+                recording,
+                now,
             )
         # CONFLICT: an explicit end of this id was applied already (its transcript claim was lost): done.
         return await self._store.finish_end(claimed.key, self._clock.now_ms())

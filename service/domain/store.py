@@ -25,7 +25,7 @@ from .archive_store import ArchiveStore
 from .fields import StoredField, WriteCondition
 from .link_store import LinkStore
 from .transcript_store import TranscriptStore
-from .webhook_store import WebhookStore
+from .webhook_store import Delivery, WebhookStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,9 +395,15 @@ class Store(TranscriptStore, WebhookStore, ArchiveStore, LinkStore, ABC):
     # Analytics ----------------------------------------------------------------------------------------
 
     @abstractmethod
-    async def record_conversation(self, recording: Recording, now_ms: int) -> RecordStatus:
+    async def record_conversation(
+        self, recording: Recording, now_ms: int, deliveries: Sequence[Delivery] = ()
+    ) -> RecordStatus:
         """Add an ended conversation to its project's analytics, once per conversation id, recorded at
-        ``now_ms``.
+        ``now_ms``; and queue ``deliveries``, the webhook events of its end (about ``recording.caller``), as
+        :meth:`~.webhook_store.WebhookStore.enqueue_deliveries` does with that caller and
+        ``recording.made_at``, durable once this returns. Both in one call because every end makes them
+        together: on one Redis server they go in one round trip, in SQLite in one transaction (a failure
+        may leave either done: each is idempotent, and the end's retry redoes both).
 
         Lists the entry and adds each of the increments to the counters of its bucket; DUPLICATE, changing
         nothing, if the conversation id was already recorded. What is written expires at

@@ -102,6 +102,13 @@ class QueueStats:
     oldest_queued_at: int
 
 
+def check_one_project(deliveries: Sequence[Delivery], caller: CallerRef | None) -> None:
+    """The deliveries of one enqueue are all of one project, the caller's (a programming error otherwise)."""
+    projects = {d.project for d in deliveries} | ({caller.project} if caller is not None else set())
+    if len(projects) > 1:
+        raise ValueError(f"deliveries of one project are queued at a time, not of {sorted(projects)}")
+
+
 class WebhookStore(ABC):
     """Endpoints and the delivery queue."""
 

@@ -258,13 +258,15 @@ class WebhookService:
 
     # Events -------------------------------------------------------------------------------------------------
 
-    async def conversation_ended(self, project: Project, event: EndedEvent) -> None:
-        """Queue ``conversation.ended`` (``conversation.updated`` for a late end) for each endpoint that
-        takes it. Durable once this returns; nothing is queued for a caller erased since the end was made."""
+    async def ended_deliveries(self, project: Project, event: EndedEvent) -> list[Delivery]:
+        """The deliveries of ``conversation.ended`` (``conversation.updated`` for a late end), one for each
+        endpoint that takes it, for the end's processing to queue
+        (:meth:`.conversations.ConversationService.process_end`: with the conversation's analytics, in one
+        store call; nothing is queued for a caller erased since the end was made). Then :meth:`queued`."""
         kind = UPDATED if event.late else ENDED
         endpoints = [e for e in await self.endpoints_of(project.project_id) if kind in e.events]
         if not endpoints:
-            return
+            return []
         now = self.clock.now_ms()
         data = self._ended_data(event)
         history: dict[str, Any] | None = None
@@ -279,11 +281,11 @@ class WebhookService:
                     endpoint, kind, event.key.conversation_id, payload, event.subject, now, expires_at
                 )
             )
-        queued = await self.store.enqueue_deliveries(
-            deliveries, CallerRef(project.project_id, event.subject), event.made_at, now
-        )
-        if queued:
-            self._woken()
+        return deliveries
+
+    def queued(self) -> None:
+        """Deliveries were queued: the delivery worker looks at once."""
+        self._woken()
 
     async def caller_erased(self, project: Project, receipt_id: str, conversation_ids: Sequence[str]) -> None:
         """Queue ``caller.erased`` (the receipt id and the caller's conversation ids, nothing else)."""

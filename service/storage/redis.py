@@ -41,6 +41,7 @@ from ..domain.store import (
     Store,
     TokenRecord,
 )
+from ..domain.webhook_store import Delivery, check_one_project
 from . import keys
 from .codec import (
     NO_ANALYTICS,
@@ -388,7 +389,9 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
 
     # Analytics ----------------------------------------------------------------------------------------
 
-    async def record_conversation(self, recording: Recording, now_ms: int) -> RecordStatus:
+    async def record_conversation(
+        self, recording: Recording, now_ms: int, deliveries: Sequence[Delivery] = ()
+    ) -> RecordStatus:
         caller, entry = recording.caller, recording.entry
         project = caller.project
         script_keys = [
@@ -413,6 +416,16 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             args.append(len(pairs))
             for name, amount in pairs:
                 args += [name, amount]
+        live = [d for d in deliveries if d.expires_at > now_ms]
+        if live and not self._cluster:
+            # One server: the events go in the same write (each script reads the tombstone itself).
+            check_one_project(live, caller)
+            enqueue = self._enqueue_call(project, live, caller, recording.made_at, now_ms)
+            async with Call("record_conversation", self._timeout):
+                recorded, _ = await self._transport.script_calls(
+                    [("record", script_keys, args), ("webhook_enqueue", *enqueue)]
+                )
+            return _RECORDED[int(recorded)]
         async with Call("record_conversation", self._timeout):
             status = _RECORDED[int(await self._transport.script("record", script_keys, args))]
         if not self._cluster:
@@ -424,6 +437,8 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         if erased is not None and erased >= recording.made_at:
             await self.unlist_conversations(project, [entry.conversation_id])
             return RecordStatus.ERASED
+        if live:
+            await self.enqueue_deliveries(live, caller, recording.made_at, now_ms)
         return status
 
     async def list_conversations(

@@ -64,6 +64,7 @@ from ..domain.webhook_store import (
     Settlement,
     WebhookEndpoint,
     WebhookStore,
+    check_one_project,
 )
 from . import keys
 from .redis_transcripts import _all
@@ -146,6 +147,12 @@ def _delivery_args(delivery: Delivery) -> list[str | bytes | int]:
         d.delivery_id, d.event, d.payload, d.subject, d.created_at, d.expires_at, d.status.value,
         d.attempts, d.next_attempt_at, d.last_attempt_at, d.last_error,
     ]  # fmt: skip
+
+
+def enqueued(reply: Any) -> bool:
+    """What ``webhook_enqueue.lua`` with every part answered: False when the caller was erased (0), else
+    True (the index's flags)."""
+    return not isinstance(reply, int)
 
 
 def _by_endpoint(deliveries: Iterable[Delivery]) -> dict[str, list[Delivery]]:
@@ -288,9 +295,7 @@ class RedisWebhooks(WebhookStore):
     async def enqueue_deliveries(
         self, deliveries: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
     ) -> bool:
-        projects = {d.project for d in deliveries} | ({caller.project} if caller is not None else set())
-        if len(projects) > 1:
-            raise ValueError(f"deliveries of one project are queued at a time, not of {sorted(projects)}")
+        check_one_project(deliveries, caller)
         live = [d for d in deliveries if d.expires_at > now_ms]
         async with Call("enqueue_deliveries", self._timeout):
             if not live:
@@ -322,6 +327,15 @@ class RedisWebhooks(WebhookStore):
     ) -> bool:
         """On one server: every part in one script, one atomic step in one round trip (the tombstone is read
         with the writes); False, nothing written, when ``caller`` was erased at or after ``made_at``."""
+        reply = await self._transport.script(
+            "webhook_enqueue", *self._enqueue_call(project, live, caller, made_at, now_ms)
+        )
+        return enqueued(reply)
+
+    def _enqueue_call(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> ScriptCall:
+        """The keys and arguments of ``webhook_enqueue.lua`` with every part, for one server."""
         parts = [
             *self._listings(project, live, caller, made_at),
             self._indexing(project, live),
@@ -333,8 +347,7 @@ class RedisWebhooks(WebhookStore):
         for part_keys, part_args in parts:
             script_keys += part_keys
             args += part_args
-        reply = await self._transport.script("webhook_enqueue", script_keys, args)
-        return not isinstance(reply, int)  # 0: erased; else the index's flags
+        return script_keys, args
 
     @staticmethod
     def _listings(

@@ -38,6 +38,7 @@ from ..domain.store import (
     Store,
     TokenRecord,
 )
+from ..domain.webhook_store import Delivery
 from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .sqlite_archive import SQLiteArchiveIndex
 from .sqlite_links import RESOLVED, SQLiteLinks, erase_links, profile_of, refuse_alias
@@ -458,8 +459,14 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
         new = tuple(kind for kind, last, now in zip(BUCKET_KINDS, seen, current, strict=True) if last != now)
         return EndAnalytics(hour=a.hour, first=first, new_buckets=new)
 
-    async def record_conversation(self, recording: Recording, now_ms: int) -> RecordStatus:
+    async def record_conversation(
+        self, recording: Recording, now_ms: int, deliveries: Sequence[Delivery] = ()
+    ) -> RecordStatus:
         project, entry = recording.caller.project, recording.entry
+        # The events in the same transaction (the enqueue reads the tombstone itself).
+        enqueue = (
+            self._enqueuing(deliveries, recording.caller, recording.made_at, now_ms) if deliveries else None
+        )
 
         def run(conn: sqlite3.Connection) -> RecordStatus:
             cur = conn.execute(
@@ -479,6 +486,8 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
             status = RecordStatus.DUPLICATE if cur.rowcount == 0 else RecordStatus.RECORDED
             if status is RecordStatus.RECORDED:
                 self._count(conn, recording, now_ms)
+            if enqueue is not None:
+                enqueue(conn)
             # In the same transaction, so an erasure ran wholly before (its tombstone is seen here) or after
             # (it unlists the entry itself). Counters are anonymous: they keep the conversation.
             if self._erased_since(conn, recording.caller, recording.made_at, now_ms):

@@ -21,6 +21,7 @@ from ..domain.webhook_store import (
     Settlement,
     WebhookEndpoint,
     WebhookStore,
+    check_one_project,
 )
 
 if TYPE_CHECKING:
@@ -128,12 +129,6 @@ def _live(conn: sqlite3.Connection, project: str, delivery_id: str, now_ms: int)
     return row
 
 
-def _one_project(deliveries: Sequence[Delivery], caller: CallerRef | None) -> None:
-    projects = {d.project for d in deliveries} | ({caller.project} if caller is not None else set())
-    if len(projects) > 1:
-        raise ValueError(f"deliveries of one project are queued at a time, not of {sorted(projects)}")
-
-
 class SQLiteWebhooks(WebhookStore):
     """The webhook methods of the Store interface on SQLite."""
 
@@ -210,7 +205,14 @@ class SQLiteWebhooks(WebhookStore):
     async def enqueue_deliveries(
         self, deliveries: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
     ) -> bool:
-        _one_project(deliveries, caller)
+        return await self._write(self._enqueuing(deliveries, caller, made_at, now_ms))
+
+    def _enqueuing(
+        self, deliveries: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> Callable[[sqlite3.Connection], bool]:
+        """The enqueue, as a step of a write transaction (:meth:`enqueue_deliveries`, and an end's
+        recording with its events)."""
+        check_one_project(deliveries, caller)
         rows = [
             (
                 d.project, d.delivery_id, d.endpoint_id, d.event, d.payload, d.subject, d.created_at,
@@ -230,7 +232,7 @@ class SQLiteWebhooks(WebhookStore):
                 conn.executemany(_INSERT, rows)
             return True
 
-        return await self._write(run)
+        return run
 
     async def claim_deliveries(
         self, project: str, endpoint_id: str, now_ms: int, limit: int, owner: str, lease_until: int
