@@ -416,10 +416,10 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             args.append(len(pairs))
             for name, amount in pairs:
                 args += [name, amount]
+        check_one_project(deliveries, caller)
         live = [d for d in deliveries if d.expires_at > now_ms]
         if live and not self._cluster:
             # One server: the events go in the same write (each script reads the tombstone itself).
-            check_one_project(live, caller)
             enqueue = self._enqueue_call(project, live, caller, recording.made_at, now_ms)
             async with Call("record_conversation", self._timeout):
                 recorded, _ = await self._transport.script_calls(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
-from caller_memory.service.domain.store import CallerRef
+from caller_memory.service.domain.store import CallerRef, RecordStatus
 from caller_memory.service.domain.webhook_store import Delivery, Settlement
 from caller_memory.service.storage import keys
 from caller_memory.service.storage.redis import RedisStore
@@ -20,7 +21,16 @@ from caller_memory.service.storage.redis_transport import Command, RedisTranspor
 from caller_memory.service.storage.redis_webhooks import BATCH
 from redis.crc import key_slot
 
-from tests.storage.test_webhooks import LEASE, P, delivery, endpoint, ids, new_caller, now_ms
+from tests.storage.test_webhooks import (
+    LEASE,
+    P,
+    delivery,
+    endpoint,
+    ids,
+    new_caller,
+    now_ms,
+    recording_of,
+)
 
 Client = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
@@ -200,13 +210,13 @@ class Counted:
         self.calls: list[tuple[int, tuple[str, ...]]] = []
         transport.run = self.run  # type: ignore[method-assign]
 
-    async def run(self, *commands: Command, replicate: bool | None = None) -> list[object]:
+    async def run(self, *commands: Command, **options: Any) -> list[object]:
         if self.in_flight == 0:
             self.trips += 1
         self.in_flight += 1
         self.calls.append((self.trips, tuple(str(c[0]) for c in commands)))
         try:
-            return await self.send(*commands, replicate=replicate)
+            return await self.send(*commands, **options)
         finally:
             self.in_flight -= 1
 
@@ -233,6 +243,29 @@ async def test_an_enqueue_is_one_round_trip_on_one_server_and_three_on_a_cluster
         ]
     else:
         assert counted.calls == [(1, ("EVALSHA",))]
+    for d in about:
+        assert await redis_store.get_delivery(P, d.delivery_id, t) == d
+
+
+async def test_an_ends_recording_and_its_events_are_one_round_trip_on_one_server(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t, caller = now_ms(), new_caller()
+    # A server that lost its scripts (restarted, failed over): each refused call is sent again with its text.
+    await redis_client.script_flush()
+    first = [delivery(t, "wh_1", subject=caller.subject)]
+    assert await redis_store.record_conversation(recording_of(caller, "c0", t, t), t, first) is (
+        RecordStatus.RECORDED
+    )
+    assert await redis_store.get_delivery(P, first[0].delivery_id, t) == first[0]
+    counted = Counted(redis_store._transport)
+    about = [delivery(t, f"wh_{i}", subject=caller.subject) for i in range(2)]
+    recorded = await redis_store.record_conversation(recording_of(caller, "c1", t, t), t, about)
+    assert recorded is RecordStatus.RECORDED
+    if redis_store._cluster:  # the record (and its tombstone check), then the enqueue's own steps
+        assert counted.trips > 2
+    else:
+        assert counted.calls == [(1, ("EVALSHA", "EVALSHA"))]
     for d in about:
         assert await redis_store.get_delivery(P, d.delivery_id, t) == d
 

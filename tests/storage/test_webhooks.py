@@ -18,7 +18,14 @@ from typing import cast
 
 import pytest
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
-from caller_memory.service.domain.store import CallerRef, Store
+from caller_memory.service.domain.store import (
+    CallerRef,
+    ConversationEntry,
+    ListingPage,
+    Recording,
+    RecordStatus,
+    Store,
+)
 from caller_memory.service.domain.webhook_store import (
     Delivery,
     DeliveryStatus,
@@ -279,6 +286,42 @@ async def test_enqueue_for_an_erased_caller_queues_nothing(store: Backend) -> No
     notice = delivery(t, "wh_1", event="caller.erased")
     assert await store.enqueue_deliveries([notice], None, t - 1, t + 10)
     assert await store.get_delivery(P, notice.delivery_id, t + 10) == notice
+
+
+def recording_of(caller: CallerRef, conversation_id: str, t: int, made_at: int) -> Recording:
+    entry = ConversationEntry(conversation_id, t - t % HOUR_MS, None, None, None, None, None)
+    return Recording(caller, entry, [], t + DAY_MS, made_at)
+
+
+async def test_an_ends_recording_queues_its_deliveries_with_it(store: Backend) -> None:
+    """Store.record_conversation with an end's deliveries: recorded and queued (one round trip on one Redis
+    server, one transaction in SQLite), idempotent, and nothing queued nor listed for an erased caller."""
+    t = now_ms()
+    caller = new_caller()
+    about = [delivery(t, "wh_1", subject=caller.subject), delivery(t, "wh_2", subject=caller.subject)]
+    gone = delivery(t, "wh_1", subject=caller.subject, expires_at=t + 1)  # expired by now: never queued
+    recording = recording_of(caller, "c1", t, t)
+    assert await store.record_conversation(recording, t + 10, [*about, gone]) is RecordStatus.RECORDED
+    for d in about:
+        assert await store.get_delivery(P, d.delivery_id, t + 10) == d
+    assert await store.get_delivery(P, gone.delivery_id, t + 10) is None
+    listed = await store.list_conversations(P, ListingPage("0", "9", limit=10), t + 10)
+    assert [e.conversation_id for e in listed] == ["c1"]
+    # The end's retry: nothing recorded or queued twice.
+    assert await store.record_conversation(recording, t + 11, about) is RecordStatus.DUPLICATE
+    assert ids(await store.claim_deliveries(P, "wh_1", t + 11, 10, "w", t + LEASE)) == [about[0].delivery_id]
+    # An end made before the caller's erasure: neither listed nor queued.
+    erased = new_caller()
+    await store.erase_caller(erased, t + 20, t + DAY_MS)
+    late = [delivery(t, "wh_1", subject=erased.subject)]
+    assert await store.record_conversation(recording_of(erased, "c2", t, t + 20), t + 30, late) is (
+        RecordStatus.ERASED
+    )
+    assert await store.get_delivery(P, late[0].delivery_id, t + 30) is None
+    listed = await store.list_conversations(P, ListingPage("0", "9", limit=10), t + 30)
+    assert [e.conversation_id for e in listed] == ["c1"]
+    with pytest.raises(ValueError, match="one project"):
+        await store.record_conversation(recording_of(new_caller(Q), "c3", t, t), t + 30, late)
 
 
 async def test_expired_deliveries_are_not_queued(store: Backend) -> None:
