@@ -107,6 +107,37 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(orjson.dumps(list(parts), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def explicit_event(
+    key: ConversationKey,
+    subject: str,
+    channel: str | None,
+    end_reason: str | None,
+    outcome: Outcome,
+    changes: StateChanges,
+    made_at: int,
+    *,
+    repeat_caller: dict[str, Any] | None = None,
+    started_at: int = 0,
+    expires_at: int = 0,
+    late: bool = False,
+) -> EndedEvent:
+    """What an explicit end (on time or late) tells the webhooks and the archive."""
+    return EndedEvent(
+        key=key,
+        subject=subject,
+        channel=channel,
+        ended_by="explicit",
+        end_reason=end_reason,
+        outcome=outcome_body(outcome),
+        persisted=changes.persisted,
+        repeat_caller=repeat_caller or {},
+        made_at=made_at,
+        started_at=started_at,
+        expires_at=expires_at,
+        late=late,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Verdict:
     late: bool = False  # the service ended it (or is ending it): this end is late
@@ -261,16 +292,15 @@ class ConversationService:
             repeat_caller = metrics(result.analytics.first)
         event = None  # a retry of a completed end: its archive and webhooks were made then
         if not verdict.finished:
-            event = EndedEvent(
-                key=key,
-                subject=ref.subject,
-                channel=channel,
-                ended_by="explicit",
-                end_reason=end_reason,
-                outcome=outcome_body(outcome),
-                persisted=changes.persisted,
+            event = explicit_event(
+                key,
+                ref.subject,
+                channel,
+                end_reason,
+                outcome,
+                changes,
+                made_at,
                 repeat_caller=dict(repeat_caller),
-                made_at=made_at,
                 started_at=verdict.started_at,
                 expires_at=verdict.expires_at,
             )
@@ -353,23 +383,9 @@ class ConversationService:
         if result.status is EndStatus.ERASED:
             ignored = sorted([*changes.persisted, *changes.ignored])
             return ConversationEnd(conversation_id, [], ignored, False, {}, False, erased=True, late=True)
-        await self.process_end(
-            project,
-            EndedEvent(
-                key=ConversationKey(project.project_id, conversation_id),
-                subject=ref.subject,
-                channel=channel,
-                ended_by="explicit",
-                end_reason=end_reason,
-                outcome=outcome_body(outcome),
-                persisted=changes.persisted,
-                repeat_caller={},
-                made_at=made_at,
-                late=True,
-            ),
-            None,
-            now,
-        )
+        key = ConversationKey(project.project_id, conversation_id)
+        event = explicit_event(key, ref.subject, channel, end_reason, outcome, changes, made_at, late=True)
+        await self.process_end(project, event, None, now)
         return ConversationEnd(
             conversation_id=conversation_id,
             persisted=changes.persisted,

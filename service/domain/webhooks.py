@@ -253,7 +253,7 @@ class WebhookService:
         delivery = await self.store.redeliver(project.project_id, delivery_id, self.clock.now_ms())
         if delivery is None:
             raise NotFound(f"delivery '{delivery_id[:40]}' does not exist (delivered, expired or erased?)")
-        self._woken()
+        self.queued()
         return delivery
 
     # Events -------------------------------------------------------------------------------------------------
@@ -283,10 +283,6 @@ class WebhookService:
             )
         return deliveries
 
-    def queued(self) -> None:
-        """Deliveries were queued: the delivery worker looks at once."""
-        self._woken()
-
     async def caller_erased(self, project: Project, receipt_id: str, conversation_ids: Sequence[str]) -> None:
         """Queue ``caller.erased`` (the receipt id and the caller's conversation ids, nothing else)."""
         endpoints = [e for e in await self.endpoints_of(project.project_id) if ERASED in e.events]
@@ -299,7 +295,7 @@ class WebhookService:
             for e in endpoints
         ]
         await self.store.enqueue_deliveries(deliveries, None, now, now)
-        self._woken()
+        self.queued()
 
     async def wants_erased(self, project: Project) -> bool:
         """Whether an endpoint of the project takes ``caller.erased``."""
@@ -308,7 +304,8 @@ class WebhookService:
     async def erase_caller_deliveries(self, caller: CallerRef) -> tuple[str, int]:
         return "webhook_deliveries", await self.store.delete_caller_deliveries(caller)
 
-    def _woken(self) -> None:
+    def queued(self) -> None:
+        """Deliveries were queued (here, or by the end's processing): the delivery worker looks at once."""
         if self.wake is not None:
             self.wake()
 
