@@ -9,9 +9,8 @@ import time
 
 
 def test_a_test_that_measures_wall_clock_time_runs_on_a_frozen_heap() -> None:
-    started = time.perf_counter()  # what makes this a timed test
+    time.perf_counter()  # what makes this a timed test (its source measures wall-clock time)
     assert gc.get_freeze_count() > 1000  # at least the imports' objects
-    assert started > 0
 
 
 def test_a_test_that_does_not_runs_on_an_ordinary_heap() -> None:
