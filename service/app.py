@@ -214,7 +214,7 @@ def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> 
     )
     webhooks = Webhooks(service, deliverer, sender)
     holder.append(webhooks)
-    service.wake = webhooks.wake
+    service.wake = webhooks.queued
     services.conversations.webhooks = service
     services.memory.erasure_hooks.append(service.erase_caller_deliveries)
     services.memory.on_erased = service.caller_erased

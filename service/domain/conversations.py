@@ -186,7 +186,7 @@ class ConversationService:
                 deliveries, CallerRef(project.project_id, event.subject), event.made_at, now
             )
         if deliveries and self.webhooks is not None:
-            self.webhooks.queued()
+            self.webhooks.queued(deliveries)
         if event is not None:
             for hook in self.end_hooks:
                 await hook(project, event)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -113,6 +113,12 @@ class Deliverer:
     def forget_endpoints(self) -> None:
         """Read the endpoints again at the next round (one was created, rotated or deleted here)."""
         self._endpoints_at = float("-inf")
+
+    def could_start(self, deliveries: Sequence[Delivery]) -> bool:
+        """Whether a round now could start an attempt of one of ``deliveries`` (just queued): one of their
+        endpoints has a free slot here (an endpoint this process has not seen yet has every slot free)."""
+        in_flight, concurrency = self._in_flight, self.concurrency
+        return any(in_flight.get((d.project, d.endpoint_id), 0) < concurrency for d in deliveries)
 
     async def run_once(self) -> int:
         """Claim what is due for every endpoint with a free slot and start those attempts; how many."""

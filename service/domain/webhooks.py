@@ -122,8 +122,8 @@ class WebhookService:
     #: ``CALLER_MEMORY_WEBHOOK_HISTORY``: history may go into payloads at all.
     history_allowed: bool = False
     resolve: Resolve = resolve_host
-    #: Called after something was queued (the delivery worker wakes up at once).
-    wake: Callable[[], None] | None = None
+    #: Called with what was queued (the delivery worker wakes up at once if it can send any of it now).
+    wake: Callable[[Sequence[Delivery]], None] | None = None
     _ids: Callable[[], str] = field(default=lambda: "wh_" + secrets.token_hex(8))
     #: Seconds a project's endpoints are kept in memory for the events (every end looks them up): a change
     #: made through another process is seen within this (CALLER_MEMORY_CONFIG_CACHE_SECONDS), one made
@@ -253,7 +253,7 @@ class WebhookService:
         delivery = await self.store.redeliver(project.project_id, delivery_id, self.clock.now_ms())
         if delivery is None:
             raise NotFound(f"delivery '{delivery_id[:40]}' does not exist (delivered, expired or erased?)")
-        self.queued()
+        self.queued([delivery])
         return delivery
 
     # Events -------------------------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ class WebhookService:
             for e in endpoints
         ]
         await self.store.enqueue_deliveries(deliveries, None, now, now)
-        self.queued()
+        self.queued(deliveries)
 
     async def wants_erased(self, project: Project) -> bool:
         """Whether an endpoint of the project takes ``caller.erased``."""
@@ -304,10 +304,11 @@ class WebhookService:
     async def erase_caller_deliveries(self, caller: CallerRef) -> tuple[str, int]:
         return "webhook_deliveries", await self.store.delete_caller_deliveries(caller)
 
-    def queued(self) -> None:
-        """Deliveries were queued (here, or by the end's processing): the delivery worker looks at once."""
+    def queued(self, deliveries: Sequence[Delivery]) -> None:
+        """``deliveries`` were queued (here, or by the end's processing): the delivery worker looks at once,
+        unless every slot of their endpoints is taken (an attempt that ends wakes it then)."""
         if self.wake is not None:
-            self.wake()
+            self.wake(deliveries)
 
     def _delivery(
         self,

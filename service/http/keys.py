@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -22,6 +23,7 @@ from ..domain.store import Store
 from ..domain.tokens import TokenService
 from ..domain.transcript_service import TranscriptService
 from ..domain.webhook_delivery import Deliverer
+from ..domain.webhook_store import Delivery
 from ..domain.webhooks import WebhookService
 from .metrics import Metrics
 from .webhook_sender import HttpSender
@@ -66,6 +68,13 @@ class Webhooks:
 
     def wake(self) -> None:
         self.event.set()
+
+    def queued(self, deliveries: Sequence[Delivery]) -> None:
+        """``deliveries`` were queued by this process: wake the worker if it could start one of them now. At
+        peak every slot of an endpoint is taken and an end would wake it for nothing; the attempt that ends
+        and frees a slot wakes it (``observe``), and every worker also looks every interval."""
+        if self.deliverer.could_start(deliveries):
+            self.event.set()
 
     def changed(self) -> None:
         """An endpoint was created, rotated or deleted by this process: the worker reads them again."""

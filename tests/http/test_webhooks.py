@@ -543,3 +543,40 @@ async def test_the_delivery_worker_stops_when_cancelled_just_as_it_is_woken(stor
         worker.cancel()
         done, _ = await asyncio.wait({worker}, timeout=2.0)
         assert worker in done and worker.cancelled()
+
+
+async def test_the_worker_is_woken_by_an_end_only_when_a_slot_is_free(store_url: str) -> None:
+    """At peak every slot of an endpoint is taken: an end that queues more must not wake the delivery worker
+    for nothing (a round and a wait per end, on the request path's core); the attempt that ends and frees a
+    slot wakes it. The interval here is 30 s, so every delivery below went out on a wake-up."""
+    async with (
+        running_api(store_url, FakeClock(), **webhook_settings(webhook_interval=30.0)) as api,
+        receiver() as hook,
+    ):
+        document = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": CONVERSATION}}
+        assert (await api.call("PUT", BASE, token=OPERATOR_TOKEN, json=document)).status == 201
+        shop = Shop(api, await api.mint(PROJECT, "admin"), await api.mint(PROJECT, "agent"))
+        await shop.register(hook.url, events=["conversation.ended"])
+        webhooks = api.app[WEBHOOKS]
+        woken: list[str] = []
+        wake = webhooks.event.set
+
+        def counted() -> None:
+            woken.append(f"after {len(woken)}")
+            wake()
+
+        webhooks.event.set = counted  # type: ignore[method-assign]
+        hook.delay = 0.5
+        concurrency = webhooks.deliverer.concurrency
+        for n in range(concurrency):
+            await shop.end(f"first-{n}", messages=0)
+        await eventually(lambda: len(hook.got) == concurrency)  # every slot is taken
+        before = len(woken)
+        for n in range(6):
+            await shop.end(f"more-{n}", messages=0)
+        assert len(woken) == before  # no end woke it: no slot was free
+        await eventually(lambda: len(hook.got) == concurrency + 6, seconds=5.0)  # woken as slots freed
+        assert len(woken) > before
+        await eventually(lambda: not webhooks.deliverer._tasks)  # every attempt settled
+        await shop.end("idle", messages=0)  # a slot is free: this end wakes it
+        await eventually(lambda: len(hook.got) == concurrency + 7, seconds=2.0)
