@@ -118,7 +118,10 @@ class Deliverer:
         """Whether a round now could start an attempt of one of ``deliveries`` (just queued): one of their
         endpoints has a free slot here (an endpoint this process has not seen yet has every slot free)."""
         in_flight, concurrency = self._in_flight, self.concurrency
-        return any(in_flight.get((d.project, d.endpoint_id), 0) < concurrency for d in deliveries)
+        for d in deliveries:  # a loop, not any() over a generator: this runs at every end
+            if in_flight.get((d.project, d.endpoint_id), 0) < concurrency:
+                return True
+        return False
 
     async def run_once(self) -> int:
         """Claim what is due for every endpoint with a free slot and start those attempts; how many."""

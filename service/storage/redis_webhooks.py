@@ -50,6 +50,7 @@ endpoint goes, since an endpoint registered at that moment would be hidden.
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -147,6 +148,23 @@ def _delivery_args(delivery: Delivery) -> list[str | bytes | int]:
         d.delivery_id, d.event, d.payload, d.subject, d.created_at, d.expires_at, d.status.value,
         d.attempts, d.next_attempt_at, d.last_attempt_at, d.last_error,
     ]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _queue_of(project: str, endpoint_id: str) -> tuple[tuple[str, ...], str, str]:
+    """An endpoint's queue keys, its deliveries' prefix and its member in the work index: named once, not at
+    every end (each queue part of an enqueue names them)."""
+    return (
+        tuple(keys.webhook_queue_keys(project, endpoint_id)),
+        keys.webhook_delivery_prefix(project, endpoint_id),
+        keys.webhook_work_member(project, endpoint_id),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _index_keys(project: str) -> tuple[str, ...]:
+    """A project's delivery index keys (an enqueue's index part), named once."""
+    return tuple(keys.webhook_index_keys(project))
 
 
 def enqueued(reply: Any) -> bool:
@@ -381,21 +399,16 @@ class RedisWebhooks(WebhookStore):
         args: list[str | bytes | int] = ["index", len(live)]
         for d in live:
             args += (d.delivery_id, d.endpoint_id, d.expires_at)
-        return keys.webhook_index_keys(project), args
+        return _index_keys(project), args
 
     @staticmethod
     def _queueing(project: str, endpoint_id: str, deliveries: Sequence[Delivery]) -> ScriptCall:
         """``webhook_enqueue.lua``'s queue part for one endpoint."""
-        args: list[str | bytes | int] = [
-            "queue",
-            keys.webhook_delivery_prefix(project, endpoint_id),
-            endpoint_id,
-            keys.webhook_work_member(project, endpoint_id),
-            len(deliveries),
-        ]
+        queue_keys, prefix, member = _queue_of(project, endpoint_id)
+        args: list[str | bytes | int] = ["queue", prefix, endpoint_id, member, len(deliveries)]
         for delivery in deliveries:
             args += _delivery_args(delivery)
-        return keys.webhook_queue_keys(project, endpoint_id), args
+        return queue_keys, args
 
     def _enqueue_part(self, now_ms: int, part: ScriptCall) -> Awaitable[Any]:
         """One part of ``webhook_enqueue.lua`` as a call of its own (a cluster: one slot per call)."""
