@@ -167,6 +167,47 @@ def _index_keys(project: str) -> tuple[str, ...]:
     return tuple(keys.webhook_index_keys(project))
 
 
+def _all_fresh(deliveries: Sequence[Delivery], subject: str) -> bool:
+    """Whether ``deliveries`` are all about ``subject`` and just made at one time (an end's): queued, no
+    attempt yet, due when made."""
+    made = deliveries[0].created_at if deliveries else None
+    for d in deliveries:
+        if not (
+            d.subject == subject
+            and d.created_at == made
+            and d.status is DeliveryStatus.QUEUED
+            and not d.attempts
+            and d.next_attempt_at == made
+            and not d.last_attempt_at
+            and not d.last_error
+        ):
+            return False
+    return bool(deliveries)
+
+
+def _fresh_call(
+    project: str, live: Sequence[Delivery], caller: CallerRef, made_at: int, now_ms: int
+) -> ScriptCall:
+    """``webhook_enqueue.lua`` with its ``fresh`` part alone, for ``live`` (:func:`_all_fresh`: an end's
+    deliveries), with a third of the arguments of the parts one by one."""
+    script_keys: list[str] = [
+        keys.caller_webhooks_key(project, caller.subject),
+        keys.tombstone_key(project, caller.subject),
+        *_index_keys(project),
+        keys.WEBHOOK_WORK,
+    ]
+    by_endpoint = _by_endpoint(live)
+    created = live[0].created_at
+    args: list[str | bytes | int] = [now_ms, "fresh", made_at, caller.subject, created, len(by_endpoint)]
+    for endpoint_id, deliveries in by_endpoint.items():
+        queue_keys, _, member = _queue_of(project, endpoint_id)
+        script_keys += queue_keys
+        args += (endpoint_id, member, len(deliveries))
+        for d in deliveries:
+            args += (d.delivery_id, d.event, d.payload, d.expires_at)
+    return script_keys, args
+
+
 def enqueued(reply: Any) -> bool:
     """What ``webhook_enqueue.lua`` with every part answered: False when the caller was erased (0), else
     True (the index's flags)."""
@@ -353,7 +394,17 @@ class RedisWebhooks(WebhookStore):
     def _enqueue_call(
         self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
     ) -> ScriptCall:
-        """The keys and arguments of ``webhook_enqueue.lua`` with every part, for one server."""
+        """The keys and arguments of ``webhook_enqueue.lua`` with every part, for one server: its ``fresh``
+        part when the deliveries are all just made and about ``caller`` (an end's), else the parts one by
+        one."""
+        if caller is not None and _all_fresh(live, caller.subject):
+            return _fresh_call(project, live, caller, made_at, now_ms)
+        return self._parts_call(project, live, caller, made_at, now_ms)
+
+    def _parts_call(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> ScriptCall:
+        """``webhook_enqueue.lua`` with its parts one by one (any deliveries)."""
         parts = [
             *self._listings(project, live, caller, made_at),
             self._indexing(project, live),

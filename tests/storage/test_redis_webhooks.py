@@ -15,7 +15,7 @@ import redis.asyncio
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
 from caller_memory.service.domain.store import CallerRef, RecordStatus
 from caller_memory.service.domain.webhook_store import Delivery, Settlement
-from caller_memory.service.storage import keys
+from caller_memory.service.storage import keys, redis_webhooks
 from caller_memory.service.storage.redis import RedisStore
 from caller_memory.service.storage.redis_transport import Command, RedisTransport
 from caller_memory.service.storage.redis_webhooks import BATCH
@@ -400,3 +400,72 @@ async def test_endpoints_whose_deliveries_all_expired_leave_the_statistics_index
     assert (await redis_store.queue_stats(t + HOUR_MS)).queued == 1
     members = await redis_client.zrange(keys.WEBHOOK_WORK, 0, -1)
     assert members == [keys.webhook_work_member(P, "wh_2").encode()]
+
+
+async def snapshot(client: redis.asyncio.Redis) -> dict[bytes, Any]:
+    """Every key on the server: its type, everything it holds (scores too) and when it expires."""
+    found: dict[bytes, Any] = {}
+    for name in await client.keys("*"):
+        kind = await client.type(name)
+        if kind == b"hash":
+            held: Any = await client.hgetall(name)
+        elif kind == b"zset":
+            held = await client.zrange(name, 0, -1, withscores=True)
+        else:
+            held = await client.dump(name)
+        found[name] = (kind, held, await client.pexpiretime(name))
+    return found
+
+
+async def test_an_ends_compact_enqueue_writes_what_the_parts_one_by_one_write(redis_server: Any) -> None:
+    """On one server an end's deliveries (one caller's, just made) go as the enqueue script's ``fresh`` part,
+    with a third of the arguments; it must leave exactly what the parts one by one leave, key by key (contents
+    and expiry), with the same answer: here an id that lives for another endpoint is refused, and an erased
+    caller gets nothing written at all."""
+    store = RedisStore(redis_server.url, socket_timeout=5.0)
+    await store.open()
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        t, caller = now_ms(), new_caller()
+        taken = delivery(t, "wh_b", delivery_id="msg_taken")  # queued for wh_b, without a caller
+        mine = {"subject": caller.subject}
+        batch = [
+            *(
+                delivery(t, "wh_a", delivery_id=f"msg_{n}", expires_at=t + (n + 1) * HOUR_MS, **mine)
+                for n in range(3)
+            ),
+            delivery(t, "wh_b", delivery_id="msg_b", **mine),
+            delivery(t, "wh_a", delivery_id="msg_taken", **mine),
+        ]
+        fresh = redis_webhooks._fresh_call(P, batch, caller, t, t)
+        parts = store._parts_call(P, batch, caller, t, t)
+        assert store._enqueue_call(P, batch, caller, t, t) == fresh  # what an end sends
+        assert len(fresh[1]) * 2 < len(parts[1]) and sorted(fresh[0]) == sorted(parts[0])
+        for erased in (False, True):
+            found = []
+            by_endpoint = sorted(batch, key=lambda d: d.endpoint_id)  # wh_a first, in the batch's order
+            for (script_keys, args), in_order in ((fresh, by_endpoint), (parts, batch)):
+                await client.flushall()
+                assert await store.enqueue_deliveries([taken], None, t, t)
+                if erased:
+                    await client.hset(
+                        keys.tombstone_key(P, caller.subject),
+                        mapping={"erased_at": t, "expires_at": t + DAY_MS},
+                    )
+                before = await snapshot(client)
+                reply = await store._transport.script("webhook_enqueue", script_keys, args)
+                # The flags are one per delivery, in the order of the call (the fresh part's: by endpoint).
+                named = [d.delivery_id for d in in_order]
+                flags = reply if reply == 0 else dict(zip(named, reply, strict=True))
+                found.append((flags, await snapshot(client)))
+            assert found[0] == found[1]
+            flags, after = found[0]
+            if erased:
+                assert flags == 0 and after == before
+            else:  # msg_taken lives for wh_b: left as it is
+                assert flags == {"msg_0": 1, "msg_1": 1, "msg_2": 1, "msg_b": 1, "msg_taken": 0}
+                assert keys.webhook_delivery_key(P, "wh_a", "msg_2").encode() in after
+                assert keys.webhook_delivery_key(P, "wh_a", "msg_taken").encode() not in after
+    finally:
+        await client.aclose()
+        await store.close()

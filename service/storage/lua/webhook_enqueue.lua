@@ -19,6 +19,12 @@ ARGV[1] now_ms, then the parts one after the other, each its kind and its argume
   work   (no arguments) KEYS: the endpoints with deliveries of every project (cm:wwork, zset member -> latest
          expiry): each queue part of the call marks its endpoint there until the latest expiry its queue
          holds.
+  fresh  made_at, subject, created_at, E, then E endpoints, each its id, its member in the work index and n,
+         then n deliveries of 4: id, event, payload, expires_at. Deliveries of one caller just made (queued
+         at created_at, no attempt yet): it stands for the list part of that caller, the index part, the work
+         part and a queue part per endpoint, with a third of their arguments (an end's enqueue, on the request
+         path, packed and parsed at every end). KEYS: the list part's two, the index part's three, the work
+         part's one, then each endpoint's five queue keys (its hashes' prefix is named from the first).
 
 Returns 0, writing nothing at all, when the tombstone of a list part with a made_at says its caller was erased
 at or after made_at. Else the index part's flags, one per triple ({} without an index part): 1 when the id is
@@ -42,24 +48,60 @@ while a <= #ARGV do
   local kind = ARGV[a]
   if kind == 'list' then
     local n = tonumber(ARGV[a + 2])
-    lists[#lists + 1] = {listing = KEYS[k], tomb = KEYS[k + 1], made_at = ARGV[a + 1], n = n, at = a + 3}
+    local entries = {}
+    for i = a + 3, a + 2 + 2 * n, 2 do
+      entries[#entries + 1] = {ARGV[i], ARGV[i + 1]}
+    end
+    lists[#lists + 1] = {listing = KEYS[k], tomb = KEYS[k + 1], made_at = ARGV[a + 1], entries = entries}
     k, a = k + 2, a + 3 + 2 * n
   elseif kind == 'index' then
     local n = tonumber(ARGV[a + 1])
-    indexes[#indexes + 1] = {
-      ids = KEYS[k], expiries = KEYS[k + 1], endpoints = KEYS[k + 2], n = n, at = a + 2,
-    }
+    local entries = {}
+    for i = a + 2, a + 1 + 3 * n, 3 do
+      entries[#entries + 1] = {ARGV[i], ARGV[i + 1], ARGV[i + 2]}
+    end
+    indexes[#indexes + 1] = {ids = KEYS[k], expiries = KEYS[k + 1], endpoints = KEYS[k + 2], entries = entries}
     k, a = k + 3, a + 2 + 3 * n
   elseif kind == 'queue' then
     local n = tonumber(ARGV[a + 4])
+    local entries = {}
+    for i = a + 5, a + 4 + 11 * n, 11 do
+      entries[#entries + 1] = {
+        ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7],
+        ARGV[i + 8], ARGV[i + 9], ARGV[i + 10],
+      }
+    end
     queues[#queues + 1] = {
       keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]},
-      prefix = ARGV[a + 1], endpoint = ARGV[a + 2], member = ARGV[a + 3], n = n, at = a + 5,
+      prefix = ARGV[a + 1], endpoint = ARGV[a + 2], member = ARGV[a + 3], entries = entries,
     }
     k, a = k + 5, a + 5 + 11 * n
   elseif kind == 'work' then
     work = KEYS[k]
     k, a = k + 1, a + 1
+  elseif kind == 'fresh' then
+    local made_at, subject, created, endpoints = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 4])
+    local listed, indexed = {}, {}
+    lists[#lists + 1] = {listing = KEYS[k], tomb = KEYS[k + 1], made_at = made_at, entries = listed}
+    indexes[#indexes + 1] = {ids = KEYS[k + 2], expiries = KEYS[k + 3], endpoints = KEYS[k + 4], entries = indexed}
+    work = KEYS[k + 5]
+    k, a = k + 6, a + 5
+    for _ = 1, endpoints do
+      local endpoint, member, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+      local queued = {}
+      a = a + 3
+      for i = a, a + 4 * n - 1, 4 do
+        local id, expires = ARGV[i], ARGV[i + 3]
+        listed[#listed + 1] = {id, expires}
+        indexed[#indexed + 1] = {id, endpoint, expires}
+        queued[#queued + 1] = {id, ARGV[i + 1], ARGV[i + 2], subject, created, expires, 'queued', '0', created, '0', ''}
+      end
+      queues[#queues + 1] = {
+        keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]},
+        prefix = string.sub(KEYS[k], 1, -2) .. 'd:', endpoint = endpoint, member = member, entries = queued,
+      }
+      k, a = k + 5, a + 4 * n
+    end
   else
     return redis.error_reply('webhook_enqueue.lua: unknown part ' .. tostring(kind))
   end
@@ -90,10 +132,10 @@ end
 
 -- The callers' listings (what an erasure follows).
 for _, part in ipairs(lists) do
-  if part.n > 0 then
+  if #part.entries > 0 then
     redis.call('ZREMRANGEBYSCORE', part.listing, '-inf', now)
-    for i = part.at, part.at + 2 * part.n - 1, 2 do
-      redis.call('ZADD', part.listing, 'GT', ARGV[i + 1], ARGV[i])
+    for _, entry in ipairs(part.entries) do
+      redis.call('ZADD', part.listing, 'GT', entry[2], entry[1])
     end
     extend(part.listing)
   end
@@ -107,8 +149,8 @@ for _, part in ipairs(indexes) do
     redis.call('ZREM', part.expiries, id)
   end
   redis.call('ZREMRANGEBYSCORE', part.endpoints, '-inf', now)
-  for i = part.at, part.at + 3 * part.n - 1, 3 do
-    local id, endpoint, expires = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  for _, entry in ipairs(part.entries) do
+    local id, endpoint, expires = entry[1], entry[2], entry[3]
     local current = redis.call('HGET', part.ids, id)
     if current and current ~= endpoint and tonumber(redis.call('ZSCORE', part.expiries, id) or 0) > now then
       flags[#flags + 1] = 0
@@ -146,8 +188,8 @@ for _, part in ipairs(queues) do
     drop(id)
   end
   local skip = refused[part.endpoint] or {}
-  for i = part.at, part.at + 11 * part.n - 1, 11 do
-    local id, expires = ARGV[i], ARGV[i + 5]
+  for _, d in ipairs(part.entries) do
+    local id, expires = d[1], d[6]
     local key = prefix .. id
     local current = redis.call('HGET', key, 'expires_at')
     if current and tonumber(current) <= now then
@@ -155,21 +197,20 @@ for _, part in ipairs(queues) do
       current = nil
     end
     if not current and tonumber(expires) > now and not skip[id] then
-      local status = ARGV[i + 6]
+      local status = d[7]
       redis.call('DEL', key)
       redis.call(
-        'HSET', key, 'event', ARGV[i + 1], 'payload', ARGV[i + 2], 'subject', ARGV[i + 3],
-        'created_at', ARGV[i + 4], 'expires_at', expires, 'status', status, 'attempts', ARGV[i + 7],
-        'next_attempt_at', ARGV[i + 8], 'last_attempt_at', ARGV[i + 9], 'last_error', ARGV[i + 10]
+        'HSET', key, 'event', d[2], 'payload', d[3], 'subject', d[4], 'created_at', d[5], 'expires_at', expires,
+        'status', status, 'attempts', d[8], 'next_attempt_at', d[9], 'last_attempt_at', d[10], 'last_error', d[11]
       )
       redis.call('PEXPIREAT', key, expires)
       unlist(id)
       redis.call('ZADD', expiry, expires, id)
       if status == 'failed' then
-        redis.call('ZADD', failed, '-' .. ARGV[i + 9], id)
+        redis.call('ZADD', failed, '-' .. d[10], id)
       else
-        redis.call('ZADD', due, ARGV[i + 8], id)
-        redis.call('ZADD', created, ARGV[i + 4], id)
+        redis.call('ZADD', due, d[9], id)
+        redis.call('ZADD', created, d[5], id)
       end
     end
   end
