@@ -63,9 +63,15 @@ def bucket_starts(kind: str, first: int, last: int) -> list[int]:
     return list(range(bucket_start(kind, first), bucket_start(kind, last) + 1, BUCKET_MS[kind]))
 
 
-@lru_cache(maxsize=4096)  # times about callers are hour-rounded: few distinct values
 def iso_utc(ms: int) -> str:
     """``2026-11-30T14:00:00Z``: how the API writes times (whole seconds, UTC)."""
-    t = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    return _iso_second(ms // 1000)
+
+
+# Cached by the second, not the millisecond: times about callers are hour-rounded (few distinct values), and
+# the times the service stamps now (a webhook's timestamp at every end) repeat within their second.
+@lru_cache(maxsize=4096)
+def _iso_second(seconds: int) -> str:
+    t = datetime.fromtimestamp(seconds, tz=UTC)
     # Formatted by hand: strftime's %Y writes year 1 as "1", which is not RFC 3339 (four digits always).
     return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"

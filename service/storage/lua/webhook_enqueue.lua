@@ -198,7 +198,7 @@ for _, part in ipairs(queues) do
     end
     if not current and tonumber(expires) > now and not skip[id] then
       local status = d[7]
-      redis.call('DEL', key)
+      -- (No DEL first: the hash is not there, or was just dropped, whenever current is nil here.)
       redis.call(
         'HSET', key, 'event', d[2], 'payload', d[3], 'subject', d[4], 'created_at', d[5], 'expires_at', expires,
         'status', status, 'attempts', d[8], 'next_attempt_at', d[9], 'last_attempt_at', d[10], 'last_error', d[11]
