@@ -19,6 +19,7 @@ operations whose algorithm differs on a cluster branch on ``RedisStore._cluster`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -66,7 +67,7 @@ from .redis_transport import (
     hash_reply,
     load_script,
 )
-from .redis_webhooks import RedisWebhooks
+from .redis_webhooks import RedisWebhooks, _all_fresh
 
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
@@ -149,6 +150,8 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         #: On Redis Cluster, commands of different slots must be separate calls (and are not ordered
         #: unless sent one after the other).
         self._cluster = self._transport.cluster
+        self._ends_together = {}
+        self._sending = set()
         self._timeout = socket_timeout
         self._bulk_timeout = bulk_timeout
         self._sweep_from = 0  # the bucket where the next sweep round starts
@@ -168,6 +171,8 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:
+        # The ends' enqueues still in flight are answered first (their ends wait for them).
+        await asyncio.gather(*self._sending, return_exceptions=True)
         await self._transport.aclose()
 
     async def ping(self) -> None:
@@ -419,12 +424,19 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
         check_one_project(deliveries, caller)
         live = [d for d in deliveries if d.expires_at > now_ms]
         if live and not self._cluster:
-            # One server: the events go in the same write (each script reads the tombstone itself).
-            enqueue = self._enqueue_call(project, live, caller, recording.made_at, now_ms)
+            # One server: the events go with those of the other ends of this turn of the event loop, in the
+            # write after the record's (each script reads the tombstone itself).
+            joined = (
+                self._join_ends(project, live, caller, recording.made_at, now_ms)
+                if _all_fresh(live, caller.subject)
+                else None
+            )
             async with Call("record_conversation", self._timeout):
-                recorded, _ = await self._transport.script_calls(
-                    [("record", script_keys, args), ("webhook_enqueue", *enqueue)]
-                )
+                recorded = await self._transport.script("record", script_keys, args)
+                if joined is not None:
+                    await self._joined(*joined)
+                else:  # (not an end's deliveries: after the record)
+                    await self._enqueue_at_once(project, live, caller, recording.made_at, now_ms)
             return _RECORDED[int(recorded)]
         async with Call("record_conversation", self._timeout):
             status = _RECORDED[int(await self._transport.script("record", script_keys, args))]

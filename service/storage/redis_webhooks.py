@@ -49,6 +49,7 @@ endpoint goes, since an endpoint registered at that moment would be hidden.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 from collections.abc import Awaitable, Iterable, Sequence
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 from redis.exceptions import NoScriptError
 
-from ..domain.errors import StoreCorrupt
+from ..domain.errors import StoreCorrupt, StoreUnavailable
 from ..domain.webhook_store import (
     Delivery,
     DeliveryStatus,
@@ -185,27 +186,50 @@ def _all_fresh(deliveries: Sequence[Delivery], subject: str) -> bool:
     return bool(deliveries)
 
 
-def _fresh_call(
-    project: str, live: Sequence[Delivery], caller: CallerRef, made_at: int, now_ms: int
-) -> ScriptCall:
-    """``webhook_enqueue.lua`` with its ``fresh`` part alone, for ``live`` (:func:`_all_fresh`: an end's
-    deliveries), with a third of the arguments of the parts one by one."""
-    script_keys: list[str] = [
-        keys.caller_webhooks_key(project, caller.subject),
-        keys.tombstone_key(project, caller.subject),
-        *_index_keys(project),
-        keys.WEBHOOK_WORK,
-    ]
-    by_endpoint = _by_endpoint(live)
-    created = live[0].created_at
-    args: list[str | bytes | int] = [now_ms, "fresh", made_at, caller.subject, created, len(by_endpoint)]
-    for endpoint_id, deliveries in by_endpoint.items():
-        queue_keys, _, member = _queue_of(project, endpoint_id)
-        script_keys += queue_keys
-        args += (endpoint_id, member, len(deliveries))
-        for d in deliveries:
-            args += (d.delivery_id, d.event, d.payload, d.expires_at)
-    return script_keys, args
+#: An end's deliveries (:func:`_all_fresh` about its caller), its caller, and when the end was made.
+EndDeliveries = tuple[Sequence[Delivery], "CallerRef", int]
+#: Ends sent together in one enqueue at most (its arguments and the script's run time stay bounded).
+MAX_ENDS_TOGETHER = 64
+
+
+def _ends_call(project: str, ends: Sequence[EndDeliveries], now_ms: int) -> ScriptCall:
+    """``webhook_enqueue.lua`` with its ``ends`` part alone, for the deliveries of ``ends`` (of ``project``)."""
+    numbers: dict[str, int] = {}
+    queue_keys: list[str] = [*_index_keys(project), keys.WEBHOOK_WORK]
+    endpoint_args: list[str | bytes | int] = []
+    caller_keys: list[str] = []
+    caller_args: list[str | bytes | int] = []
+    for live, caller, made_at in ends:
+        caller_keys += (
+            keys.caller_webhooks_key(project, caller.subject),
+            keys.tombstone_key(project, caller.subject),
+        )
+        caller_args += (made_at, caller.subject, live[0].created_at, len(live))
+        for d in live:
+            number = numbers.get(d.endpoint_id)
+            if number is None:
+                number = numbers[d.endpoint_id] = len(numbers) + 1
+                endpoint_keys, _, member = _queue_of(project, d.endpoint_id)
+                queue_keys += endpoint_keys
+                endpoint_args += (d.endpoint_id, member)
+            caller_args += (number, d.delivery_id, d.event, d.payload, d.expires_at)
+    args: list[str | bytes | int] = [now_ms, "ends", len(numbers), len(ends), *endpoint_args, *caller_args]
+    return [*queue_keys, *caller_keys], args
+
+
+class _EndsTogether:
+    """The enqueues of the ends made in one turn of the event loop, for one project: sent as one script call
+    at the end of the turn (:meth:`RedisWebhooks._end_deliveries`)."""
+
+    __slots__ = ("ends", "now_ms", "sent")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.ends: list[EndDeliveries] = []
+        self.now_ms = 0
+        #: One flag per end (1: queued; 0: its caller was erased), or the call's error.
+        self.sent: asyncio.Future[list[Any]] = loop.create_future()
+        # Retrieved even when every end waiting for it was cancelled (no "never retrieved" at collection).
+        self.sent.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def enqueued(reply: Any) -> bool:
@@ -229,6 +253,9 @@ class RedisWebhooks(WebhookStore):
     _timeout: float
     _bulk_timeout: float
     _cluster: bool
+    #: The ends of this turn of the event loop waiting for their enqueue, by project; the calls sending them.
+    _ends_together: dict[str, _EndsTogether]
+    _sending: set[asyncio.Task[None]]
 
     def _queue(
         self, project: str, endpoint_id: str, op: str, now_ms: int, *args: str | bytes | int
@@ -386,20 +413,64 @@ class RedisWebhooks(WebhookStore):
     ) -> bool:
         """On one server: every part in one script, one atomic step in one round trip (the tombstone is read
         with the writes); False, nothing written, when ``caller`` was erased at or after ``made_at``."""
+        if caller is not None and _all_fresh(live, caller.subject):  # an end's: its compact form
+            (flag,) = await self._transport.script(
+                "webhook_enqueue", *_ends_call(project, [(live, caller, made_at)], now_ms)
+            )
+            return bool(int(flag))
         reply = await self._transport.script(
-            "webhook_enqueue", *self._enqueue_call(project, live, caller, made_at, now_ms)
+            "webhook_enqueue", *self._parts_call(project, live, caller, made_at, now_ms)
         )
         return enqueued(reply)
 
-    def _enqueue_call(
-        self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
-    ) -> ScriptCall:
-        """The keys and arguments of ``webhook_enqueue.lua`` with every part, for one server: its ``fresh``
-        part when the deliveries are all just made and about ``caller`` (an end's), else the parts one by
-        one."""
-        if caller is not None and _all_fresh(live, caller.subject):
-            return _fresh_call(project, live, caller, made_at, now_ms)
-        return self._parts_call(project, live, caller, made_at, now_ms)
+    def _join_ends(
+        self, project: str, live: Sequence[Delivery], caller: CallerRef, made_at: int, now_ms: int
+    ) -> tuple[asyncio.Future[list[Any]], int]:
+        """On one server, queue an end's deliveries (:func:`_all_fresh`) with those of the other ends of this
+        turn of the event loop: one script call for them all, sent once the turn is done (in the write after
+        the one of their records: the same round trip). At peak, with tens of ends in flight, an end's share
+        of the call's arguments, of its parsing and of the script's purges and expiries is a fraction of what
+        a call of its own costs. Returns the future of the call's flags and this end's place in them
+        (:meth:`_joined`)."""
+        together = self._ends_together.get(project)
+        if together is None or len(together.ends) >= MAX_ENDS_TOGETHER:
+            loop = asyncio.get_running_loop()
+            together = self._ends_together[project] = _EndsTogether(loop)
+            loop.call_soon(self._send_together, project, together)
+        together.ends.append((live, caller, made_at))
+        together.now_ms = max(together.now_ms, now_ms)
+        return together.sent, len(together.ends) - 1
+
+    @staticmethod
+    async def _joined(sent: asyncio.Future[list[Any]], place: int) -> bool:
+        """Whether the end at ``place`` was queued (False: its caller was erased at or after its made_at,
+        and nothing of it was written). Raises what the call raised, for every end in it."""
+        # Shielded: an end that gives up (its timeout) does not cancel the call of the others.
+        flags = await asyncio.shield(sent)
+        return bool(int(flags[place]))
+
+    def _send_together(self, project: str, together: _EndsTogether) -> None:
+        if self._ends_together.get(project) is together:
+            del self._ends_together[project]
+        task = asyncio.ensure_future(self._run_together(project, together))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _run_together(self, project: str, together: _EndsTogether) -> None:
+        try:
+            async with Call("enqueue_deliveries", self._timeout):
+                flags = await self._transport.script(
+                    "webhook_enqueue", *_ends_call(project, together.ends, together.now_ms)
+                )
+        except asyncio.CancelledError:  # the store is closing
+            if not together.sent.done():
+                together.sent.set_exception(StoreUnavailable("the Redis store was closed"))
+            raise
+        except Exception as exc:  # every end in it fails (each is redone whole by its client)
+            if not together.sent.done():
+                together.sent.set_exception(exc)
+        else:
+            together.sent.set_result(list(flags))
 
     def _parts_call(
         self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int

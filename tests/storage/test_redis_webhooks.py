@@ -264,8 +264,8 @@ async def test_an_ends_recording_and_its_events_are_one_round_trip_on_one_server
     assert recorded is RecordStatus.RECORDED
     if redis_store._cluster:  # the record (and its tombstone check), then the enqueue's own steps
         assert counted.trips > 2
-    else:
-        assert counted.calls == [(1, ("EVALSHA", "EVALSHA"))]
+    else:  # the record, then (the write after it, before any reply) the events with those of the turn's ends
+        assert counted.calls == [(1, ("EVALSHA",)), (1, ("EVALSHA",))]
     for d in about:
         assert await redis_store.get_delivery(P, d.delivery_id, t) == d
 
@@ -402,10 +402,13 @@ async def test_endpoints_whose_deliveries_all_expired_leave_the_statistics_index
     assert members == [keys.webhook_work_member(P, "wh_2").encode()]
 
 
-async def snapshot(client: redis.asyncio.Redis) -> dict[bytes, Any]:
-    """Every key on the server: its type, everything it holds (scores too) and when it expires."""
+async def snapshot(client: redis.asyncio.Redis, *, webhooks_only: bool = False) -> dict[bytes, Any]:
+    """Every key on the server (``webhooks_only``: but the analytics'): its type, everything it holds (scores
+    too) and when it expires."""
     found: dict[bytes, Any] = {}
     for name in await client.keys("*"):
+        if webhooks_only and b"{a:" in name:
+            continue
         kind = await client.type(name)
         if kind == b"hash":
             held: Any = await client.hgetall(name)
@@ -417,11 +420,76 @@ async def snapshot(client: redis.asyncio.Redis) -> dict[bytes, Any]:
     return found
 
 
+async def test_the_ends_of_one_turn_queue_their_events_in_one_call_and_an_erased_callers_alone_are_left_out(
+    redis_server: Any,
+) -> None:
+    """On one server the ends recorded in one turn of the event loop queue their deliveries in one script call
+    (the ``ends`` part), in the same round trip as their records; a caller erased before its end gets none,
+    and the others are queued all the same. What it leaves is what the parts one by one leave, key by key."""
+    store = RedisStore(redis_server.url, socket_timeout=5.0)
+    await store.open()
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        t = now_ms()
+        callers = [new_caller() for _ in range(6)]
+        erased = callers[2]
+
+        def about(n: int, caller: CallerRef) -> list[Delivery]:
+            ds = [delivery(t, "wh_a", delivery_id=f"msg_{n}a", subject=caller.subject)]
+            if n % 2:  # and a second endpoint for some, with a later expiry
+                ds.append(
+                    delivery(
+                        t, "wh_b", delivery_id=f"msg_{n}b", subject=caller.subject, expires_at=t + 2 * DAY_MS
+                    )
+                )
+            return ds
+
+        made = [(about(n, c), c) for n, c in enumerate(callers)]
+        taken = delivery(t, "wh_b", delivery_id="msg_5b")  # lives for wh_b already, without a caller
+        states = []
+        for together in (True, False):
+            await client.flushall()
+            assert await store.enqueue_deliveries([taken], None, t, t)
+            await store.erase_caller(erased, t, t + DAY_MS)
+            if together:
+                await client.script_load(store._transport.scripts["record"].script)  # steady state
+                counted = Counted(store._transport)
+                statuses = await asyncio.gather(
+                    *(
+                        store.record_conversation(recording_of(c, f"c{n}", t, t), t, ds)
+                        for n, (ds, c) in enumerate(made)
+                    )
+                )
+                assert [s is RecordStatus.ERASED for s in statuses] == [c is erased for c in callers]
+                assert {trip for trip, _ in counted.calls} == {1}  # one round trip
+                assert len(counted.calls) == len(callers) + 1  # the records, and one enqueue for them all
+            else:  # the parts one by one, a call per caller
+                for ds, c in made:
+                    reply = await store._transport.script(
+                        "webhook_enqueue", *store._parts_call(P, ds, c, t, t)
+                    )
+                    assert (reply != 0) is (c is not erased)
+            states.append(await snapshot(client, webhooks_only=True))
+        assert states[0] == states[1]
+        for ds, c in made:
+            for d in ds:
+                kept = await store.get_delivery(P, d.delivery_id, t)
+                if c is erased or d.delivery_id == "msg_5b":
+                    assert (
+                        kept is None or kept.subject != c.subject
+                    )  # msg_5b is the earlier one, left as it was
+                else:
+                    assert kept == d
+    finally:
+        await client.aclose()
+        await store.close()
+
+
 async def test_an_ends_compact_enqueue_writes_what_the_parts_one_by_one_write(redis_server: Any) -> None:
-    """On one server an end's deliveries (one caller's, just made) go as the enqueue script's ``fresh`` part,
-    with a third of the arguments; it must leave exactly what the parts one by one leave, key by key (contents
-    and expiry), with the same answer: here an id that lives for another endpoint is refused, and an erased
-    caller gets nothing written at all."""
+    """On one server an end's deliveries (one caller's, just made) go as the enqueue script's ``ends`` part,
+    with a fraction of the arguments; it must leave exactly what the parts one by one leave, key by key
+    (contents and expiry): here an id that lives for another endpoint is left as it is, and an erased caller
+    gets nothing written at all."""
     store = RedisStore(redis_server.url, socket_timeout=5.0)
     await store.open()
     client = redis.asyncio.Redis.from_url(redis_server.url)
@@ -437,14 +505,12 @@ async def test_an_ends_compact_enqueue_writes_what_the_parts_one_by_one_write(re
             delivery(t, "wh_b", delivery_id="msg_b", **mine),
             delivery(t, "wh_a", delivery_id="msg_taken", **mine),
         ]
-        fresh = redis_webhooks._fresh_call(P, batch, caller, t, t)
+        fresh = redis_webhooks._ends_call(P, [(batch, caller, t)], t)
         parts = store._parts_call(P, batch, caller, t, t)
-        assert store._enqueue_call(P, batch, caller, t, t) == fresh  # what an end sends
         assert len(fresh[1]) * 2 < len(parts[1]) and sorted(fresh[0]) == sorted(parts[0])
         for erased in (False, True):
             found = []
-            by_endpoint = sorted(batch, key=lambda d: d.endpoint_id)  # wh_a first, in the batch's order
-            for (script_keys, args), in_order in ((fresh, by_endpoint), (parts, batch)):
+            for script_keys, args in (fresh, parts):
                 await client.flushall()
                 assert await store.enqueue_deliveries([taken], None, t, t)
                 if erased:
@@ -454,16 +520,13 @@ async def test_an_ends_compact_enqueue_writes_what_the_parts_one_by_one_write(re
                     )
                 before = await snapshot(client)
                 reply = await store._transport.script("webhook_enqueue", script_keys, args)
-                # The flags are one per delivery, in the order of the call (the fresh part's: by endpoint).
-                named = [d.delivery_id for d in in_order]
-                flags = reply if reply == 0 else dict(zip(named, reply, strict=True))
-                found.append((flags, await snapshot(client)))
-            assert found[0] == found[1]
-            flags, after = found[0]
+                found.append((reply, before, await snapshot(client)))
+            (ends_reply, before, after), (parts_reply, _, parts_after) = found
+            assert after == parts_after
             if erased:
-                assert flags == 0 and after == before
-            else:  # msg_taken lives for wh_b: left as it is
-                assert flags == {"msg_0": 1, "msg_1": 1, "msg_2": 1, "msg_b": 1, "msg_taken": 0}
+                assert ends_reply == [0] and parts_reply == 0 and after == before
+            else:  # msg_taken lives for wh_b: left as it is (the parts' flags say so)
+                assert ends_reply == [1] and parts_reply == [1, 1, 1, 1, 0]
                 assert keys.webhook_delivery_key(P, "wh_a", "msg_2").encode() in after
                 assert keys.webhook_delivery_key(P, "wh_a", "msg_taken").encode() not in after
     finally:

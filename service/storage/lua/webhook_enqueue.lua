@@ -19,15 +19,19 @@ ARGV[1] now_ms, then the parts one after the other, each its kind and its argume
   work   (no arguments) KEYS: the endpoints with deliveries of every project (cm:wwork, zset member -> latest
          expiry): each queue part of the call marks its endpoint there until the latest expiry its queue
          holds.
-  fresh  made_at, subject, created_at, E, then E endpoints, each its id, its member in the work index and n,
-         then n deliveries of 4: id, event, payload, expires_at. Deliveries of one caller just made (queued
-         at created_at, no attempt yet): it stands for the list part of that caller, the index part, the work
-         part and a queue part per endpoint, with a third of their arguments (an end's enqueue, on the request
-         path, packed and parsed at every end). KEYS: the list part's two, the index part's three, the work
-         part's one, then each endpoint's five queue keys (its hashes' prefix is named from the first).
+  ends   E, C, then E endpoints, each its id and its member in the work index, then C callers, each its
+         made_at, its pseudonym, created_at and n, then n deliveries of 5: the number of their endpoint (1 to
+         E), id, event, payload, expires_at. The deliveries of ends, each caller's just made (queued at
+         created_at, no attempt yet), for one project: it stands for a list part per caller, the index part,
+         the work part and a queue part per endpoint, in a fraction of their arguments; the service sends the
+         ends of one turn of its event loop together (an end's enqueue is on the request path). A caller
+         erased at or after its made_at is left out alone: nothing of it is written, the others are. Alone in
+         its call. KEYS: the index part's three, the work part's one, each endpoint's five queue keys (its
+         hashes' prefix is named from the first), then each caller's two of a list part.
 
-Returns 0, writing nothing at all, when the tombstone of a list part with a made_at says its caller was erased
-at or after made_at. Else the index part's flags, one per triple ({} without an index part): 1 when the id is
+With an ends part: one flag per caller, 1 when its deliveries were queued, 0 when it was erased (above).
+Else: returns 0, writing nothing at all, when the tombstone of a list part with a made_at says its caller was
+erased at or after made_at; else the index part's flags, one per triple ({} without an index part): 1 when the id is
 that endpoint's, 0 when it lives for another endpoint (left as it is). A queue part writes only the ids the
 index part of the same call gave its endpoint; without one, every id it is given (on a cluster the service
 leaves out the ids flagged 0).
@@ -41,8 +45,14 @@ local now = tonumber(ARGV[1])
 -- Expired entries deleted per part: bounded (Lua's stack, the script's run time); the rest at later calls.
 local PURGE = 200
 
+-- Whether the caller of this tombstone was erased at or after made_at.
+local function erased(tomb, made_at)
+  local found = redis.call('HMGET', tomb, 'erased_at', 'expires_at')
+  return found[1] and tonumber(found[2]) > now and tonumber(found[1]) >= tonumber(made_at)
+end
+
 -- The parts, read before anything is written (the tombstones are read first).
-local lists, indexes, queues, work = {}, {}, {}, nil
+local lists, indexes, queues, work, callers = {}, {}, {}, nil, nil
 local k, a = 1, 2
 while a <= #ARGV do
   local kind = ARGV[a]
@@ -79,28 +89,42 @@ while a <= #ARGV do
   elseif kind == 'work' then
     work = KEYS[k]
     k, a = k + 1, a + 1
-  elseif kind == 'fresh' then
-    local made_at, subject, created, endpoints = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 4])
-    local listed, indexed = {}, {}
-    lists[#lists + 1] = {listing = KEYS[k], tomb = KEYS[k + 1], made_at = made_at, entries = listed}
-    indexes[#indexes + 1] = {ids = KEYS[k + 2], expiries = KEYS[k + 3], endpoints = KEYS[k + 4], entries = indexed}
-    work = KEYS[k + 5]
-    k, a = k + 6, a + 5
-    for _ = 1, endpoints do
-      local endpoint, member, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-      local queued = {}
-      a = a + 3
-      for i = a, a + 4 * n - 1, 4 do
-        local id, expires = ARGV[i], ARGV[i + 3]
-        listed[#listed + 1] = {id, expires}
-        indexed[#indexed + 1] = {id, endpoint, expires}
-        queued[#queued + 1] = {id, ARGV[i + 1], ARGV[i + 2], subject, created, expires, 'queued', '0', created, '0', ''}
-      end
-      queues[#queues + 1] = {
+  elseif kind == 'ends' then
+    local e, c = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local indexed = {}
+    indexes[#indexes + 1] = {ids = KEYS[k], expiries = KEYS[k + 1], endpoints = KEYS[k + 2], entries = indexed}
+    work = KEYS[k + 3]
+    k, a = k + 4, a + 3
+    local endpoints = {}
+    for j = 1, e do
+      endpoints[j] = {
         keys = {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]},
-        prefix = string.sub(KEYS[k], 1, -2) .. 'd:', endpoint = endpoint, member = member, entries = queued,
+        prefix = string.sub(KEYS[k], 1, -2) .. 'd:', endpoint = ARGV[a], member = ARGV[a + 1], entries = {},
       }
-      k, a = k + 5, a + 4 * n
+      queues[#queues + 1] = endpoints[j]
+      k, a = k + 5, a + 2
+    end
+    callers = {}
+    for _ = 1, c do
+      local made_at, subject, created, n = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
+      local listing, tomb = KEYS[k], KEYS[k + 1]
+      k, a = k + 2, a + 4
+      if erased(tomb, made_at) then
+        callers[#callers + 1] = 0
+      else
+        callers[#callers + 1] = 1
+        local listed = {}
+        lists[#lists + 1] = {listing = listing, tomb = tomb, made_at = '', entries = listed}
+        for i = a, a + 5 * n - 1, 5 do
+          local queue, id, expires = endpoints[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 4]
+          listed[#listed + 1] = {id, expires}
+          indexed[#indexed + 1] = {id, queue.endpoint, expires}
+          queue.entries[#queue.entries + 1] = {
+            id, ARGV[i + 2], ARGV[i + 3], subject, created, expires, 'queued', '0', created, '0', '',
+          }
+        end
+      end
+      a = a + 5 * n
     end
   else
     return redis.error_reply('webhook_enqueue.lua: unknown part ' .. tostring(kind))
@@ -111,11 +135,8 @@ if k - 1 ~= #KEYS then
 end
 
 for _, part in ipairs(lists) do
-  if part.made_at ~= '' then
-    local tomb = redis.call('HMGET', part.tomb, 'erased_at', 'expires_at')
-    if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= tonumber(part.made_at) then
-      return 0
-    end
+  if part.made_at ~= '' and erased(part.tomb, part.made_at) then
+    return 0
   end
 end
 
@@ -224,4 +245,7 @@ for _, part in ipairs(queues) do
   end
 end
 
+if callers then
+  return callers
+end
 return flags
