@@ -432,9 +432,14 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
                 else None
             )
             async with Call("record_conversation", self._timeout):
-                recorded = await self._transport.script("record", script_keys, args)
+                try:
+                    recorded = await self._transport.script("record", script_keys, args)
+                except BaseException:
+                    if joined is not None:
+                        joined.cancel()  # (its call goes on, for the other ends)
+                    raise
                 if joined is not None:
-                    await self._joined(*joined)
+                    await joined
                 else:  # (not an end's deliveries: after the record)
                     await self._enqueue_at_once(project, live, caller, recording.made_at, now_ms)
             return _RECORDED[int(recorded)]

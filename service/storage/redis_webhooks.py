@@ -219,17 +219,15 @@ def _ends_call(project: str, ends: Sequence[EndDeliveries], now_ms: int) -> Scri
 
 class _EndsTogether:
     """The enqueues of the ends made in one turn of the event loop, for one project: sent as one script call
-    at the end of the turn (:meth:`RedisWebhooks._end_deliveries`)."""
+    once the turn is done (:meth:`RedisWebhooks._join_ends`)."""
 
-    __slots__ = ("ends", "now_ms", "sent")
+    __slots__ = ("ends", "now_ms", "waiting")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self) -> None:
         self.ends: list[EndDeliveries] = []
         self.now_ms = 0
-        #: One flag per end (1: queued; 0: its caller was erased), or the call's error.
-        self.sent: asyncio.Future[list[Any]] = loop.create_future()
-        # Retrieved even when every end waiting for it was cancelled (no "never retrieved" at collection).
-        self.sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+        #: Each end's answer: True when queued, False when its caller was erased; or the call's error.
+        self.waiting: list[asyncio.Future[bool]] = []
 
 
 def enqueued(reply: Any) -> bool:
@@ -425,29 +423,24 @@ class RedisWebhooks(WebhookStore):
 
     def _join_ends(
         self, project: str, live: Sequence[Delivery], caller: CallerRef, made_at: int, now_ms: int
-    ) -> tuple[asyncio.Future[list[Any]], int]:
+    ) -> asyncio.Future[bool]:
         """On one server, queue an end's deliveries (:func:`_all_fresh`) with those of the other ends of this
         turn of the event loop: one script call for them all, sent once the turn is done (in the write after
         the one of their records: the same round trip). At peak, with tens of ends in flight, an end's share
         of the call's arguments, of its parsing and of the script's purges and expiries is a fraction of what
-        a call of its own costs. Returns the future of the call's flags and this end's place in them
-        (:meth:`_joined`)."""
+        a call of its own costs. The future says whether it was queued (False: its caller was erased at or
+        after ``made_at``, and nothing of it was written), or raises what the call raised, for every end in
+        it; each end has its own, so that one that gives up (cancels it) leaves the call to the others."""
         together = self._ends_together.get(project)
+        loop = asyncio.get_running_loop()
         if together is None or len(together.ends) >= MAX_ENDS_TOGETHER:
-            loop = asyncio.get_running_loop()
-            together = self._ends_together[project] = _EndsTogether(loop)
+            together = self._ends_together[project] = _EndsTogether()
             loop.call_soon(self._send_together, project, together)
         together.ends.append((live, caller, made_at))
         together.now_ms = max(together.now_ms, now_ms)
-        return together.sent, len(together.ends) - 1
-
-    @staticmethod
-    async def _joined(sent: asyncio.Future[list[Any]], place: int) -> bool:
-        """Whether the end at ``place`` was queued (False: its caller was erased at or after its made_at,
-        and nothing of it was written). Raises what the call raised, for every end in it."""
-        # Shielded: an end that gives up (its timeout) does not cancel the call of the others.
-        flags = await asyncio.shield(sent)
-        return bool(int(flags[place]))
+        answer: asyncio.Future[bool] = loop.create_future()
+        together.waiting.append(answer)
+        return answer
 
     def _send_together(self, project: str, together: _EndsTogether) -> None:
         if self._ends_together.get(project) is together:
@@ -462,15 +455,24 @@ class RedisWebhooks(WebhookStore):
                 flags = await self._transport.script(
                     "webhook_enqueue", *_ends_call(project, together.ends, together.now_ms)
                 )
+            answers: list[bool | BaseException] = [bool(int(flag)) for flag in flags]
+            if len(answers) != len(together.waiting):
+                raise StoreCorrupt(
+                    f"webhook_enqueue.lua answered {len(answers)} flags for {len(together.waiting)} ends"
+                )
         except asyncio.CancelledError:  # the store is closing
-            if not together.sent.done():
-                together.sent.set_exception(StoreUnavailable("the Redis store was closed"))
+            answers = [StoreUnavailable("the Redis store was closed")] * len(together.waiting)
             raise
         except Exception as exc:  # every end in it fails (each is redone whole by its client)
-            if not together.sent.done():
-                together.sent.set_exception(exc)
-        else:
-            together.sent.set_result(list(flags))
+            answers = [exc] * len(together.waiting)
+        finally:
+            for answer, outcome in zip(together.waiting, answers, strict=True):
+                if answer.done():  # an end that gave up cancelled its own
+                    continue
+                if isinstance(outcome, BaseException):
+                    answer.set_exception(outcome)
+                else:
+                    answer.set_result(outcome)
 
     def _parts_call(
         self, project: str, live: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int

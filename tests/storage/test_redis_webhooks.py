@@ -532,3 +532,47 @@ async def test_an_ends_compact_enqueue_writes_what_the_parts_one_by_one_write(re
     finally:
         await client.aclose()
         await store.close()
+
+
+async def test_an_end_that_gives_up_leaves_the_enqueue_of_its_turn_to_the_others(redis_server: Any) -> None:
+    """The ends of one turn share one enqueue call: one of them cancelled (its timeout, its client gone) while
+    it waits must not cancel that call or fail the others; and a call that fails fails every end in it."""
+    store = RedisStore(redis_server.url, socket_timeout=5.0)
+    await store.open()
+    try:
+        t = now_ms()
+        made = [(new_caller(), f"c{n}") for n in range(4)]
+        about = {c.subject: delivery(t, "wh_a", subject=c.subject) for c, _ in made}
+
+        def ends() -> list[asyncio.Future[RecordStatus]]:
+            return [
+                asyncio.ensure_future(
+                    store.record_conversation(recording_of(c, name, t, t), t, [about[c.subject]])
+                )
+                for c, name in made
+            ]
+
+        tasks = ends()
+        await asyncio.sleep(0)  # each has joined the turn's enqueue and sent its record
+        tasks[1].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[1], asyncio.CancelledError)
+        assert [r for i, r in enumerate(results) if i != 1] == [RecordStatus.RECORDED] * 3
+        for i, (c, _) in enumerate(made):
+            if i != 1:
+                assert await store.get_delivery(P, about[c.subject].delivery_id, t) == about[c.subject]
+        # A call that fails (here the script refuses its arguments) fails every end of its turn.
+        broken = redis_webhooks._ends_call
+
+        def refused(project: str, *rest: Any) -> Any:
+            script_keys, args = broken(project, *rest)
+            return script_keys, [*args, "junk"]
+
+        redis_webhooks._ends_call = refused  # type: ignore[assignment]
+        try:
+            results = await asyncio.gather(*ends(), return_exceptions=True)
+        finally:
+            redis_webhooks._ends_call = broken  # type: ignore[assignment]
+        assert all(isinstance(r, Exception) and "webhook_enqueue" in str(r) for r in results), results
+    finally:
+        await store.close()
