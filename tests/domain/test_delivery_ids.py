@@ -9,11 +9,15 @@ import hashlib
 
 from caller_memory.service.domain.webhook_store import WebhookEndpoint
 from caller_memory.service.domain.webhooks import base32_20, delivery_id_of
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 
 @given(st.binary(min_size=20, max_size=40))
+@example(b"\x00" * 20)
+@example(b"\xff" * 20)
+@example(bytes(range(20)))
+@example(bytes(1 << (i % 8) for i in range(20)))  # one bit per byte: every group boundary
 def test_base32_writes_what_the_standard_library_writes(data: bytes) -> None:
     assert base32_20(data) == base64.b32encode(data[:20]).decode().lower()
 
