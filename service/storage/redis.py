@@ -67,7 +67,7 @@ from .redis_transport import (
     hash_reply,
     load_script,
 )
-from .redis_webhooks import RedisWebhooks, _all_fresh
+from .redis_webhooks import RedisWebhooks, all_fresh
 
 #: The owner named by a conversation id's claim once its caller was erased (a pseudonym is 32 hex digits).
 ERASED_CLAIM = b"!"
@@ -428,7 +428,7 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             # write after the record's (each script reads the tombstone itself).
             joined = (
                 self._join_ends(project, live, caller, recording.made_at, now_ms)
-                if _all_fresh(live, caller.subject)
+                if all_fresh(live, caller.subject)
                 else None
             )
             async with Call("record_conversation", self._timeout):

@@ -27,7 +27,10 @@ never in a queue without its index entry and its caller's listing, and an erasur
 :meth:`RedisWebhooks.delete_caller_deliveries`) must not miss what is written after it read the listing.
 
 - One server (any key is reachable from a script): one call with every part, one atomic step in one round
-  trip. The tombstone is read before anything is written; once it is there, nothing is.
+  trip. The tombstone is read before anything is written; once it is there, nothing is. An end's deliveries
+  (one caller's, just made) go as the compact ``ends`` part, and the ends of one turn of the event loop go
+  together in one call (:meth:`RedisWebhooks._join_ends`), each caller's tombstone read on its own: an
+  erased caller's deliveries are left out, the others' written.
 - A cluster (one slot per call): the listings and the index first, at once, then the queues and the work
   index, at once. The tombstone is in another slot than the queues, so the enqueue reads it again after
   writing and takes back what it wrote if the caller was erased meanwhile (the erasure wrote its tombstone
@@ -168,7 +171,7 @@ def _index_keys(project: str) -> tuple[str, ...]:
     return tuple(keys.webhook_index_keys(project))
 
 
-def _all_fresh(deliveries: Sequence[Delivery], subject: str) -> bool:
+def all_fresh(deliveries: Sequence[Delivery], subject: str) -> bool:
     """Whether ``deliveries`` are all about ``subject`` and just made at one time (an end's): queued, no
     attempt yet, due when made."""
     made = deliveries[0].created_at if deliveries else None
@@ -186,7 +189,7 @@ def _all_fresh(deliveries: Sequence[Delivery], subject: str) -> bool:
     return bool(deliveries)
 
 
-#: An end's deliveries (:func:`_all_fresh` about its caller), its caller, and when the end was made.
+#: An end's deliveries (:func:`all_fresh` about its caller), its caller, and when the end was made.
 EndDeliveries = tuple[Sequence[Delivery], "CallerRef", int]
 #: Ends sent together in one enqueue at most (its arguments and the script's run time stay bounded).
 MAX_ENDS_TOGETHER = 64
@@ -411,7 +414,7 @@ class RedisWebhooks(WebhookStore):
     ) -> bool:
         """On one server: every part in one script, one atomic step in one round trip (the tombstone is read
         with the writes); False, nothing written, when ``caller`` was erased at or after ``made_at``."""
-        if caller is not None and _all_fresh(live, caller.subject):  # an end's: its compact form
+        if caller is not None and all_fresh(live, caller.subject):  # an end's: its compact form
             (flag,) = await self._transport.script(
                 "webhook_enqueue", *_ends_call(project, [(live, caller, made_at)], now_ms)
             )
@@ -424,7 +427,7 @@ class RedisWebhooks(WebhookStore):
     def _join_ends(
         self, project: str, live: Sequence[Delivery], caller: CallerRef, made_at: int, now_ms: int
     ) -> asyncio.Future[bool]:
-        """On one server, queue an end's deliveries (:func:`_all_fresh`) with those of the other ends of this
+        """On one server, queue an end's deliveries (:func:`all_fresh`) with those of the other ends of this
         turn of the event loop: one script call for them all, sent once the turn is done (in the write after
         the one of their records: the same round trip). At peak, with tens of ends in flight, an end's share
         of the call's arguments, of its parsing and of the script's purges and expiries is a fraction of what
