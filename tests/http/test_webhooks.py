@@ -19,6 +19,7 @@ from aiohttp import web
 from caller_memory.service.app import run_deliveries
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.webhook_delivery import JITTER, MAX_ATTEMPTS, RETRY_DELAYS_S
+from caller_memory.service.domain.webhooks import delivery_id_of
 from caller_memory.service.http.keys import SERVICES, WEBHOOKS
 from standardwebhooks.webhooks import Webhook
 
@@ -349,6 +350,38 @@ async def test_a_redirect_is_not_followed(shop: Shop, hook: Receiver) -> None:
         assert elsewhere.got == []
         shop.api.clock.advance(past_retry(1))
         await eventually(lambda: len(hook.got) == 2)  # retried at the registered URL
+
+
+async def test_a_destination_is_checked_again_at_each_delivery(store_url: str, clock: FakeClock) -> None:
+    """The policy applies at delivery too, not only at registration: a host may come to resolve elsewhere, or
+    the operator take it off ``CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS``. Here an endpoint registered while its
+    name was allowed, then the service restarted without that allowance: its name now resolves to a loopback
+    address the policy refuses, so the attempt is refused before any connection, and recorded so."""
+    async with receiver() as hook:
+        by_name = hook.url.replace("127.0.0.1", "localhost")  # localhost resolves to 127.0.0.1
+        allowed = webhook_settings(webhook_allow_hosts=("127.0.0.1", "localhost"))
+        async with running_api(store_url, clock, **allowed) as api:
+            document = {"memory": {"repeat_caller": REPEAT_CALLER, "conversation": CONVERSATION}}
+            assert (await api.call("PUT", BASE, token=OPERATOR_TOKEN, json=document)).status == 201
+            shop = Shop(api, await api.mint(PROJECT, "admin"), await api.mint(PROJECT, "agent"))
+            await shop.register(by_name, events=["conversation.ended"])
+            await shop.end("call-1", messages=0)
+            await eventually(lambda: len(hook.got) == 1)  # allowed: delivered by name
+        async with running_api(store_url, clock, **webhook_settings()) as api:  # 127.0.0.1 alone allowed
+            shop = Shop(api, shop.admin, shop.agent)
+            await shop.end("call-2", messages=0)
+            store = api.app[SERVICES].store
+            (endpoint,) = await store.list_endpoints(PROJECT)
+            delivery_id = delivery_id_of(endpoint, "conversation.ended", "call-2")
+            for _ in range(500):  # until its first attempt is settled
+                found = await store.get_delivery(PROJECT, delivery_id, clock.now_ms())
+                if found is not None and found.attempts:
+                    break
+                await asyncio.sleep(0.02)
+            assert found is not None and found.attempts == 1, found
+            assert found.last_error.startswith("refused: localhost resolves to"), found.last_error
+            assert "loopback" in found.last_error
+            assert len(hook.got) == 1  # the refused attempt never reached it
 
 
 async def test_rotation_signs_with_both_secrets_until_the_grace_period_ends(
