@@ -171,9 +171,14 @@ class RedisStore(RedisRetention, RedisTranscripts, RedisWebhooks, RedisArchiveIn
             self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:
-        # The ends' enqueues still in flight are answered first (their ends wait for them).
-        await asyncio.gather(*self._sending, return_exceptions=True)
-        await self._transport.aclose()
+        # The ends' enqueues are sent and answered first (their ends wait for them), those of this turn too.
+        try:
+            for project, together in list(self._ends_together.items()):
+                self._send_together(project, together)
+            if self._sending:
+                await asyncio.wait(set(self._sending))
+        finally:
+            await self._transport.aclose()
 
     async def ping(self) -> None:
         async with Call("ping", self._timeout):

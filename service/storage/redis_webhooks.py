@@ -191,8 +191,10 @@ def all_fresh(deliveries: Sequence[Delivery], subject: str) -> bool:
 
 #: An end's deliveries (:func:`all_fresh` about its caller), its caller, and when the end was made.
 EndDeliveries = tuple[Sequence[Delivery], "CallerRef", int]
-#: Ends sent together in one enqueue at most (its arguments and the script's run time stay bounded).
+#: Ends sent together in one enqueue at most, and their payloads' bytes (an end's may hold its history): the
+#: call's arguments, the script's run time and what one failure fails stay bounded.
 MAX_ENDS_TOGETHER = 64
+MAX_BYTES_TOGETHER = 1 << 20
 
 
 def _ends_call(project: str, ends: Sequence[EndDeliveries], now_ms: int) -> ScriptCall:
@@ -224,11 +226,13 @@ class _EndsTogether:
     """The enqueues of the ends made in one turn of the event loop, for one project: sent as one script call
     once the turn is done (:meth:`RedisWebhooks._join_ends`)."""
 
-    __slots__ = ("ends", "now_ms", "waiting")
+    __slots__ = ("bytes", "ends", "now_ms", "sent", "waiting")
 
     def __init__(self) -> None:
         self.ends: list[EndDeliveries] = []
         self.now_ms = 0
+        self.bytes = 0
+        self.sent = False
         #: Each end's answer: True when queued, False when its caller was erased; or the call's error.
         self.waiting: list[asyncio.Future[bool]] = []
 
@@ -436,10 +440,16 @@ class RedisWebhooks(WebhookStore):
         it; each end has its own, so that one that gives up (cancels it) leaves the call to the others."""
         together = self._ends_together.get(project)
         loop = asyncio.get_running_loop()
-        if together is None or len(together.ends) >= MAX_ENDS_TOGETHER:
+        size = sum(len(d.payload) for d in live)
+        if (
+            together is None
+            or len(together.ends) >= MAX_ENDS_TOGETHER
+            or (together.bytes + size > MAX_BYTES_TOGETHER and together.ends)
+        ):
             together = self._ends_together[project] = _EndsTogether()
             loop.call_soon(self._send_together, project, together)
         together.ends.append((live, caller, made_at))
+        together.bytes += size
         together.now_ms = max(together.now_ms, now_ms)
         answer: asyncio.Future[bool] = loop.create_future()
         together.waiting.append(answer)
@@ -448,29 +458,37 @@ class RedisWebhooks(WebhookStore):
     def _send_together(self, project: str, together: _EndsTogether) -> None:
         if self._ends_together.get(project) is together:
             del self._ends_together[project]
+        if together.sent:  # (sent already by close())
+            return
+        together.sent = True
         task = asyncio.ensure_future(self._run_together(project, together))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
     async def _run_together(self, project: str, together: _EndsTogether) -> None:
+        # Only the ends still waiting: one whose record failed, or that gave up, cancelled its answer, and
+        # its deliveries are not queued (it is redone whole by its client).
+        waiting = [
+            (end, answer)
+            for end, answer in zip(together.ends, together.waiting, strict=True)
+            if not answer.done()
+        ]
+        if not waiting:
+            return
+        answers: list[bool | BaseException] = [StoreUnavailable("the Redis store was closed")] * len(waiting)
         try:
             async with Call("enqueue_deliveries", self._timeout):
                 flags = await self._transport.script(
-                    "webhook_enqueue", *_ends_call(project, together.ends, together.now_ms)
+                    "webhook_enqueue", *_ends_call(project, [end for end, _ in waiting], together.now_ms)
                 )
-            answers: list[bool | BaseException] = [bool(int(flag)) for flag in flags]
-            if len(answers) != len(together.waiting):
-                raise StoreCorrupt(
-                    f"webhook_enqueue.lua answered {len(answers)} flags for {len(together.waiting)} ends"
-                )
-        except asyncio.CancelledError:  # the store is closing
-            answers = [StoreUnavailable("the Redis store was closed")] * len(together.waiting)
-            raise
+            if len(flags) != len(waiting):
+                raise StoreCorrupt(f"webhook_enqueue.lua answered {len(flags)} flags for {len(waiting)} ends")
+            answers = [bool(int(flag)) for flag in flags]
         except Exception as exc:  # every end in it fails (each is redone whole by its client)
-            answers = [exc] * len(together.waiting)
-        finally:
-            for answer, outcome in zip(together.waiting, answers, strict=True):
-                if answer.done():  # an end that gave up cancelled its own
+            answers = [exc] * len(waiting)
+        finally:  # (cancelled: the store is closing)
+            for (_, answer), outcome in zip(waiting, answers, strict=True):
+                if answer.done():  # an end that gave up meanwhile cancelled its own
                     continue
                 if isinstance(outcome, BaseException):
                     answer.set_exception(outcome)

@@ -25,9 +25,10 @@ ARGV[1] now_ms, then the parts one after the other, each its kind and its argume
          created_at, no attempt yet), for one project: it stands for a list part per caller, the index part,
          the work part and a queue part per endpoint, in a fraction of their arguments; the service sends the
          ends of one turn of its event loop together (an end's enqueue is on the request path). A caller
-         erased at or after its made_at is left out alone: nothing of it is written, the others are. Alone in
-         its call. KEYS: the index part's three, the work part's one, each endpoint's five queue keys (its
-         hashes' prefix is named from the first), then each caller's two of a list part.
+         erased at or after its made_at is left out alone: nothing of it is written, the others are. Its index
+         part deletes C times as much of what expired (as C calls would). Alone in its call. KEYS: the index
+         part's three, the work part's one, each endpoint's five queue keys (its hashes' prefix is named from
+         the first), then each caller's two of a list part.
 
 With an ends part: one flag per caller, 1 when its deliveries were queued, 0 when it was erased (above).
 Else: returns 0, writing nothing at all, when the tombstone of a list part with a made_at says its caller was
@@ -92,7 +93,10 @@ while a <= #ARGV do
   elseif kind == 'ends' then
     local e, c = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local indexed = {}
-    indexes[#indexes + 1] = {ids = KEYS[k], expiries = KEYS[k + 1], endpoints = KEYS[k + 2], entries = indexed}
+    -- It stands for the index parts of C calls: it deletes as much of what expired as they would have.
+    indexes[#indexes + 1] = {
+      ids = KEYS[k], expiries = KEYS[k + 1], endpoints = KEYS[k + 2], entries = indexed, purge = PURGE * c,
+    }
     work = KEYS[k + 3]
     k, a = k + 4, a + 3
     local endpoints = {}
@@ -165,7 +169,7 @@ end
 -- The project's index: which endpoint each id is queued for (refused: the ids left to another endpoint).
 local flags, refused = {}, {}
 for _, part in ipairs(indexes) do
-  for _, id in ipairs(redis.call('ZRANGE', part.expiries, '-inf', now, 'BYSCORE', 'LIMIT', 0, PURGE)) do
+  for _, id in ipairs(redis.call('ZRANGE', part.expiries, '-inf', now, 'BYSCORE', 'LIMIT', 0, part.purge or PURGE)) do
     redis.call('HDEL', part.ids, id)
     redis.call('ZREM', part.expiries, id)
   end
