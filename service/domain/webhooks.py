@@ -395,8 +395,8 @@ _SPREADING = _spreading()
 def base32_20(data: bytes) -> str:
     """The first 20 bytes of ``data`` in lower-case base 32, as ``base64.b32encode(data[:20]).decode().lower()``
     writes them (160 bits: 32 letters, no padding). Once per delivery of every end, on the request path, so in
-    a few operations on one integer: ``b32encode`` loops over 5-byte groups in Python (some 9 us of an end at
-    peak; a letter pair per 10 bits, some 3 us)."""
+    a few operations on one integer (``b32encode`` loops over 5-byte groups in Python: some 9 us of an end at
+    peak)."""
     n = int.from_bytes(data[:20], "big")
     for low, high, shift in _SPREADING:
         n = (n & low) | ((n & high) << shift)

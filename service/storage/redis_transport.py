@@ -268,14 +268,6 @@ class RedisTransport(ABC):
             script = cast("str", self.scripts[name].script)
             return (await self.run(("EVAL", script, len(script_keys), *script_keys, *args)))[0]
 
-    async def script_calls(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[str | bytes | int]]]
-    ) -> list[Any]:
-        """Independent script calls (name, keys, args), each of one slot: their replies, in order. Here one
-        after the other; on one server in one write (:meth:`StandaloneTransport.script_calls`). An error reply
-        raises (the calls before or beside it may have run)."""
-        return [await self.script(name, script_keys, args) for name, script_keys, args in calls]
-
 
 class _Waiting:
     """A call's place in a :class:`Lane`: the replies it expects, its future, when it was sent, and the keys
@@ -693,14 +685,12 @@ class StandaloneTransport(RedisTransport):
         *commands: Command,
         replicate: bool | None = None,
         track: tuple[str, ...] | None = None,
-        raw: bool = False,
     ) -> list[Any]:
         """(See :meth:`RedisTransport.run`.) The commands go out on the shared :class:`Lane`, in its next
         write. A lane that failed before they were written (:class:`LaneNotSent`) is replaced and they are
         sent once more; once written, a lost connection fails the call (:class:`LaneLost`: they may have
         run). A call cancelled while it waits (the :class:`Call` timeout) retires its lane, so that the next
-        calls do not queue behind whatever held it up. ``raw``: error replies are returned in their places
-        (as exceptions) instead of raised."""
+        calls do not queue behind whatever held it up."""
         if not commands:
             return []
         lane = self._lane
@@ -721,8 +711,6 @@ class StandaloneTransport(RedisTransport):
             raise
         finally:
             lane.release()
-        if raw:
-            return replies
         if len(replies) == 1:
             if isinstance(replies[0], ResponseError):
                 raise replies[0]
@@ -816,19 +804,6 @@ class StandaloneTransport(RedisTransport):
         if not commands:
             return []
         return await self.run(*commands)
-
-    async def script_calls(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[str | bytes | int]]]
-    ) -> list[Any]:
-        """(See :meth:`RedisTransport.script_calls`.) In one write; a call the server refused for not knowing its
-        script (NOSCRIPT: restarted, failed over) is sent again with the script's text, alone."""
-        replies = await self.run(*(self.script_command(*call) for call in calls), raw=True)
-        for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):
-                replies[i] = await self.script(*calls[i])
-            elif isinstance(reply, ResponseError):
-                raise reply
-        return replies
 
     async def run_scripts(self, name: str, calls: Sequence[ScriptCall]) -> list[Any]:
         try:
