@@ -243,7 +243,7 @@ class ConversationService:
         if project.conversation.enabled:
             if project.identity_linking:  # the transcript is the profile's, started through any identifier
                 ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
-            verdict = await self._judge(key, ref.subject, end_reason, outcome, now)
+            verdict = await self._judge(project, key, ref.subject, end_reason, outcome, now)
             if verdict.late:
                 return await self._late_end(
                     project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
@@ -318,14 +318,30 @@ class ConversationService:
         )
 
     async def _judge(
-        self, key: ConversationKey, subject: str, end_reason: str | None, outcome: Outcome, now: int
+        self,
+        project: Project,
+        key: ConversationKey,
+        subject: str,
+        end_reason: str | None,
+        outcome: Outcome,
+        now: int,
     ) -> _Verdict:
         """How an explicit end relates to the conversation's transcript. It is looked at first: an end
-        naming another caller must not claim this caller's transcript, and an end the service already made
-        (or is making) makes this one late, whatever its claim says."""
+        naming another caller than the live transcript's is refused (409) before anything is written, as
+        start, append and summary refuse it (it must neither claim this caller's transcript nor take the id
+        from the rightful end), and an end the service already made (or is making) makes this one late,
+        whatever its claim says."""
         header, _ = await self._store.read_conversation(key, now)
-        if header is None or header.subject not in (subject, ""):
+        if header is None:
             return _Verdict()
+        if header.subject not in (subject, ""):
+            if header.expired(now):
+                return _Verdict()  # the id's transcript is gone: its record decides (a reuse, or a conflict)
+            owner = header.subject
+            if project.identity_linking:  # linked since it started: the profile it belongs to now
+                owner = await self._store.resolve_profile(CallerRef(project.project_id, owner), now)
+            if owner != subject:
+                raise Conflict(f"conversation '{key.conversation_id}' belongs to another caller")
         if header.expired(now):
             return _Verdict(expired_transcript=True)
         if header.status is not TranscriptStatus.OPEN and header.ended_by not in ("", "explicit"):

@@ -199,7 +199,7 @@ class Lifecycle:
             "ended_by": ended_by_of(header),
             "end_reason": header.end_reason or None,
             "last_activity_at": iso_utc(floor_hour_ms(header.last_activity)),
-            "summary": summary_section(summary_of(header)) if transcript else None,
+            "summary": summary_section(summary_of(header, reader)) if transcript else None,
             "last_turns": last,
             "state": state,
             "withheld": list(withheld),

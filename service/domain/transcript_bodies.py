@@ -221,8 +221,15 @@ def status_of(header: Header, project: Project, now: int) -> Status:
     return "ending" if header.status is TranscriptStatus.ENDING else "ended"
 
 
-def summary_of(header: Header) -> dict[str, Any] | None:
-    return orjson.loads(header.summary) if header.summary else None
+def summary_of(header: Header, reader: Reader | None = None) -> dict[str, Any] | None:
+    """The conversation's summary, as ``reader`` may see it: under ``transcript_scope: "agent"`` (a reader
+    with an ``agent``), only a summary that agent wrote (written before summaries kept their author, or by
+    an admin: no agent's, so none)."""
+    summary: dict[str, Any] | None = orjson.loads(header.summary) if header.summary else None
+    if summary is not None and reader is not None and reader.agent is not None:
+        if summary.get("agent") != reader.agent:
+            return None
+    return summary
 
 
 def summary_section(summary: dict[str, Any] | None) -> SummarySection | None:

@@ -125,7 +125,9 @@ async def conversation_history(request: web.Request) -> web.Response:
 async def put_summary(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     document = await read_json(request)
-    status = await services.transcripts.put_summary(project, conversation_id, document)
+    status = await services.transcripts.put_summary(
+        project, conversation_id, document, reader=reader_for(request[PRINCIPAL], project)
+    )
     return json_response(status, headers=NO_STORE)
 
 

@@ -53,10 +53,11 @@ ERASED_SUBJECT = ""
 
 #: 2: conversation memory (the transcript tables) and tokens.agent; 3: webhooks (the endpoint and delivery
 #: tables, created when missing like the transcript tables); 4: linked identifiers (the alias and link tables,
-#: the same way). A file is marked with the version that last opened it, so that an earlier release, which
+#: the same way); 5: the conversations an erasure removed (erased_conversations: an earlier release would let
+#: an end of one bring its caller back). A file is marked with the version that last opened it, so that an earlier release, which
 #: would neither sweep nor erase what it does not know (a transcript, a queued delivery, a link), refuses it
 #: (and an earlier release would not follow a link either: it would write to an alias).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: The tables and indexes (``sqlite_schema.sql``, package data), created by every open if missing.
 _SCHEMA = resources.files(__package__).joinpath("sqlite_schema.sql").read_text(encoding="utf-8")
@@ -365,6 +366,14 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
         def run(conn: sqlite3.Connection) -> EndResult:
             if self._erased_since(conn, end.caller, end.made_at, now_ms):
                 return EndResult(EndStatus.ERASED)
+            # An erasure of this caller removed this conversation: whenever the end says it was made, and
+            # under whichever record it is kept (a late end's, a takeover's), it must not bring them back.
+            if conn.execute(
+                "SELECT 1 FROM erased_conversations "
+                "WHERE project = ? AND subject = ? AND conversation_id = ? AND expires_at > ?",
+                (project, subject, conversation_id.partition("#")[0], now_ms),
+            ).fetchone():
+                return EndResult(EndStatus.ERASED)
             row = conn.execute(
                 "SELECT subject, fingerprint, extra FROM conversations "
                 "WHERE project = ? AND conversation_id = ? AND expires_at > ?",
@@ -577,15 +586,28 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
             # Each record loses what linked it to the caller (subject, fingerprint, stored answer) but stays,
             # as a marker, until it would have expired: a later end of the id is then refused as erased,
             # whenever the client says it was made.
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    "UPDATE conversations SET subject = ?, fingerprint = '', extra = x'' "
-                    "WHERE project = ? AND subject = ? RETURNING conversation_id",
-                    (ERASED_SUBJECT, *key),
-                ).fetchall()
-            ]
+            records = conn.execute(
+                "UPDATE conversations SET subject = ?, fingerprint = '', extra = x'' "
+                "WHERE project = ? AND subject = ? RETURNING conversation_id, expires_at",
+                (ERASED_SUBJECT, *key),
+            ).fetchall()
+            ids = [row[0] for row in records]
             listed = self._unlist(conn, project, ids)
+            # Every conversation the erasure removes something of (a record, a transcript) is kept by id, so
+            # that no end of it by this caller brings them back (end_conversation), for as long as it lives.
+            held = [
+                *records,
+                *conn.execute(
+                    "SELECT conversation_id, forget_at FROM transcripts "
+                    "WHERE project = ? AND subject = ? AND forget_at > ?",
+                    (*key, now_ms),
+                ).fetchall(),
+            ]
+            conn.executemany(
+                "INSERT INTO erased_conversations (project, subject, conversation_id, expires_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)",
+                [(project, subject, i.partition("#")[0], until) for i, until in held if until > now_ms],
+            )
             transcripts = erase_transcripts(conn, caller, now_ms)
             links, alias_of, aliases = erase_links(conn, project, subject, now_ms)
             conn.execute(

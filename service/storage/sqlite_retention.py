@@ -35,6 +35,7 @@ class SQLiteRetention:
         "analytics_entries": ("analytics_conversations", "project, sort_key"),
         "analytics_counters": ("analytics_counters", "project, kind, bucket, name"),
         "tombstones": ("tombstones", "project, subject"),
+        "erased_conversations": ("erased_conversations", "project, subject, conversation_id"),
         "transcript_volume": ("transcript_volume", "project, hour"),
         "webhook_deliveries": ("webhook_deliveries", "project, delivery_id"),
         "archive_index": ("archive_index", "project, subject, object_key"),

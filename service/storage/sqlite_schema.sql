@@ -234,3 +234,14 @@ CREATE TABLE IF NOT EXISTS links (
     PRIMARY KEY (project, profile, subject)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS links_by_expiry ON links (expires_at);
+-- The conversations an erasure removed something of (schema version 5; sqlite.py erase_caller): an end of one
+-- by its erased caller, under whichever record (a late end's, a takeover's) and whenever it says it was made,
+-- is refused as erased until expires_at (the conversation's horizon, or its record's expiry).
+CREATE TABLE IF NOT EXISTS erased_conversations (
+    project TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, subject, conversation_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS erased_conversations_by_expiry ON erased_conversations (expires_at);

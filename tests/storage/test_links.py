@@ -25,7 +25,7 @@ from caller_memory.service.domain.store import (
     FirstInteraction,
     Store,
 )
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.storage.sqlite import SCHEMA_VERSION, SQLiteStore
 
 from tests.storage.test_contract import PROJECT, TTL, analytics_at, ending, field, new_subject, now_ms, values
 
@@ -575,5 +575,5 @@ async def test_sqlite_a_file_of_the_previous_release_gains_links(tmp_path: Path)
     finally:
         await again.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("4",)]
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(SCHEMA_VERSION),)]
     conn.close()

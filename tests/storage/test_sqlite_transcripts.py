@@ -113,7 +113,7 @@ async def test_a_file_of_the_previous_release_opens_and_gains_conversation_memor
     # Marked with the version that opened it, so that the previous release refuses the file rather than
     # serve it without sweeping or erasing transcripts.
     assert rows(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     # Opening it again changes nothing (every step of the migration is idempotent).
     third = SQLiteStore(path)
     await third.open()

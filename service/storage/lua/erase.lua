@@ -18,6 +18,12 @@ ARGV[2]  the prefix of the caller's conversation records, "cm:{<bucket>}:c:<proj
          records are named from the set's members, which is why they are not in KEYS)
 ARGV[3]  erased_at (ms), ARGV[4] when the tombstone expires (ms), ARGV[5] the caller's subject
 
+Every conversation id the erasure removes something of (a transcript in KEYS[6], a record in KEYS[4]) is kept in
+the tombstone as a field "c:<conversation id>" (the id without a "#late" or "#takeover" suffix) -> until when
+(its horizon, or its record's expiry), and the tombstone lives as long as its latest such field: an end of that
+conversation by this caller, whatever record id it is kept under and whenever it says it was made, is refused
+as erased (patch.lua checks it in the same atomic step as its write). Fields past their time are pruned here.
+
 Each conversation record still live (by the service's clock, ARGV[3]) is replaced by an erasure marker
 {erased = "1", expires_at} that keeps nothing about the caller and lives as long as the record would have:
 a later end of that conversation id is refused as erased (patch.lua), whenever it says it was made. A
@@ -32,6 +38,16 @@ and its horizon, then for each conversation id of an ended conversation: the id 
 marker ("0" when its record had expired and no marker was left)}.
 ]]
 local now = tonumber(ARGV[3])
+local tomb_until = tonumber(ARGV[4])
+-- The conversations this erasure removes, by id without its suffix -> until when an end of it is refused.
+local held = {}
+local function hold(id, horizon)
+  local base = string.match(id, '^[^#]+')
+  local h = tonumber(horizon)
+  if base and h and h > now and h > (held[base] or 0) then
+    held[base] = h
+  end
+end
 local fields = redis.call('HLEN', KEYS[1])
 local first = redis.call('DEL', KEYS[3])
 local ids = redis.call('SMEMBERS', KEYS[4])
@@ -61,14 +77,18 @@ for _, alias in ipairs(aliases) do
   out[#out + 1] = alias
 end
 out[#out + 1] = #transcripts / 2
-for _, item in ipairs(transcripts) do
+for i, item in ipairs(transcripts) do
   out[#out + 1] = item
+  if i % 2 == 0 then
+    hold(transcripts[i - 1], item)
+  end
 end
 for _, id in ipairs(ids) do
   local key = ARGV[2] .. id
   local record = redis.call('HMGET', key, 'subject', 'expires_at', 'erased')
   if not record[3] and (not record[1] or record[1] == ARGV[5]) then
     local expires = record[2]
+    hold(id, expires)
     redis.call('DEL', key)
     if record[1] and tonumber(expires) > now then
       redis.call('HSET', key, 'erased', '1', 'expires_at', expires)
@@ -82,6 +102,28 @@ for _, id in ipairs(ids) do
 end
 redis.call('DEL', KEYS[1], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
+-- The tombstone: the erasure's time, and the conversations it removed (earlier erasures' kept while live).
+local kept = redis.call('HGETALL', KEYS[5])
+for i = 1, #kept, 2 do
+  local name = kept[i]
+  if string.sub(name, 1, 2) == 'c:' then
+    local h = tonumber(kept[i + 1])
+    if h > now then
+      if h > (held[string.sub(name, 3)] or 0) then
+        held[string.sub(name, 3)] = h
+      end
+    else
+      redis.call('HDEL', KEYS[5], name)
+    end
+  end
+end
+local lives = tomb_until
+for base, h in pairs(held) do
+  redis.call('HSET', KEYS[5], 'c:' .. base, h)
+  if h > lives then
+    lives = h
+  end
+end
 redis.call('HSET', KEYS[5], 'erased_at', ARGV[3], 'expires_at', ARGV[4])
-redis.call('PEXPIREAT', KEYS[5], ARGV[4])
+redis.call('PEXPIREAT', KEYS[5], lives)
 return out

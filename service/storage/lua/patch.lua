@@ -40,7 +40,8 @@ Returns a flat array: status, then name, packed for every field whose stored exp
 the script is done (unchanged memory unless status is 1). Status: 1 applied, 0 condition failed,
 2 conversation replayed (the array is {2, fingerprint, extra, expires_at} then), 3 conversation conflict,
 4 the caller was erased at or after made_at, or an erasure removed what this conversation id wrote (an
-erasure marker in KEYS[4] or KEYS[8]; nothing written), 5 the caller is a live alias (nothing written; the
+erasure marker in KEYS[4] or KEYS[8]), or an erasure of this caller removed this conversation (its id, without
+a "#..." suffix, held in the tombstone KEYS[5]; nothing written), 5 the caller is a live alias (nothing written; the
 array is {5, the profile's subject} then, and for an end a third element: 1 if the caller has a live record
 of the conversation id, whose claim a cluster's service then keeps, else 0). An end that replays one applied
 before the caller became an alias is still a replay (status 2): the replay check comes before the alias
@@ -172,8 +173,14 @@ end
 
 if record then
   -- An erasure at or after the moment this write was made wins: the write must not bring the caller back.
-  local tomb = redis.call('HMGET', KEYS[5], 'erased_at', 'expires_at')
+  -- So does an erasure that removed this conversation (erase.lua keeps its id in the tombstone), whenever
+  -- the end says it was made and under whichever record (a late end's, a takeover's).
+  local base = string.match(record.conversation_id, '^[^#]+') or record.conversation_id
+  local tomb = redis.call('HMGET', KEYS[5], 'erased_at', 'expires_at', 'c:' .. base)
   if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) >= record.made_at then
+    return {4}
+  end
+  if tomb[3] and tonumber(tomb[3]) > now then
     return {4}
   end
   -- Live while its expires_at is after now (the service's clock); Redis also drops it then by itself.
