@@ -170,11 +170,16 @@ class ConversationService:
     async def process_end(
         self, project: Project, event: EndedEvent | None, recording: Recording | None, now: int
     ) -> None:
-        """What every end does once its state is persisted: record the conversation in analytics
-        (``recording``, when they were on at its end) and queue the webhook events of ``event`` (none for a
-        retry of a completed end), in one store call (on one Redis server, one round trip), then run the
-        end hooks. Durable once this returns. A failure fails the end, which is redone whole: each part is
-        idempotent (the same delivery ids, the same recording)."""
+        """What every end does once its state is persisted, in this order: run the end hooks (the archive
+        writes the conversation), then record the conversation in analytics (``recording``, when they were
+        on at its end) and queue the webhook events of ``event`` (none for a retry of a completed end), in
+        one store call (on one Redis server, one round trip). Memory, archive, webhooks: a receiver is told
+        of an end only once the archive holds it, and an archive that fails sends nothing (the end fails and
+        is redone whole: each part is idempotent, the same object, delivery ids and recording). Durable once
+        this returns."""
+        if event is not None:
+            for hook in self.end_hooks:
+                await hook(project, event)
         deliveries: list[Delivery] = []
         if event is not None and self.webhooks is not None:
             deliveries = await self.webhooks.ended_deliveries(project, event)
@@ -187,9 +192,6 @@ class ConversationService:
             )
         if deliveries and self.webhooks is not None:
             self.webhooks.queued(deliveries)
-        if event is not None:
-            for hook in self.end_hooks:
-                await hook(project, event)
 
     async def end(
         self,

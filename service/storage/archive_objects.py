@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,8 @@ from obstore.exceptions import BaseError
 from obstore.store import LocalStore, from_url
 
 from ..domain.errors import StoreUnavailable
+
+log = logging.getLogger("caller_memory.archive")
 
 #: Objects deleted by one call when a day of the archive is removed.
 DELETE_BATCH = 1000
@@ -48,39 +51,43 @@ class ArchiveObjects:
             self._store = LocalStore(self._directory, mkdir=True) if self._directory else from_url(self.url)
         return self._store
 
-    async def _bounded(self, what: str, call: Any) -> Any:
+    async def _bounded(self, what: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``call`` on the store, within the timeout. Every failure, making the store included (a directory
+        that cannot be created, an s3:// URL without a region), is the domain's ``StoreUnavailable``: 503,
+        and the end is redone. Its detail goes to clients, so it names no location (the log does)."""
         try:
-            # (a store that cannot be made, e.g. an s3:// URL without a region, is refused here too)
             async with asyncio.timeout(self.timeout):
-                return await call
+                return await call(self._objects())
         except TimeoutError:
-            raise StoreUnavailable(
-                f"the archive ({self.where}) did not answer {what} within {self.timeout:g} s"
-            ) from None
-        except (BaseError, OSError) as exc:
-            raise StoreUnavailable(
-                f"the archive ({self.where}) refused {what}: {type(exc).__name__}"
-            ) from exc
+            log.warning("the archive at %s did not answer %s within %g s", self.where, what, self.timeout)
+            raise StoreUnavailable(f"the archive did not answer {what} within {self.timeout:g} s") from None
+        except (BaseError, OSError, ValueError, RuntimeError) as exc:
+            log.warning("the archive at %s refused %s: %s", self.where, what, type(exc).__name__)
+            raise StoreUnavailable(f"the archive refused {what}: {type(exc).__name__}") from exc
 
     async def put(self, key: str, data: bytes) -> None:
-        await self._bounded("a write", obstore.put_async(self._objects(), key, data))
+        await self._bounded("a write", lambda objects: obstore.put_async(objects, key, data))
 
     async def delete(self, keys: Sequence[str]) -> None:
         """Delete these objects; one that is not there is not an error."""
         for key in keys:
             with contextlib.suppress(FileNotFoundError):
-                await self._bounded("a deletion", obstore.delete_async(self._objects(), key))
+                await self._bounded("a deletion", lambda objects: obstore.delete_async(objects, key))  # noqa: B023
 
     async def directories(self, prefix: str) -> list[str]:
         """The "directories" right under ``prefix`` (``project=shop/`` -> ``project=shop/date=...``)."""
-        listed = await self._bounded("a listing", obstore.list_with_delimiter_async(self._objects(), prefix))
+        listed = await self._bounded(
+            "a listing", lambda objects: obstore.list_with_delimiter_async(objects, prefix)
+        )
         return sorted(str(p) for p in listed["common_prefixes"])
 
     async def objects(self, prefix: str) -> list[str]:
         """The keys of the objects right under ``prefix``."""
-        listed = await self._bounded("a listing", obstore.list_with_delimiter_async(self._objects(), prefix))
+        listed = await self._bounded(
+            "a listing", lambda objects: obstore.list_with_delimiter_async(objects, prefix)
+        )
         return sorted(str(o["path"]) for o in listed["objects"])
 
     async def read(self, key: str) -> bytes:
-        result = await self._bounded("a read", obstore.get_async(self._objects(), key))
-        return bytes(await self._bounded("a read", result.bytes_async()))
+        result = await self._bounded("a read", lambda objects: obstore.get_async(objects, key))
+        return bytes(await self._bounded("a read", lambda _: result.bytes_async()))
