@@ -91,18 +91,20 @@ class RedisLinks(LinkStore):
         self, profile: CallerRef, link: Link, *, merge: bool, max_links: int, now_ms: int
     ) -> LinkResult:
         async with Call("link_identifier", self._timeout):
-            reserved = await self._reserve(profile, link, max_links, now_ms)
-            if not isinstance(reserved, Link):
-                return LinkResult(reserved)
+            found = await self._reserve(profile, link, max_links, now_ms)
+            if not isinstance(found, tuple):
+                return LinkResult(found)
+            reserved, mark = found
             status, memory = await self._make_alias(profile, reserved, merge, now_ms)
             if status in _REFUSED:
                 await self._drop(profile, reserved, pending=True)
                 return LinkResult(_REFUSED[status])
-            merged = await self._absorb(profile, reserved, memory, now_ms)
+            merged = await self._absorb(profile, reserved, memory, now_ms, mark)
             if merged is None:
-                # The profile was erased after this link began: the erasure wins. What step 2 did is undone
-                # as the erasure would have (had the link been made first, then erased with the profile).
-                await self._detach(profile, reserved, now_ms, drop=True, own=True)
+                # The profile was erased after this link began: the erasure wins, and nothing was merged.
+                # What step 2 did is undone: the alias record goes, the identifier's own memory stays (had
+                # the erasure found it linked, it erased it itself; otherwise it is still its own).
+                await self._detach(profile, reserved, now_ms, drop=True, own=False)
                 await self._drop(profile, reserved, pending=True)
                 return LinkResult(LinkStatus.LINKED, reserved)
             if memory:
@@ -156,13 +158,18 @@ class RedisLinks(LinkStore):
 
     async def _reserve(
         self, profile: CallerRef, link: Link, max_links: int, now_ms: int
-    ) -> Link | LinkStatus:
+    ) -> tuple[Link, str] | LinkStatus:
         """Step 1, in the profile's slot: the link as it is to be stored (a new reservation, or the
-        identifier's live entry), or the refusal (SAME, TOO_MANY); raises ProfileMoved."""
+        identifier's live entry) and the profile's erasure mark then (step 3 refuses if it changed), or the
+        refusal (SAME, TOO_MANY); raises ProfileMoved."""
         project = profile.project
         reply: list[Any] = await self._transport.script(
             "link_reserve",
-            [keys.alias_key(project, profile.subject), keys.links_key(project, profile.subject)],
+            [
+                keys.alias_key(project, profile.subject),
+                keys.links_key(project, profile.subject),
+                keys.tombstone_key(project, profile.subject),
+            ],
             [
                 now_ms,
                 link.subject,
@@ -183,7 +190,7 @@ class RedisLinks(LinkStore):
             return LinkStatus.SAME
         # The identifier's entry: its id, linked_at and kind; the new expiry (written by step 3).
         link_id, linked_at, kind = reply[1].decode(), int(reply[2]), reply[3].decode()
-        return Link(link_id, kind, link.subject, linked_at, link.expires_at)
+        return Link(link_id, kind, link.subject, linked_at, link.expires_at), reply[5].decode()
 
     async def _make_alias(
         self, profile: CallerRef, link: Link, merge: bool, now_ms: int
@@ -208,10 +215,10 @@ class RedisLinks(LinkStore):
         return status, memory if len(memory) > 1 else []
 
     async def _absorb(
-        self, profile: CallerRef, link: Link, memory: Sequence[Any], now_ms: int
+        self, profile: CallerRef, link: Link, memory: Sequence[Any], now_ms: int, mark: str
     ) -> tuple[int, bool] | None:
         """Step 3, in the profile's slot: (fields merged, first interaction merged), or None if the profile
-        was erased after ``now_ms`` (nothing written)."""
+        was erased since step 1 found its erasure ``mark``, or after ``now_ms`` (nothing written)."""
         project, subject = profile.project, profile.subject
         reply: list[Any] = await self._transport.script(
             "link_absorb",
@@ -230,6 +237,7 @@ class RedisLinks(LinkStore):
                 link.kind,
                 link.linked_at,
                 link.expires_at,
+                mark,
                 *(memory or (0,)),
             ],
         )

@@ -28,13 +28,14 @@ def slot(key: str) -> int:
 
 async def cut_short(store: RedisStore, profile: str, new: Link, at: int, steps: int) -> Link:
     """The first ``steps`` steps of a merging link, as a service that died after them left it."""
-    reserved = await store._reserve(ref(profile), new, MAX, at)
-    assert isinstance(reserved, Link)
+    found = await store._reserve(ref(profile), new, MAX, at)
+    assert isinstance(found, tuple)
+    reserved, mark = found
     if steps >= 2:
         status, memory = await store._make_alias(ref(profile), reserved, True, at)
         assert status == 0
         if steps >= 3:
-            assert await store._absorb(ref(profile), reserved, memory, at) is not None
+            assert await store._absorb(ref(profile), reserved, memory, at, mark) is not None
     return reserved
 
 

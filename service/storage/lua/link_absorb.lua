@@ -8,7 +8,7 @@ KEYS[3]  its first interaction             cm:{<bucket>}:f:<project>:<profile>
 KEYS[4]  its links                         cm:{<bucket>}:ll:<project>:<profile>
 KEYS[5]  its tombstone                     cm:{<bucket>}:t:<project>:<profile>
 ARGV     now (ms), the profile's member in the expiry index, the identifier's subject, the link's link_id,
-         kind, linked_at and expires_at, F, then F pairs of name and packed field (the identifier's live
+         kind, linked_at and expires_at, the profile's erasure mark as link_reserve.lua found it, F, then F pairs of name and packed field (the identifier's live
          fields), then the identifier's first interaction as flat field/value pairs (none: it has none)
 
 The merge rule: per field the one written later (written_at) wins, the profile's on a tie (or when the
@@ -20,8 +20,10 @@ not run is finished by the service without merging again: a field deleted from t
 not come back). The entry is written whole (state "d"), also when it was taken back meanwhile by a refused
 attempt of the same link: the identifier's alias record, set by step 2, names it.
 
-An erasure of the profile after the link was begun (tombstone erased_at after now) wins: nothing is written
-(what step 2 returned may be what that erasure removed from the identifier).
+An erasure of the profile after the link was begun wins: nothing is written (what step 2 returned may be what
+that erasure removed from the identifier). It is known by the tombstone's mark having changed since step 1
+(whatever the clocks say: an erasure stamped at the link's own millisecond, or by a replica whose clock lags,
+is one), and by a tombstone erased_at after now (an erasure stamped after the link began).
 
 Returns {0} when the profile was erased so, else {1, fields merged, 1 if the first interaction was the
 identifier's (else 0)}.
@@ -29,11 +31,12 @@ identifier's (else 0)}.
 local now = tonumber(ARGV[1])
 local member, subject = ARGV[2], ARGV[3]
 local link_id, kind, linked_at, expires_at = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local count = tonumber(ARGV[8])
-local first_start = 9 + 2 * count
+local mark = ARGV[8]
+local count = tonumber(ARGV[9])
+local first_start = 10 + 2 * count
 
 local tomb = redis.call('HMGET', KEYS[5], 'erased_at', 'expires_at')
-if tomb[1] and tonumber(tomb[2]) > now and tonumber(tomb[1]) > now then
+if tomb[1] and (tomb[1] ~= mark or (tonumber(tomb[2]) > now and tonumber(tomb[1]) > now)) then
   return {0}
 end
 
@@ -53,7 +56,7 @@ if not (entry and string.sub(entry, 1, 2) == 'd|') then
       stored[raw[i]] = f
     end
     local written = {}
-    for i = 9, first_start - 1, 2 do
+    for i = 10, first_start - 1, 2 do
       local name, f = ARGV[i], parse(ARGV[i + 1])
       if not f then
         return redis.error_reply('CMBADARG malformed packed field')

@@ -4,6 +4,9 @@ profile that is itself an alias, then find the identifier's entry in the profile
 
 KEYS[1]  the profile's alias record   cm:{<bucket>}:la:<project>:<profile>
 KEYS[2]  the profile's links          cm:{<bucket>}:ll:<project>:<profile>  (same slot: the profile's tag)
+KEYS[3]  the profile's tombstone      cm:{<bucket>}:t:<project>:<profile>: its erasure mark (its erased_at, ""
+         when none) is returned, and link_absorb.lua refuses to merge if the mark changed meanwhile (an erasure
+         of the profile landed between the steps of the link, whatever the clocks of the two say)
 ARGV     now (ms), the identifier's subject, then the new link's link_id, kind, linked_at, expires_at,
          max_links (live links the profile may have), and "1" if the identifier is the profile itself
 
@@ -12,8 +15,8 @@ An entry is "<state>|<linked_at>|<expires_at>|<kind>|<link_id>", state "p" while
 refuses an identifier with live links) and "d" once made (link_absorb.lua). Expired entries are removed on the
 way; the hash expires at its latest entry's expiry.
 
-Returns {0, link_id, linked_at, kind, "p"} for a new entry, {1, link_id, linked_at, kind, state} for the
-identifier's live entry (kept as it is: its id and linked_at are reused), {2} when the profile has max_links
+Returns {0, link_id, linked_at, kind, "p", mark} for a new entry, {1, link_id, linked_at, kind, state, mark} for
+the identifier's live entry (kept as it is: its id and linked_at are reused), {2} when the profile has max_links
 live links already, {3, profile} when the profile is a live alias of that profile, {4} when the identifier is
 the profile itself (after the alias check: a profile that is an alias is moved, whatever is linked to it).
 Nothing but expired entries is written unless the status is 0.
@@ -32,6 +35,7 @@ if ARGV[8] == '1' then
   return {4}
 end
 
+local mark = redis.call('HGET', KEYS[3], 'erased_at') or ''
 local raw = redis.call('HGETALL', KEYS[2])
 -- latest is kept as the stored string too: it goes back to Redis as it came
 local live, dead, latest, latest_s, mine = 0, {}, 0, nil, nil
@@ -48,7 +52,7 @@ for i = 1, #raw, 2 do
       latest, latest_s = n, e
     end
     if raw[i] == subject then
-      mine = {1, id, linked, kind, state}
+      mine = {1, id, linked, kind, state, mark}
     else
       live = live + 1
     end
@@ -69,4 +73,4 @@ if tonumber(expires_at) > latest then
   latest_s = expires_at
 end
 redis.call('PEXPIREAT', KEYS[2], latest_s)
-return {0, link_id, linked_at, kind, 'p'}
+return {0, link_id, linked_at, kind, 'p', mark}
