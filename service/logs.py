@@ -22,10 +22,20 @@ SEPARATOR = (
 MAX_RUN = 64
 #: An ISO 8601 calendar date (2026-11-30) is left as it is: eight digits with dashes are a date.
 _ISO_DATE = r"(?:1[89]|2\d)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d|[-./_~]\d)"
-#: Runs of 7+ digits, optionally with a leading plus and separators, that are not part of a longer word
-#: (hex ids and pseudonyms hold digit runs too, and are not numbers).
+#: The ids the service issues and logs, left whole: a token's id (``cm_`` + 12 hex), a webhook's (``wh_``
+#: + 16), and 32 lower-case hex standing alone (pseudonyms, receipts, sweeps; also after a vendor's two
+#: capitals, as Twilio's ``CA`` + 32). Not glued to another letter or digit, nor after a '+'. Their digit
+#: runs are not numbers; no other word is a shelter (see _PHONE_LIKE), and shorter hex words are none: an
+#: attacker's ``abc4155550100def`` is a word of 16 hex digits.
+_ISSUED_ID = (
+    r"(?<![^\W_])(?<![+\uff0b])(?:cm_[0-9a-f]{12}|wh_[0-9a-f]{16}|(?:[A-Z]{2})?[0-9a-f]{32})(?![^\W_])"
+)
+#: Runs of 7+ digits, optionally with a leading plus and separators, wherever they stand: glued to letters
+#: too (``tel:+14155550100``, ``id4155550100x``, ``x+44 20 7946 0958y``), since a reader takes the number
+#: out of a word as easily as out of a sentence. Only a date, and an id of the shape the service issues,
+#: keep their digits; they are matched first, so a number is never looked for inside them.
 _PHONE_LIKE = re.compile(
-    rf"(?<![^\W_])(?:(?P<date>{_ISO_DATE})|[+\uff0b]?\d(?:{SEPARATOR}{{0,{MAX_RUN}}}\d){{6,}})(?![^\W_])"
+    rf"(?P<kept>(?<![^\W_])(?:{_ISO_DATE})|{_ISSUED_ID})|[+\uff0b]?\d(?:{SEPARATOR}{{0,{MAX_RUN}}}\d){{6,}}"
 )
 #: What a client may have written in an escaped form that a log line or error message quotes as it came:
 #: percent-encoding (a URL) and ``\xNN`` escapes (the repr of the bytes aiohttp could not parse).
@@ -70,7 +80,7 @@ def unescaped(text: str) -> str:
 
 
 def _phone(match: re.Match[str]) -> str:
-    return match.group() if match.group("date") else "[number]"
+    return match.group() if match.group("kept") else "[number]"
 
 
 def mask_text(text: str) -> str:
