@@ -1,7 +1,8 @@
 """Caller identifiers: parsing to a canonical form and pseudonymisation at rest.
 
 Three kinds (SPEC section 13): a phone number (canonical form E.164, ``+14155550100``), an email address
-(``email:`` then the address trimmed and case-folded as a whole: ``email:ada@example.com``) and a
+(``email:`` then the address trimmed and case-folded as a whole: ``email:ada@example.com``, with the
+spellings that mail and DNS read as one address written one way: see ``_email``) and a
 project-defined account id (``account:`` then 1-64 of ``[A-Za-z0-9._-]``, kept as written). The prefixes are
 read case-insensitively.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import unicodedata
 from functools import lru_cache
 
 import phonenumbers
@@ -94,21 +96,61 @@ def parse_identifier(raw: str, default_region: str | None = None) -> str:
     return normalize(raw, default_region)
 
 
+#: What a domain name is read with as its dots (IDNA, RFC 3490 section 3.1): the ideographic and full-width
+#: full stops are the same separator as '.', so ``example。com`` is ``example.com``.
+_DOMAIN_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
+
+
+def _visible(text: str) -> bool:
+    """No character of ``text`` is invisible or a separator (controls, format characters such as the
+    zero-width space, unassigned or private-use code points, spaces of any kind): no mail system takes one
+    in an address, and each would make a look-alike of an address into a distinct identity."""
+    return not any(unicodedata.category(c)[0] in "CZ" for c in text)
+
+
+def _domain_label(label: str) -> str:
+    """A domain label in its Unicode form: an A-label (``xn--``, punycode) decoded to the U-label it
+    spells, so that both spellings of an internationalised domain name one identity. A label that does not
+    decode to non-ASCII text is not an A-label and is kept as written."""
+    if not label.startswith("xn--"):
+        return label
+    try:
+        decoded = label[4:].encode("ascii").decode("punycode")
+    except (UnicodeError, ValueError):
+        return label
+    return _caseless(decoded) if not decoded.isascii() and _visible(decoded) else label
+
+
+def _caseless(text: str) -> str:
+    """Case-folded for caseless matching (Unicode's canonical caseless match): the composed and decomposed
+    spellings of one accented letter fold to one text."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", text).casefold())
+
+
 @lru_cache(maxsize=65536)
 def _email(address: str) -> str:
-    folded = address.strip().casefold()
+    """``email:`` and the address trimmed and case-folded as a whole (SPEC 14), and written one way where
+    the mail and domain name systems read two spellings as one address: the domain's root dot dropped
+    (``example.com.`` is ``example.com``), the IDNA dots as '.', A-labels as their Unicode labels, and
+    Unicode in its composed form. Nothing provider-specific (dots or ``+tags`` in a local part stay)."""
+    folded = _caseless(address.strip())
     local, at, domain = folded.rpartition("@")
+    domain = domain.translate(_DOMAIN_DOTS)
+    if domain.endswith(".") and not domain.endswith(".."):
+        domain = domain[:-1]  # the root label: a fully qualified name of the same domain
+    labels = domain.split(".")
     if (
         not at
         or not local
         or "@" in local
         or len(folded) > MAX_EMAIL_CHARS
         or _EMAIL_BAD.search(folded)
-        or "." not in domain.strip(".")
-        or ".." in domain
+        or not _visible(folded)
+        or len(labels) < 2
+        or not all(labels)
     ):
         raise InvalidIdentifier(_EMAIL_HELP, kind="email")
-    return EMAIL_PREFIX + folded
+    return f"{EMAIL_PREFIX}{local}@{'.'.join(_domain_label(label) for label in labels)}"
 
 
 def kind_of(canonical: str) -> str:
