@@ -53,7 +53,7 @@ MAX_ATTESTATION_CHARS: Final = 64
 
 
 def _table() -> dict[str, str]:
-    table: dict[str, str] = {name.casefold(): name for name in ATTESTATIONS}
+    table: dict[str, str] = {name: name for name in ATTESTATIONS}
     for level in "ABC":
         for suffix in ("", "-Diverted"):
             table[f"TN-Validation-Passed-{level}{suffix}"] = level  # Twilio
@@ -66,7 +66,8 @@ def _table() -> dict[str, str]:
         "Not Verified": "C",  # Plivo: B, C or unsigned
         "Not Applicable": "unknown",  # Plivo
     }
-    return {key.casefold(): value for key, value in table.items()}
+    # Keys in ASCII lower case: values are matched by their ASCII letters only (see normalize_attestation).
+    return {key.lower(): value for key, value in table.items()}
 
 
 _NORMALISED: Final = _table()
@@ -79,17 +80,20 @@ _ACCEPTED = (
 
 
 def normalize_attestation(raw: str | None) -> str:
-    """One of :data:`ATTESTATIONS` for ``raw`` (any case, surrounding whitespace ignored); ``"unknown"`` for
+    """One of :data:`ATTESTATIONS` for ``raw`` (ASCII, any case, surrounding whitespace ignored); ``"unknown"`` for
     None or an empty value. Raises :class:`InvalidInput` (field ``attestation``) for anything else; the
     message lists what is accepted and never quotes the value (it came from a client)."""
     if raw is None:
         return "unknown"
-    if not isinstance(raw, str) or len(raw) > MAX_ATTESTATION_CHARS:
+    # ASCII only, before any case mapping: Unicode's mappings take look-alikes to ASCII letters (the Kelvin
+    # sign lowers to 'k', the long s and the ligature 'ﬅ' case-fold to 's' and 'st', 'ﬁ' upper-cases to
+    # 'FI'), and no provider sends anything but ASCII. For ASCII text, lower() changes A-Z only.
+    if not isinstance(raw, str) or len(raw) > MAX_ATTESTATION_CHARS or not raw.isascii():
         raise InvalidInput(_ACCEPTED, field="attestation")
     text = raw.strip()
     if not text:
         return "unknown"
     try:
-        return _NORMALISED[text.casefold()]
+        return _NORMALISED[text.lower()]
     except KeyError:
         raise InvalidInput(_ACCEPTED, field="attestation") from None
