@@ -128,18 +128,32 @@ class Lifecycle:
         }
 
     async def supersede(
-        self, project: Project, ref: CallerRef, channel: str, conversation_id: str, now: int
+        self,
+        project: Project,
+        ref: CallerRef,
+        channel: str,
+        conversation_id: str,
+        now: int,
+        *,
+        resume: bool = True,
     ) -> tuple[list[str], list[Header]]:
         """End the caller's other conversations still open on ``channel`` (any channel with
         ``cross_channel``) as ``superseded``; returns their ids, and the headers of the caller's other
-        conversations there (the resume candidates)."""
+        conversations there that a resume may offer (with ``resume``: the latest resumable ones within
+        ``resume_window`` too). Reads what the store keeps by caller and channel, never all of the caller's
+        conversations: a caller with thousands costs a start what one with a few does."""
         cc = project.conversation
+        headers = await self._store.channel_conversations(
+            ref,
+            None if cc.cross_channel else channel,
+            now,
+            now - cc.resume_window_ms if resume else None,
+        )
+        headers.sort(key=lambda h: (h.started_at, h.key.conversation_id), reverse=True)
         superseded: list[str] = []
         candidates: list[Header] = []
-        for header in await self._store.caller_conversations(ref, now):
+        for header in headers:
             if header.key.conversation_id == conversation_id or header.expired(now):
-                continue
-            if not cc.cross_channel and header.channel != channel:
                 continue
             if header.status is TranscriptStatus.OPEN:
                 ended = await self.end_by_service(project, header, "superseded")
@@ -151,9 +165,10 @@ class Lifecycle:
 
     async def _started_by_append(self, project: Project, header: Header) -> None:
         """A conversation started by its first append (no start: the SDK's start failed, or a client that
-        does not use it) supersedes like a start."""
+        does not use it) supersedes like a start (and offers no resume: nobody would read it)."""
         ref = CallerRef(project.project_id, header.subject)
-        await self.supersede(project, ref, header.channel, header.key.conversation_id, self._clock.now_ms())
+        now = self._clock.now_ms()
+        await self.supersede(project, ref, header.channel, header.key.conversation_id, now, resume=False)
 
     async def _resume(
         self, project: Project, candidates: list[Header], now: int, reader: Reader, call: CallTrust | None

@@ -19,12 +19,15 @@ the caller, until ``forget_at``.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
+
+from .limits import CONVERSATION_ID_RE
 
 if TYPE_CHECKING:  # store.py defines CallerRef and the Store that inherits this interface
     from .fields import StoredField
@@ -112,9 +115,19 @@ class Header:
     lease_until: int = 0
     #: Extra data the domain keeps with the end (encoded JSON: outcome, ...), "" before.
     end_data: builtins.bytes = b""
+    #: The region of the caller's number when the conversation was created (ISO 3166 code such as "GB";
+    #: "" when unknown, not a phone number, or written by a release that did not keep it). Never the number.
+    region: str = ""
 
     def expired(self, now_ms: int) -> bool:
         return self.expires_at <= now_ms
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a callback may resume it (SPEC sections 10 and 14): it ended by the service (``inactivity``,
+        ``superseded``) or its end said the call dropped. The stores keep the newest resumable conversations
+        of each caller and channel by this rule (:meth:`TranscriptStore.channel_conversations`)."""
+        return self.ended_by in ("inactivity", "superseded") or self.end_reason == "dropped"
 
 
 @dataclass(slots=True)
@@ -146,6 +159,9 @@ class AppendWrite:
     #: passed. (The project's bound is the domain's, on :meth:`TranscriptStore.transcript_bytes`.)
     max_messages: int
     max_bytes: int
+    #: The region of the caller's number (``Header.region``), kept only when this append creates the
+    #: conversation.
+    region: str = ""
 
 
 class AppendStatus(enum.Enum):
@@ -184,6 +200,50 @@ class TranscriptQuery:
     after_turn: int | None = None
     last: int | None = None
     limit: int | None = None
+
+
+#: How many resumable ended conversations a store keeps at hand per caller and channel (and per caller across
+#: channels) for :meth:`TranscriptStore.channel_conversations`: resume offers the latest one, so a few leave
+#: room for some of them being deleted or erased meanwhile.
+RESUMABLE_KEPT = 8
+
+
+class PagePosition(NamedTuple):
+    """Where a page of a caller's conversations ends: the last conversation's start and id."""
+
+    started_at: int
+    conversation_id: str
+
+    def token(self) -> str:
+        """The position as an opaque cursor (URL-safe); :meth:`parse` reads it back."""
+        raw = f"{self.started_at}.{self.conversation_id}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def parse(cls, token: str) -> PagePosition | None:
+        """The position a :meth:`token` holds; None for anything else."""
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
+        except ValueError:  # binascii.Error and UnicodeDecodeError alike
+            return None
+        started, dot, conversation_id = raw.partition(".")
+        if (
+            not dot
+            or not started.isdigit()
+            or len(started) > 16
+            or not CONVERSATION_ID_RE.match(conversation_id)
+        ):
+            return None
+        return cls(int(started), conversation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class CallerPage:
+    """A page of a caller's conversations (:meth:`TranscriptStore.caller_conversations_page`)."""
+
+    headers: list[Header]
+    #: Where the next page starts (pass it as ``after``); None when no conversation follows.
+    next: PagePosition | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +286,8 @@ class TranscriptStore(ABC):
         """Append ``write.messages`` in order, whole or not at all, and keep ``write.checkpoint``.
 
         Creates the conversation when it does not exist and ``write.create`` is true (OPEN, started and last
-        active at ``now_ms``, listed among the caller's conversations so that an erasure finds it), unless
+        active at ``now_ms``, with ``write.region``, listed among the caller's conversations so that an
+        erasure finds it, and among those of its channel, :meth:`channel_conversations`), unless
         the caller was erased at or after ``write.made_at`` (ERASED; this holds for an append to an existing
         conversation too). ``write.caller`` is looked at only with ``write.create``. Refuses, writing
         nothing and in this order: a marker header (ERASED), a conversation of another caller when ``write.create`` is true
@@ -298,7 +359,36 @@ class TranscriptStore(ABC):
     @abstractmethod
     async def caller_conversations(self, caller: CallerRef, now_ms: int) -> list[Header]:
         """The headers of the caller's conversations not yet forgotten (markers excluded), newest start
-        first."""
+        first (then conversation id, descending): all of them, which costs in proportion to their number (an
+        erasure names them all); a listing pages with :meth:`caller_conversations_page`."""
+
+    @abstractmethod
+    async def caller_conversations_page(
+        self, caller: CallerRef, now_ms: int, limit: int, after: PagePosition | None = None
+    ) -> CallerPage:
+        """One page of :meth:`caller_conversations`, in the same order (newest start first, then conversation
+        id, descending): those after ``after`` (from the first when None), at most ``limit``. A page may
+        hold fewer than ``limit`` even when more follow (an index entry of a conversation deleted or forgotten
+        meanwhile is skipped); ``next`` is None only when none follows. Every conversation that lives from the
+        first page to the last is on exactly one page. Costs in proportion to ``limit``, not to the caller's
+        number of conversations (a caller listed by an earlier release is indexed once, at its first page
+        or start)."""
+
+    @abstractmethod
+    async def channel_conversations(
+        self, caller: CallerRef, channel: str | None, now_ms: int, resumable_since: int | None = None
+    ) -> list[Header]:
+        """What a start of a conversation of ``caller`` on ``channel`` (any channel when None) looks at, in a
+        cost that does not grow with the caller's number of conversations: the headers of every conversation
+        there still OPEN or ENDING, and, with ``resumable_since``, of the newest ENDED ones there that are
+        :attr:`Header.resumable` with a last activity at or after it (at least the newest
+        :data:`RESUMABLE_KEPT` of them that have not been deleted or erased). Markers, expired transcripts
+        and other callers' conversations are left out; the order is unspecified.
+
+        Kept by the store on every transition: a creating append lists it, :meth:`finish_end` moves it from
+        the open ones to the resumable ones (or drops it), a deletion or an erasure removes it; an index entry
+        left behind (a crash between a conversation's write and its caller's index, an expiry, a conversation
+        forgotten) is checked against the header, left out, and corrected on the way."""
 
     @abstractmethod
     async def delete_conversation(self, key: ConversationKey, now_ms: int) -> Header | None:

@@ -187,4 +187,7 @@ class Appended(TypedDict):
 
 @with_config(_CLOSED)
 class CallerConversations(TypedDict):
-    conversations: list[ConversationStatus]
+    conversations: Annotated[list[ConversationStatus], Field(description="Newest start first.")]
+    next_cursor: Annotated[
+        str | None, Field(description="Pass as `cursor` for the next page; null on the last page.")
+    ]

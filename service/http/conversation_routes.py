@@ -12,7 +12,7 @@ from ..domain.tokens import Principal, Role
 from ..domain.transcript_bodies import EVERYONE, Reader, read_append
 from ..domain.transcript_service import TranscriptService
 from .keys import SERVICES, Services
-from .queries import ContextQuery, HistoryQuery, parse_query
+from .queries import CallerConversationsQuery, ContextQuery, HistoryQuery, parse_query
 from .responses import json_response
 from .routes import PRINCIPAL, actor, call_for, project_for, read_body, read_json
 
@@ -151,8 +151,16 @@ async def caller_conversations(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     identifier = request.match_info["identifier"]
     services.memory.caller(project, identifier)  # a bad identifier is reported as the path's `identifier`
-    listed = await services.transcripts.for_caller(project, identifier)
-    return json_response(listed, headers=NO_STORE)
+    query = parse_query(request, CallerConversationsQuery)
+    listed = await services.transcripts.for_caller(
+        project, identifier, limit=query.limit, cursor=query.cursor
+    )
+    headers = dict(NO_STORE)
+    cursor = listed["next_cursor"]
+    if cursor is not None:
+        headers["X-Next-Cursor"] = cursor
+        headers["Link"] = f'<{request.rel_url.update_query(cursor=cursor)}>; rel="next"'
+    return json_response(listed, headers=headers)
 
 
 @routes.delete(CONVERSATION)

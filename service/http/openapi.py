@@ -456,6 +456,9 @@ def _links() -> dict[tuple[str, str], Json]:
         ("list_conversations", "200"): {
             "NextPage": to("list_conversations", project | {"query.cursor": "$response.body#/next_cursor"}),
         },
+        ("caller_conversations", "200"): {
+            "NextPage": to("caller_conversations", caller | {"query.cursor": "$response.body#/next_cursor"}),
+        },
         ("list_audit", "200"): {
             "NextPage": to("list_audit", project | {"query.before": "$response.body#/next_cursor"}),
         },

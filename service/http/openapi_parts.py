@@ -15,7 +15,7 @@ from ..domain.limits import (
     TOKEN_ID_PATTERN,
 )
 from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
-from .queries import ContextQuery, HistoryQuery, QueryModel, query_parameters
+from .queries import CallerConversationsQuery, ContextQuery, HistoryQuery, QueryModel, query_parameters
 
 Json = dict[str, Any]
 
@@ -546,10 +546,23 @@ def conversation_operations() -> dict[tuple[str, str], Json]:
         ("get", "/v1/projects/{project}/callers/{identifier}/conversations"): operation(
             "caller_conversations",
             "admin",
-            "A caller's conversations (their transcripts' status)",
+            "A caller's conversations (their transcripts' status), a page at a time",
             {
-                "200": response("Newest start first.", "CallerConversations", *NO_STORE),
-                "422": problem(f"{BAD_CALLER}."),
+                "200": response(
+                    "Newest start first, at most `limit`; the next page's cursor is `next_cursor` (null on "
+                    "the last page), also in `X-Next-Cursor` and `Link`. A page may hold fewer than `limit` "
+                    "while more follow (expired transcripts are left out).",
+                    "CallerConversations",
+                    *NO_STORE,
+                    "X-Next-Cursor",
+                    "Link",
+                ),
+                "422": problem(
+                    f"{BAD_CALLER}, or a malformed `limit`, or a `cursor` this listing did not return; "
+                    "`errors` names it."
+                ),
             },
+            query=CallerConversationsQuery,
+            description="Each page costs what it holds, however many conversations the caller has.",
         ),
     }

@@ -143,6 +143,15 @@ class MemoryQuery(TrustQuery):
     """``GET /v1/projects/{project}/callers/{identifier}/memory``."""
 
 
+class CallerConversationsQuery(QueryModel):
+    """``GET /v1/projects/{project}/callers/{identifier}/conversations``."""
+
+    limit: Limit = _limit(50, 200)
+    cursor: str | None = Field(
+        default=None, pattern=f"^{_CURSOR.pattern}$", description="next_cursor of the previous page"
+    )
+
+
 class AuditQuery(QueryModel):
     """``GET /v1/projects/{project}/audit``."""
 

@@ -44,6 +44,15 @@ Layout (all keys start with ``cm:``)::
     cm:{<bucket>}:vc:<project>:<subject>  zset      the caller's conversation ids (erasure finds them), in
                                                     the caller's slot; score = a time no earlier than the
                                                     conversation's forget_at (its "horizon")
+    cm:{<bucket>}:vs:<project>:<subject>  zset      the same ids by start (score started_at): the listing's
+                                                    pages; entries leave with the vc entry
+    cm:{<bucket>}:vk:<project>:<subject>  zset      the caller's conversations by channel, all scores 0:
+                                                    "<channel>\no<conv_id>" while open or ending, and
+                                                    "<channel>\nr<13 digits: 9999999999999 - last
+                                                    activity><conv_id>" for the newest resumable ended ones
+                                                    (redis_caller_index.py)
+    cm:{<bucket>}:va:<project>:<subject>  zset      the same across channels: conv_id -> 2^53 - 1 while open
+                                                    or ending, its last activity once resumable and ended
     cm:vdue                               zset      the inactivity due index of the whole store: member
                                                     "<project>:<conv_id>", score = when it is due (never
                                                     later than the header says; see redis_transcripts.py)
@@ -221,6 +230,32 @@ def transcript_keys(project: str, conversation_id: str) -> list[str]:
 def caller_transcripts_key(project: str, subject: str) -> str:
     """The ids of the caller's conversations (transcripts), in the caller's slot, so that erasure finds them."""
     return f"{_PREFIX}{{{bucket_of(subject)}}}:vc:{project}:{subject}"
+
+
+def caller_started_key(project: str, subject: str) -> str:
+    """The caller's conversation ids by start time, in the caller's slot (the listing's pages)."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:vs:{project}:{subject}"
+
+
+def caller_channels_key(project: str, subject: str) -> str:
+    """The caller's open and newest resumable conversations by channel, in the caller's slot."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:vk:{project}:{subject}"
+
+
+def caller_recent_key(project: str, subject: str) -> str:
+    """The caller's open and newest resumable conversations across channels, in the caller's slot."""
+    return f"{_PREFIX}{{{bucket_of(subject)}}}:va:{project}:{subject}"
+
+
+def caller_index_keys(project: str, subject: str) -> list[str]:
+    """The caller's conversation listing and its indexes, in the caller's slot: the KEYS of
+    ``transcript_lane.lua`` in order (vc, vs, vk, va)."""
+    return [
+        caller_transcripts_key(project, subject),
+        caller_started_key(project, subject),
+        caller_channels_key(project, subject),
+        caller_recent_key(project, subject),
+    ]
 
 
 #: The inactivity due index of every conversation of the store.

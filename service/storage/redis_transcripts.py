@@ -10,7 +10,8 @@ each operation on it is one Lua script in one slot (reads too: ``transcript_read
   ``subject``, ``channel``, ``agent``, ``started_at``, ``last_activity``, ``turn_id``, ``messages``,
   ``bytes``, ``tokens``, ``checkpoint_at``, ``ended_by``, ``end_reason``, ``ended_at``, ``lease_until``,
   ``end_data``, ``expires_at``, ``forget_at``, ``due_at`` (the due time for inactivity, or the lease's end
-  while ending), ``horizon`` (the score of its entry among its caller's conversations) and, when its caller
+  while ending), ``horizon`` (the score of its entry among its caller's conversations), ``region`` (absent
+  from headers of earlier releases: read as "") and, when its caller
   had been erased before it started, ``prior_erased_at`` and ``prior_erased_until`` (that tombstone's);
   a marker keeps ``status``, ``expires_at`` and ``forget_at`` only;
 - the messages ``vm``, a list of ``<message id>\n<body>`` ("" for no id; a message id holds no newline), in
@@ -35,7 +36,9 @@ conversation's slot (``transcript_remove.lua``, which writes one even when there
 creating append finds the marker. Each entry's score is its *horizon*, never earlier than the header's
 ``forget_at``: the append script asks to extend it (the service lists it again, with the same erasure check)
 before a later ``forget_at`` would pass it, so the horizon doubles the remaining time and is extended about once
-per remembering period. Entries whose horizon passed are forgotten: ``ZREMRANGEBYSCORE`` at each listing.
+per remembering period. Entries whose horizon passed are forgotten: ``ZREMRANGEBYSCORE`` at each listing. The
+same script lists a created conversation in the caller's indexes by start and by channel, which a start and
+the admin listing read instead of every header (:mod:`.redis_caller_index`).
 
 The inactivity due index is one sorted set for the whole store (``cm:vdue``; another slot on a cluster), member
 ``<project>:<conversation_id>``, score the due time. It is written only where the due time may move earlier
@@ -62,7 +65,6 @@ over-count, which is the safe side for a bound.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import struct
 from collections.abc import Awaitable, Sequence
@@ -89,6 +91,16 @@ from ..domain.transcript_store import (
 )
 from . import keys
 from .codec import memory_fields
+from .redis_caller_index import (
+    RedisCallerIndex,
+    _header,
+    ended_ops,
+    open_member,
+    resumable_member,
+)
+from .redis_caller_index import (
+    _all as _all,  # redis_webhooks.py imports it from here
+)
 from .redis_transport import Call, Command, RedisTransport, hash_reply
 
 #: One message's record in a conversation's index: its turn id (exact as a double up to 2**53) and the first 4
@@ -106,6 +118,7 @@ TRANSCRIPT_SCRIPTS = (
     "transcript_due",
     "transcript_due_index",
     "transcript_tally",
+    "transcript_lane",
 )
 
 #: How long an open conversation whose transcript expired stays due (nothing can claim it any more).
@@ -115,8 +128,6 @@ _DUE_ROUNDS = 4
 #: Conversations an erasure turns into markers at once.
 _ERASE_CHUNK = 32
 
-_MARKERS = (TranscriptStatus.ERASED, TranscriptStatus.DELETED)
-
 
 @functools.lru_cache(maxsize=8192)
 def _keys_of(project: str, conversation_id: str) -> tuple[str, str, str, str]:
@@ -124,50 +135,6 @@ def _keys_of(project: str, conversation_id: str) -> tuple[str, str, str, str]:
     formats, on every request of a conversation."""
     header, messages, ids, data = keys.transcript_keys(project, conversation_id)
     return header, messages, ids, data
-
-
-def _header(key: ConversationKey, flat: Any, data: Any, now_ms: int) -> Header | None:
-    """A header from its hash (HGETALL, flat or a dict) and ``[checkpoint, summary]``; None when there is none
-    or it is forgotten. A marker, or a header whose transcript expired, keeps only its status and expiries."""
-    raw = hash_reply(flat) if flat else {}
-    if not raw:
-        return None
-    try:
-        forget_at = int(raw[b"forget_at"])
-        if forget_at <= now_ms:
-            return None
-        status = TranscriptStatus(raw[b"status"].decode())
-        expires_at = int(raw[b"expires_at"])
-        if status in _MARKERS or expires_at <= now_ms:
-            return Header(
-                key, status, "", "", "", 0, 0, -1, 0, 0, 0, None, 0, None, "", "", 0, expires_at, forget_at
-            )
-        checkpoint, summary = [*(data or ()), None, None][:2]
-        return Header(
-            key=key,
-            status=status,
-            subject=raw[b"subject"].decode(),
-            channel=raw[b"channel"].decode(),
-            agent=raw[b"agent"].decode(),
-            started_at=int(raw[b"started_at"]),
-            last_activity=int(raw[b"last_activity"]),
-            turn_id=int(raw[b"turn_id"]),
-            messages=int(raw[b"messages"]),
-            bytes=int(raw[b"bytes"]),
-            tokens=int(raw[b"tokens"]),
-            checkpoint=checkpoint,
-            checkpoint_at=int(raw[b"checkpoint_at"]),
-            summary=summary,
-            ended_by=raw[b"ended_by"].decode(),
-            end_reason=raw[b"end_reason"].decode(),
-            ended_at=int(raw[b"ended_at"]),
-            expires_at=expires_at,
-            forget_at=forget_at,
-            lease_until=int(raw[b"lease_until"]),
-            end_data=raw[b"end_data"],
-        )
-    except (KeyError, ValueError, UnicodeDecodeError) as exc:
-        raise StoreCorrupt("a stored conversation header cannot be read") from exc
 
 
 def _messages(first: int, records: bytes, elements: Sequence[bytes]) -> list[StoredMessage]:
@@ -210,17 +177,7 @@ def _hour(at: int) -> int:
     return at - at % HOUR_MS
 
 
-async def _all(*calls: Awaitable[Any]) -> list[Any]:
-    """Await ``calls`` concurrently, each to its end, then raise the first failure (a Redis error is then
-    translated by the enclosing :class:`Call`, which an exception group would slip past)."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    failure = next((r for r in results if isinstance(r, BaseException)), None)
-    if failure is not None:
-        raise failure
-    return results
-
-
-class RedisTranscripts:
+class RedisTranscripts(RedisCallerIndex):
     """The conversation-memory methods of the Store interface on Redis (standalone or Redis Cluster)."""
 
     # Set by RedisStore.__init__ (service/storage/redis.py).
@@ -276,6 +233,7 @@ class RedisTranscripts:
                     keys.caller_transcripts_key(key.project, subject),
                     keys.tombstone_key(key.project, subject),
                     keys.TRANSCRIPTS_DUE,
+                    *keys.caller_index_keys(key.project, subject)[1:],
                 ]
         args: list[str | bytes | int] = [
             now_ms,
@@ -294,6 +252,8 @@ class RedisTranscripts:
             b"" if write.checkpoint is None else b"=" + write.checkpoint,
             tally,
             len(write.messages),
+            write.region,
+            open_member(write.channel, key.conversation_id) if write.create else "",
         ]
         for message in write.messages:
             message_id = "" if message.message_id is None else "=" + message.message_id
@@ -306,11 +266,19 @@ class RedisTranscripts:
         """List the conversation among ``subject``'s (and, for a creation, in the due index) before it is
         written; None when the caller was erased at or after the append was made."""
         project, conversation_id = write.key.project, write.key.conversation_id
+        listing, started, by_channel, across = keys.caller_index_keys(project, subject)
         calls: list[Awaitable[Any]] = [
             self._script(
                 "transcript_register",
-                [keys.caller_transcripts_key(project, subject), keys.tombstone_key(project, subject)],
-                [now_ms, write.made_at, conversation_id, horizon],
+                [listing, keys.tombstone_key(project, subject), started, by_channel, across],
+                [
+                    now_ms,
+                    write.made_at,
+                    conversation_id,
+                    horizon,
+                    now_ms if creating else "",
+                    open_member(write.channel, conversation_id) if creating else "",
+                ],
             )
         ]
         if creating:
@@ -403,30 +371,6 @@ class RedisTranscripts:
         (data,) = await self._transport.run(command, replicate=False)
         return data
 
-    async def caller_conversations(self, caller: CallerRef, now_ms: int) -> list[Header]:
-        index = keys.caller_transcripts_key(caller.project, caller.subject)
-        async with Call("caller_conversations", self._timeout):
-            (ids,) = await self._transport.run(("ZRANGE", index, 0, -1), replicate=False)
-            listed = [ConversationKey(caller.project, i.decode()) for i in ids]
-            commands: list[Command] = []
-            for key in listed:
-                header_key, _, _, data_key = keys.transcript_keys(key.project, key.conversation_id)
-                commands += [("HGETALL", header_key), ("HMGET", data_key, "checkpoint", "summary")]
-            # Each conversation is in a slot of its own: one write per primary.
-            replies = await self._transport.each(commands, replicate=False)
-        found: list[tuple[int, str, Header]] = []
-        subject = caller.subject.encode()
-        for i, key in enumerate(listed):
-            raw = hash_reply(replies[2 * i])
-            # An id may be listed and not (or no longer, or another caller's once reused) written.
-            if raw.get(b"subject") != subject:
-                continue
-            header = _header(key, raw, replies[2 * i + 1], now_ms)
-            if header is not None and header.status not in _MARKERS:
-                found.append((int(raw[b"started_at"]), key.conversation_id, header))
-        found.sort(key=lambda item: (item[0], item[1]), reverse=True)
-        return [header for _, _, header in found]
-
     async def transcript_bytes(self, project: str, now_ms: int, since: int) -> int:
         async with Call("transcript_bytes", self._timeout):
             (data,) = await self._transport.run(
@@ -478,7 +422,13 @@ class RedisTranscripts:
             header = _header(key, reply[1], reply[2], now_ms) if reply[0] else None
             if header is not None and header.status is TranscriptStatus.ENDED:
                 member = keys.due_member(key.project, key.conversation_id)
-                await self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, member))
+                raw = hash_reply(reply[1])
+                # Out of its caller's open ones (redis_caller_index.py), after the header says ended.
+                caller = CallerRef(key.project, raw[b"subject"].decode())
+                await _all(
+                    self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, member)),
+                    self._lane(caller, ended_ops(key.conversation_id, raw, now_ms)),
+                )
         return header
 
     async def reschedule(self, key: ConversationKey, due_at: int) -> None:
@@ -549,11 +499,18 @@ class RedisTranscripts:
             # The marker is written: now the links to it in other slots go.
             subject = raw[b"subject"].decode()
             member = keys.due_member(key.project, key.conversation_id)
+            channel, last = raw[b"channel"].decode(), int(raw[b"last_activity"])
+            cid = key.conversation_id
             follow: list[Awaitable[Any]] = [
-                self._transport.run(
-                    ("ZREM", keys.caller_transcripts_key(key.project, subject), key.conversation_id)
-                ),
+                self._transport.run(("ZREM", keys.caller_transcripts_key(key.project, subject), cid)),
                 self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, member)),
+                self._lane(
+                    CallerRef(key.project, subject),
+                    [
+                        ("drop", cid, open_member(channel, cid), resumable_member(channel, last, cid), 0),
+                        ("unlist", cid, "", "", 0),
+                    ],
+                ),
             ]
             if int(raw[b"expires_at"]) > now_ms and int(raw[b"bytes"]):
                 follow.append(self._tally(key.project, _hour(int(raw[b"started_at"])), -int(raw[b"bytes"])))
@@ -583,10 +540,25 @@ class RedisTranscripts:
         live = 0
         members: list[str] = []
         taken: dict[int, int] = {}
+        # Out of the caller's indexes (redis_caller_index.py): each id, and what its header says it had by
+        # channel. Not the whole keys: a conversation made after the erasure may be listed there already.
+        dropped: list[tuple[str, str, str, str, int]] = []
         for (conversation_id, _), reply in zip(listed, removed, strict=True):
+            dropped.append(("unlist", conversation_id, "", "", 0))
             if not reply[0]:
+                dropped.append(("drop", conversation_id, "", "", 0))
                 continue  # not written (a marker is left), another caller's, or a marker already
             raw = hash_reply(reply[1])
+            channel, last = raw[b"channel"].decode(), int(raw[b"last_activity"])
+            dropped.append(
+                (
+                    "drop",
+                    conversation_id,
+                    open_member(channel, conversation_id),
+                    resumable_member(channel, last, conversation_id),
+                    0,
+                )
+            )
             members.append(keys.due_member(project, conversation_id))
             if int(raw[b"expires_at"]) > now_ms:
                 live += 1
@@ -600,5 +572,6 @@ class RedisTranscripts:
         if listed:
             listing = keys.caller_transcripts_key(project, caller.subject)
             follow.append(self._transport.run(("ZREM", listing, *(i for i, _ in listed))))
+            follow.append(self._lane(caller, dropped))
         await _all(*follow)
         return live

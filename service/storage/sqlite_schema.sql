@@ -127,9 +127,21 @@ CREATE TABLE IF NOT EXISTS transcripts (
     end_data BLOB NOT NULL,
     due_at INTEGER,
     purge_at INTEGER,
+    -- The caller's region (ISO 3166, '' unknown): added after schema version 5 (sqlite.py adds it to older files).
+    region TEXT NOT NULL DEFAULT '',
     UNIQUE (project, conversation_id)
 );
 CREATE INDEX IF NOT EXISTS transcripts_by_caller ON transcripts (project, subject, started_at);
+-- What a start looks at (sqlite_transcripts.py, channel_conversations): a caller's open or ending conversations
+-- by channel, and their resumable ended ones by last activity, so that it costs what it finds, not what the
+-- caller ever had. Each query repeats its index's WHERE word for word, so that SQLite uses it.
+CREATE INDEX IF NOT EXISTS transcripts_open_by_channel ON transcripts (project, subject, channel)
+    WHERE status IN ('open', 'ending');
+CREATE INDEX IF NOT EXISTS transcripts_resumable_by_channel
+    ON transcripts (project, subject, channel, last_activity)
+    WHERE status = 'ended' AND (ended_by IN ('inactivity', 'superseded') OR end_reason = 'dropped');
+CREATE INDEX IF NOT EXISTS transcripts_resumable ON transcripts (project, subject, last_activity)
+    WHERE status = 'ended' AND (ended_by IN ('inactivity', 'superseded') OR end_reason = 'dropped');
 CREATE INDEX IF NOT EXISTS transcripts_by_due ON transcripts (due_at) WHERE due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS transcripts_by_purge ON transcripts (purge_at) WHERE purge_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS transcripts_by_forget ON transcripts (forget_at);

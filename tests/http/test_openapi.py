@@ -702,7 +702,11 @@ async def test_every_documented_query_range_is_what_the_api_accepts(
             schema = parameter["schema"]
             if parameter["in"] != "query" or schema.get("type") != "integer":
                 continue
-            concrete = path.replace("{project}", "shop").replace("{conversation_id}", "call-1")
+            concrete = (
+                path.replace("{project}", "shop")
+                .replace("{conversation_id}", "call-1")
+                .replace("{identifier}", "+14155550100")
+            )
             low, high = schema["minimum"], schema["maximum"]
             for value, accepted in ((low, True), (high, True), (low - 1, False), (high + 1, False)):
                 async with client.request(
@@ -714,9 +718,9 @@ async def test_every_documented_query_range_is_what_the_api_accepts(
                     else:
                         assert resp.status == 422 and body["errors"][0]["field"] == parameter["name"], body
             probed += 1
-    # sweeps, audit, the conversation listing and the failed deliveries each have a limit; history a limit
-    # and after_turn; context max_tokens
-    assert probed == 7
+    # sweeps, audit, the conversation listing, a caller's conversations and the failed deliveries each have a
+    # limit; history a limit and after_turn; context max_tokens
+    assert probed == 8
 
 
 def test_response_headers_and_tags_are_declared(doc: dict[str, Any]) -> None:

@@ -66,11 +66,15 @@ async def test_a_conversations_keys_share_one_slot_and_nothing_else_is_written(
     # The caller's listing is in the caller's slot (with their memory and tombstone), not the conversation's.
     assert slot(listing) == slot(keys.memory_key(PROJECT, caller.subject))
     assert slot(listing) == slot(keys.tombstone_key(PROJECT, caller.subject))
-    expected = {*conversation, listing, keys.TRANSCRIPTS_DUE, keys.transcript_volume_key(PROJECT)}
+    # So are its indexes by start and by channel (redis_caller_index.py).
+    index = keys.caller_index_keys(PROJECT, caller.subject)
+    assert {slot(k) for k in index} == {slot(listing)}
+    expected = {*conversation, *index, keys.TRANSCRIPTS_DUE, keys.transcript_volume_key(PROJECT)}
     assert {k.decode() for k in await redis_client.keys("*")} == expected
-    # The pseudonym is in the header (whose conversation it is) and in its listing's name; nowhere else.
+    # The pseudonym is in the header (whose conversation it is) and in its listing's (and indexes') names;
+    # nowhere else.
     assert caller.subject.encode() in (await redis_client.hgetall(conversation[0]))[b"subject"]
-    for name in expected - {listing, conversation[0]}:
+    for name in expected - {*index, conversation[0]}:
         assert caller.subject.encode() not in name.encode()
         assert caller.subject.encode() not in await contents(redis_client, name)
 

@@ -11,16 +11,18 @@ KEYS[4]  checkpoint, summary  cm:{<vbucket>}:vd:<project>:<conv_id>
 KEYS[5]  (standalone server only) the project's bytes by hour, cm:{a:<project>}:vb, another slot: on a
          cluster the service adds the bytes itself after this script (transcript_tally.lua)
 KEYS[6..8] (standalone server only, with a horizon of "@<due member>") the caller's conversations, the
-         caller's tombstone and the due index: the listing of transcript_register.lua is done here, in the
-         same step (on a cluster those keys are in other slots: the service runs that script first)
+         caller's tombstone and the due index, and KEYS[9..11] the caller's indexes (vs, vk, va: keys.py):
+         the listing of transcript_register.lua is done here, in the same step (on a cluster those keys are
+         in other slots: the service runs that script first)
 
 ARGV: now_ms, create ("1", "2" when the caller is of another project than the conversation, or ""), horizon ("" unless the service just listed the conversation among its
 caller's, transcript_register.lua: then the score it wrote; "@<due member>" on a standalone server: list it
 here if needed, with KEYS[6..8]), the caller's erasure before that listing
 ("<erased_at>|<until>" or ""), subject, channel, agent, made_at, expires_at, forget_at, due_at,
 max_messages, max_bytes, checkpoint ("" none, or "=" and the encoded checkpoint), the bytes tally
-("<hour start>|<prune before>" with KEYS[5], else ""), N, then N times: turn_id, message id ("" none or "="
-and the id), tokens, body.
+("<hour start>|<prune before>" with KEYS[5], else ""), N, the caller's region (kept by a creating append),
+the conversation's member among its channel's open ones (with a horizon of "@..."), then N times: turn_id,
+message id ("" none or "=" and the id), tokens, body.
 
 Returns {status, detail, added, added bytes, due, header (HGETALL, flat; empty when there is none), {checkpoint,
 summary}, alone}; alone is 1 when this append listed a conversation it created and the caller has no other
@@ -118,7 +120,7 @@ end
 local new = {}
 local in_batch = {}
 for i = 0, n - 1 do
-  local at = 17 + 4 * i
+  local at = 19 + 4 * i
   local id, body = ARGV[at + 1], ARGV[at + 3]
   local fresh = true
   if id ~= '' then
@@ -188,10 +190,24 @@ if string.sub(horizon, 1, 1) == '@' then
     end
     local f = tonumber(forget_at)
     horizon = tostring(f + math.max(0, f - now))
-    redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
-    redis.call('ZADD', lk, 'GT', horizon, string.match(hk, ':vh:[^:]+:(.*)$'))
+    local id = string.match(hk, ':vh:[^:]+:(.*)$')
+    local gone = redis.call('ZRANGE', lk, '-inf', now, 'BYSCORE')
+    for i = 1, #gone, 1000 do
+      local part = {unpack(gone, i, math.min(i + 999, #gone))}
+      redis.call('ZREM', lk, unpack(part))
+      redis.call('ZREM', KEYS[9], unpack(part))
+      redis.call('ZREM', KEYS[11], unpack(part))
+    end
+    redis.call('ZADD', lk, 'GT', horizon, id)
+    if not exists then
+      redis.call('ZADD', KEYS[9], now, id)
+      redis.call('ZADD', KEYS[10], 0, ARGV[18])
+      redis.call('ZADD', KEYS[11], 9007199254740991, id)
+    end
     local top = redis.call('ZRANGE', lk, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', lk, top[2])
+    for _, k in ipairs({lk, KEYS[9], KEYS[10], KEYS[11]}) do
+      redis.call('PEXPIREAT', k, top[2])
+    end
     if not exists then
       redis.call('ZADD', KEYS[8], due_at, due_member)
       if redis.call('ZCARD', lk) == 1 then
@@ -216,7 +232,7 @@ if not exists then
   redis.call('DEL', hk, mk, ik, dk) -- what is left of a forgotten conversation of this id
   redis.call('HSET', hk, 'status', 'open', 'subject', subject, 'channel', ARGV[6], 'agent', ARGV[7],
     'started_at', now, 'messages', 0, 'bytes', 0, 'tokens', 0, 'checkpoint_at', 0, 'ended_by', '',
-    'end_reason', '', 'ended_at', 0, 'lease_until', 0, 'end_data', '', 'horizon', horizon)
+    'end_reason', '', 'ended_at', 0, 'lease_until', 0, 'end_data', '', 'horizon', horizon, 'region', ARGV[17])
   local erased_at, erased_until = string.match(prior, '^(%d+)|(%d+)$')
   if erased_at then
     redis.call('HSET', hk, 'prior_erased_at', erased_at, 'prior_erased_until', erased_until)
