@@ -248,12 +248,21 @@ class WebhookService:
             await self.get(project, endpoint_id)
         return await self.store.failed_deliveries(project.project_id, self.clock.now_ms(), endpoint_id, limit)
 
-    async def redeliver(self, project: Project, delivery_id: str) -> Delivery:
-        delivery = await self.store.redeliver(project.project_id, delivery_id, self.clock.now_ms())
+    async def redeliver(self, project: Project, delivery_id: str) -> tuple[Delivery, bool]:
+        """Queue a failed delivery again; the delivery, and whether this call changed anything (False for
+        one that is queued already: its next attempt is coming, and a repeated click is no new act to audit).
+        :class:`NotFound` when there is no live one."""
+        now = self.clock.now_ms()
+        current = await self.store.get_delivery(project.project_id, delivery_id, now)
+        if current is not None and current.status is not DeliveryStatus.FAILED:
+            return current, False
+        delivery = (
+            None if current is None else await self.store.redeliver(project.project_id, delivery_id, now)
+        )
         if delivery is None:
             raise NotFound(f"delivery '{delivery_id[:40]}' does not exist (delivered, expired or erased?)")
         self.queued([delivery])
-        return delivery
+        return delivery, True
 
     # Events -------------------------------------------------------------------------------------------------
 

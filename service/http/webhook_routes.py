@@ -56,10 +56,11 @@ async def list_failed_deliveries(request: web.Request) -> web.Response:
 async def redeliver(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     delivery_id = request.match_info["delivery_id"]
-    delivery = await request.app[WEBHOOKS].service.redeliver(project, delivery_id)
-    await services.audit.record(
-        project.project_id, actor(request), "webhook.redelivered", {"delivery_id": delivery.delivery_id}
-    )
+    delivery, queued_again = await request.app[WEBHOOKS].service.redeliver(project, delivery_id)
+    if queued_again:  # a delivery queued already is left as it is: nothing happened, nothing to audit
+        await services.audit.record(
+            project.project_id, actor(request), "webhook.redelivered", {"delivery_id": delivery.delivery_id}
+        )
     return json_response(delivery_view(delivery), status=202, headers=NO_STORE)
 
 
