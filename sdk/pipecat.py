@@ -225,7 +225,8 @@ def attestation_from(call_data: object) -> str | None:
     for place in (_member(call_data, "body"), call_data):
         if isinstance(place, Mapping):
             for key, value in place.items():
-                if isinstance(key, str) and key.casefold() in _ATTESTATION_KEYS:
+                # ASCII before lower-casing: a look-alike key (a long s, a Kelvin sign) is no such key.
+                if isinstance(key, str) and key.isascii() and key.lower() in _ATTESTATION_KEYS:
                     return _trust.from_provider(value)
     return None
 

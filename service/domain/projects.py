@@ -104,7 +104,8 @@ class RepeatCallerConfig(BaseModel):
     def _region(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        region = value.upper()
+        # ASCII before any case mapping: the fi ligature upper-cases to 'FI', a long s and e to 'SE'.
+        region = value.upper() if value.isascii() else ""
         if region not in phonenumbers.SUPPORTED_REGIONS:
             raise ValueError("is not a region code known to libphonenumber (ISO 3166-1 alpha-2, e.g. 'GB')")
         return region

@@ -38,6 +38,11 @@ INVALID_CONFIGURATIONS: list[tuple[dict[str, Any], str]] = [
     ({"state_keys": ["ok", "not-ok"]}, "memory.repeat_caller.state_keys[1]"),
     ({"state_keys": ["a", "a"]}, "memory.repeat_caller.state_keys"),
     ({"default_region": "XX"}, "memory.repeat_caller.default_region"),
+    (
+        {"default_region": "\ufb01"},
+        "memory.repeat_caller.default_region",
+    ),  # the fi ligature: 'FI' once upper-cased
+    ({"default_region": "\u017fe"}, "memory.repeat_caller.default_region"),  # long s: 'SE' once upper-cased
     ({"analytics_enabled": "maybe"}, "memory.repeat_caller.analytics_enabled"),
 ]
 

@@ -234,6 +234,8 @@ def test_the_attestation_from_the_telephony_data() -> None:
         "TN-Validation-Passed-A-Diverted"
     )
     assert attestation_from(CallData(body={"from_number": CALLER})) is None  # a TwiML without it
+    # A look-alike of the key (long s, which case-folds to "s") is no such key: it grants nothing.
+    assert attestation_from(CallData(body={"\u017ftirverstat": "TN-Validation-Passed-A"})) is None
     assert attestation_from(CallData(body={"StirVerstat": ""})) is None
     assert (
         attestation_from(TelnyxCallData(call_id="v3:x", from_number=CALLER)) is None
