@@ -18,6 +18,8 @@ import phonenumbers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .limits import CONVERSATION_ID_PATTERN
+from .redaction import PHONE_MASK as PHONE_MASK
+from .redaction import Masked, redact_text
 from .transcript_views import ChatMessage, MessageMetadataOut, PlatformMessage
 
 #: Messages per conversation; bytes of one message's stored form; bytes of one transcript. An hour-long call
@@ -31,8 +33,6 @@ MAX_BATCH = 100
 MAX_NAME_CHARS = 64
 #: Largest turn id and timestamp (ms) accepted: JSON's exact integers.
 MAX_INT = 2**53 - 1
-#: What replaces a phone number found in a message.
-PHONE_MASK = "[phone]"
 EMAIL_MASK = "[email]"
 ACCOUNT_MASK = "[account]"
 #: An email address as people write it in text: a local part, '@', a domain with a dot. Loose on purpose
@@ -266,28 +266,31 @@ def redact_identifiers(
     return text
 
 
-def redact(text: str, regions: Sequence[str | None], masked: Callable[[str], bool]) -> str:
-    """``text`` with the phone numbers libphonenumber's matcher finds (reading it with each of ``regions``)
-    replaced by ``[phone]`` where ``masked(e164)`` says so."""
-    if not may_hold_number(text):
-        return text
-    for region in dict.fromkeys(regions):
-        spans: list[tuple[int, int]] = []
-        matcher = phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.POSSIBLE)
-        for match in matcher:
-            if masked(phonenumbers.format_number(match.number, phonenumbers.PhoneNumberFormat.E164)):
-                spans.append((match.start, match.end))
-        for start, end in reversed(spans):
-            text = text[:start] + PHONE_MASK + text[end:]
-    return text
+def redact(text: str, regions: Sequence[str | None], masked: Masked = None) -> str:
+    """``text`` with the phone numbers found (reading them in each of ``regions``) replaced by ``[phone]``:
+    every one, or where ``masked(e164)`` says so (:mod:`.redaction` finds them at a cost bounded per byte)."""
+    return redact_text(text, regions, masked)
 
 
 @lru_cache(maxsize=65536)
 def region_of(e164: str) -> str | None:
+    """The region a caller's number belongs to: the one whose numbering plan it is valid in, else (a number
+    that is possible but not valid: a test range, a range newer than the metadata) the main region of its
+    country calling code, so that its national form is still read the caller's way."""
     try:
-        return phonenumbers.region_code_for_number(phonenumbers.parse(e164, None))
+        number = phonenumbers.parse(e164, None)
     except phonenumbers.NumberParseException:  # pragma: no cover - e164 comes from normalize()
         return None
+    region = phonenumbers.region_code_for_number(number)
+    if region is None or region == phonenumbers.UNKNOWN_REGION:
+        region = phonenumbers.region_code_for_country_code(number.country_code or 0)
+    return None if region == phonenumbers.UNKNOWN_REGION else region
+
+
+def regions_to_try(default_region: str | None, caller_region: str | None = None) -> list[str | None]:
+    """The regions redaction reads national numbers in: the project's ``default_region``, then the caller's
+    region (:func:`region_of` of their number, or the one kept with the conversation) when known."""
+    return [default_region, caller_region]
 
 
 # The stored form -----------------------------------------------------------------------------------------

@@ -1,0 +1,472 @@
+"""Phone numbers found in text and replaced by ``[phone]``, at a cost bounded per byte (SPEC section 10, issue 27).
+
+How a number is found, and why it costs what it costs:
+
+1. A compiled regular expression (run in C, linear: its separator and digit classes are disjoint) finds the
+   *spans* where a number may be: at least :data:`MIN_DIGITS` digits joined by at most four separators each
+   (spaces of every kind, ``-``, ``.``, ``/``, parentheses, Unicode dashes, zero-width characters), with an
+   optional leading ``+``.
+2. In a span, the runs of digits are its *groups*; a number is a *window* of consecutive groups of at most
+   :data:`MAX_DIGITS` digits. From each start group, the windows are tried longest first; a window found is
+   masked and the search goes on after it.
+3. A window's *readings* come from libphonenumber's metadata of each region tried: the digits as a national
+   number, without the national prefix (and its transform rule), without the region's country code, after
+   the international prefix and a country code, or after ``+`` and a country code. A window is a number when
+   one of its readings is a possible number: libphonenumber's own test, which depends only on the country
+   code and the national number's length, asked once per country code and length (:func:`possible_lengths`).
+   Where ``parse`` settles on one reading, this tries all of them, so it finds every number ``parse`` plus
+   ``is_possible_number`` would, without a ``parse`` per candidate: ``parse`` costs some 11 us, the readings
+   of a start a few regular-expression matches and set lookups.
+4. ``masked`` (when given) says which numbers to mask, by E.164 (the caller's own ones); it sees only readings
+   that are possible numbers, at most once each per call.
+
+The work per start group is bounded (at most :data:`MAX_DIGITS` windows, a few readings each), so the cost is
+linear in the text. :class:`Finder` yields every :data:`STEP` units of work so that an asynchronous caller
+(:func:`redact_batch_async`) can give the event loop back between slices, under a per-key CPU budget
+(:class:`CpuBudget`).
+
+Texts of one batch (the messages of one append) are searched together, as if joined by a separator, so that
+a number said across two messages is found; each text is masked only within itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
+
+import phonenumbers
+from phonenumbers import PhoneMetadata, PhoneNumber
+
+#: What replaces a phone number found in text.
+PHONE_MASK = "[phone]"
+#: Fewest digits of a number found (no text with fewer is looked at), and most digits of one (an
+#: international prefix of up to 4 digits, a country code of up to 3, and a national number of up to 15).
+MIN_DIGITS = 5
+MAX_DIGITS = 22
+#: Units of work (a span, or a start group in a span) between two points where a caller may yield.
+STEP = 128
+#: Inputs up to this many characters are redacted in one go, even on the asynchronous path.
+SMALL_INPUT = 4096
+
+#: What may stand between two digits of one number: whitespace (NBSP, thin and other Unicode spaces
+#: included), hyphen-minus, dot, slash, parentheses, soft hyphen, Unicode dashes and minus, full-width
+#: hyphen, katakana prolonged sound mark, zero-width space/joiners, word joiner, BOM, full-width dot, slash
+#: and parentheses, middle dot and bullet, and the unit
+#: separator that joins the texts of a batch.
+_SEP = (
+    r"[\s\-./()\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d\u30fc\u200b-\u200d\u2060\ufeff\x1f"
+    r"\uff0e\uff0f\uff08\uff09\u00b7\u2022]"
+)
+_SPAN = re.compile(r"(?:[+\uff0b][\s(]{0,2})?\(?\d(?:" + _SEP + r"{0,4}\d){" + str(MIN_DIGITS - 1) + ",}")
+_DIGITS = re.compile(r"\d+")
+#: Dates are not numbers: day/month/year in any order with one separator repeated, or year-month-day.
+_DATE = re.compile(r"\d{1,2}([/.-])\d{1,2}\1(?:\d{2}|\d{4})|\d{4}([/.-])\d{1,2}\2\d{1,2}")
+#: What joins the texts of a batch (a separator, so that a number may run across it).
+_JOIN = "\x1f"
+
+#: How many final digits of a known number a window must share with it (see :class:`Mask`).
+TAIL = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Mask:
+    """Which numbers found are masked: every one (``every``), else those whose E.164 is one of ``numbers``
+    or that ``holds`` (given an E.164) says are to be masked. With ``numbers`` only, a window is looked at
+    only when it ends with the last :data:`TAIL` digits of one of them, so the caller's own numbers cost
+    what every number costs."""
+
+    every: bool = True
+    numbers: frozenset[str] = frozenset()
+    holds: Callable[[str], bool] | None = None
+    tails: frozenset[str] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not self.every and self.holds is None:
+            object.__setattr__(self, "tails", frozenset(number[-TAIL:] for number in self.numbers))
+
+    def __call__(self, e164: str) -> bool:
+        return self.every or e164 in self.numbers or (self.holds is not None and self.holds(e164))
+
+    @classmethod
+    def of(cls, masked: Callable[[str], bool] | Mask | None) -> Mask:
+        """A mask from a predicate on E.164 (None: every number)."""
+        if masked is None:
+            return EVERY
+        if isinstance(masked, Mask):
+            return masked
+        return cls(every=False, holds=masked)
+
+
+EVERY = Mask()
+Masked = Callable[[str], bool] | Mask | None
+
+
+@lru_cache(maxsize=512)
+def possible_lengths(country_code: int) -> frozenset[int]:
+    """The national number lengths libphonenumber calls possible for ``country_code``: its
+    ``is_possible_number`` depends on nothing else, so asking once per length is its own judgement."""
+    return frozenset(
+        length
+        for length in range(2, 18)
+        if phonenumbers.is_possible_number(
+            PhoneNumber(country_code=country_code, national_number=int("1" * length))
+        )
+    )
+
+
+class _Plan(NamedTuple):
+    """What a region's metadata says about reading digits written there."""
+
+    country_code: int
+    prefix: str  # the country code as digits
+    international: re.Pattern[str] | None
+    national: re.Pattern[str] | None
+    transform: str | None
+
+
+def _plan_of(metadata: PhoneMetadata | None) -> _Plan | None:
+    if metadata is None or not metadata.country_code:
+        return None
+    idd = metadata.international_prefix
+    npp = metadata.national_prefix_for_parsing or metadata.national_prefix
+    return _Plan(
+        metadata.country_code,
+        str(metadata.country_code),
+        re.compile(idd) if idd else None,
+        re.compile(npp) if npp else None,
+        metadata.national_prefix_transform_rule or None,
+    )
+
+
+@lru_cache(maxsize=512)
+def region_plan(region: str) -> _Plan | None:
+    """The plan of a region (``US``, ``GB``...); None for an unknown one."""
+    return _plan_of(PhoneMetadata.metadata_for_region(region.upper(), None))
+
+
+@lru_cache(maxsize=512)
+def code_plan(country_code: int) -> _Plan | None:
+    """The plan of a country calling code (its main region's, or the non-geographic entity's)."""
+    if country_code not in phonenumbers.COUNTRY_CODE_TO_REGION_CODE:
+        return None
+    main = phonenumbers.region_code_for_country_code(country_code)
+    return _plan_of(PhoneMetadata.metadata_for_region_or_calling_code(country_code, main))
+
+
+def _country_code(digits: str, at: int) -> int:
+    """The country calling code that ``digits`` begin with at ``at`` (codes are prefix-free), or 0."""
+    if digits[at : at + 1] in ("", "0"):
+        return 0
+    for size in (1, 2, 3):
+        if len(digits) < at + size:
+            return 0
+        code = int(digits[at : at + size])
+        if code in phonenumbers.COUNTRY_CODE_TO_REGION_CODE:
+            return code
+    return 0
+
+
+#: A reading: country code, how many leading digits it drops, digits it puts in front (a transform rule's),
+#: and the possible national number lengths of that country code.
+Reading = tuple[int, int, str, frozenset[int]]
+
+
+def _national(plan: _Plan, digits: str, at: int, out: list[Reading]) -> None:
+    """Readings of ``digits[at:]`` as a national number of ``plan``: as it is, and without its national
+    prefix (as libphonenumber strips it: the transform rule when its last group matched)."""
+    lengths = possible_lengths(plan.country_code)
+    out.append((plan.country_code, at, "", lengths))
+    if plan.national is None:
+        return
+    match = plan.national.match(digits, at)
+    if match is None:
+        return
+    last = match.lastindex
+    if plan.transform and last and match.group(last):
+        out.append((plan.country_code, match.end(), match.expand(plan.transform), lengths))
+    elif match.end() > at:
+        out.append((plan.country_code, match.end(), "", lengths))
+
+
+def _international(digits: str, at: int, out: list[Reading]) -> None:
+    code = _country_code(digits, at)
+    plan = code_plan(code) if code else None
+    if plan is not None:
+        _national(plan, digits, at + len(plan.prefix), out)
+
+
+def readings(digits: str, plus: bool, plans: Sequence[_Plan]) -> list[Reading]:
+    """Every way libphonenumber may read ``digits`` (``+digits`` with ``plus``) in the regions of
+    ``plans``."""
+    out: list[Reading] = []
+    if plus:
+        _international(digits, 0, out)
+        return out
+    for plan in plans:
+        _national(plan, digits, 0, out)
+        if digits.startswith(plan.prefix):
+            _national(plan, digits, len(plan.prefix), out)
+        if plan.international is not None:
+            match = plan.international.match(digits)
+            if match is not None and match.end() > 0:
+                _international(digits, match.end(), out)
+    return out
+
+
+def _ascii(digits: str) -> str:
+    """Decimal digits of any script as ASCII ones (libphonenumber reads them all)."""
+    return digits if digits.isascii() else "".join(str(unicodedata.decimal(char)) for char in digits)
+
+
+def plans_of(regions: Sequence[str | None]) -> tuple[_Plan, ...]:
+    """The plans of ``regions`` in order, without repeats and unknown ones."""
+    plans: list[_Plan] = []
+    for region in dict.fromkeys(regions):
+        plan = region_plan(region) if region else None
+        if plan is not None and plan not in plans:
+            plans.append(plan)
+    return tuple(plans)
+
+
+@dataclass
+class Finder:
+    """Finds the spans of ``text`` to mask. :meth:`steps` does the work, yielding every :data:`STEP` units
+    (run it to its end; :attr:`found` then holds the spans, in order); :meth:`run` does it in one go.
+    :attr:`checks` counts the readings tested and :attr:`units` the units of work (for tests of the bound)."""
+
+    text: str
+    plans: tuple[_Plan, ...]
+    mask: Mask = EVERY
+    found: list[tuple[int, int]] = field(default_factory=list)
+    checks: int = 0
+    units: int = 0
+
+    def run(self) -> list[tuple[int, int]]:
+        for _ in self.steps():
+            pass
+        return self.found
+
+    def steps(self) -> Iterator[None]:
+        text = self.text
+        wide = not text.isascii()
+        for span in _SPAN.finditer(text):
+            start, end = span.span()
+            groups = [(m.start(), m.end(), m.group()) for m in _DIGITS.finditer(text, start, end)]
+            if wide:
+                groups = [(a, b, _ascii(digits)) for a, b, digits in groups]
+            # A time's hour and minutes ("10:30") are no part of a number.
+            if text[end : end + 1] == ":" and text[end + 1 : end + 2].isdigit() and len(groups[-1][2]) <= 2:
+                groups.pop()
+            if start and text[start - 1] == ":" and text[start - 2 : start - 1].isdigit():
+                groups.pop(0)
+                start = groups[0][0]
+            plus = text[start] in "+\uff0b"
+            yield from self._span(groups, plus, start)
+
+    def _span(self, groups: list[tuple[int, int, str]], plus: bool, span_start: int) -> Iterator[None]:
+        count = len(groups)
+        index = 0
+        while index < count:
+            self.units += 1
+            if self.units % STEP == 0:
+                yield
+            if self._date(groups, index):
+                index += 3
+                continue
+            digits = ""
+            ends: list[tuple[int, int]] = []
+            for last in range(index, count):
+                digits += groups[last][2]
+                if len(digits) > MAX_DIGITS:
+                    break
+                if len(digits) >= MIN_DIGITS:
+                    ends.append((last, len(digits)))
+            last = self._longest(digits, plus and index == 0, ends) if ends else -1
+            if last < 0:
+                index += 1
+                continue
+            start = span_start if index == 0 else groups[index][0]
+            self.found.append((start, groups[last][1]))
+            index = last + 1
+
+    def _longest(self, digits: str, plus: bool, ends: list[tuple[int, int]]) -> int:
+        """The last group of the longest window (of ``ends``: last group, digits) that is a number to mask,
+        or -1."""
+        mask = self.mask
+        tails = mask.tails
+        if tails is not None:  # only known numbers: a window must end as one of them does
+            ends = [end for end in ends if digits[end[1] - TAIL : end[1]] in tails]
+            if not ends:
+                return -1
+        options = readings(digits, plus, self.plans)
+        for last, size in reversed(ends):
+            for code, drop, head, lengths in options:
+                self.checks += 1
+                if (
+                    drop < size
+                    and size - drop + len(head) in lengths
+                    and (mask.every or mask(f"+{code}{head}{digits[drop:size]}"))
+                ):
+                    return last
+        return -1
+
+    def _date(self, groups: list[tuple[int, int, str]], index: int) -> bool:
+        """Whether the three groups from ``index`` are a date (12/03/2024, 2024-03-12), not followed by
+        their separator and more digits (01.23.45.67.89 is a French number)."""
+        if index + 2 >= len(groups) or not 1 <= len(groups[index][2]) <= 4 or len(groups[index + 1][2]) > 2:
+            return False
+        end = groups[index + 2][1]
+        if _DATE.fullmatch(self.text, groups[index][0], end) is None:
+            return False
+        separator = self.text[groups[index][1]]
+        return index + 3 == len(groups) or self.text[end] != separator
+
+
+def _mask(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    if not spans:
+        return text
+    parts: list[str] = []
+    at = 0
+    for start, end in spans:
+        parts.append(text[at:start])
+        parts.append(PHONE_MASK)
+        at = end
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def redact_text(text: str, regions: Sequence[str | None], masked: Masked = None) -> str:
+    """``text`` with the numbers found (reading them in each of ``regions``) replaced by ``[phone]``:
+    every one, or those ``masked`` says (given the E.164 of each possible reading)."""
+    if not enough_digits(text):
+        return text
+    return _mask(text, Finder(text, plans_of(regions), Mask.of(masked)).run())
+
+
+_ASCII_DIGIT_BYTES = b"0123456789"
+
+
+def enough_digits(text: str) -> bool:
+    """Whether ``text`` has at least :data:`MIN_DIGITS` digits (else no number is in it)."""
+    if text.isascii():
+        raw = text.encode()
+        return len(raw) - len(raw.translate(None, _ASCII_DIGIT_BYTES)) >= MIN_DIGITS
+    return sum(char.isdecimal() for char in text) >= MIN_DIGITS
+
+
+class _Batch(NamedTuple):
+    """The texts of a batch joined, and where each begins in the joined text."""
+
+    joined: str
+    starts: list[int]
+
+
+def _joined(texts: Sequence[str]) -> _Batch:
+    starts: list[int] = []
+    at = 0
+    for text in texts:
+        starts.append(at)
+        at += len(text) + len(_JOIN)
+    return _Batch(_JOIN.join(texts), starts)
+
+
+def _split(texts: Sequence[str], batch: _Batch, spans: Sequence[tuple[int, int]]) -> list[str]:
+    """Each text with the parts of ``spans`` that fall in it masked (a part holding a digit, from its first
+    digit or ``+``/``(`` to its last digit)."""
+    per_text: list[list[tuple[int, int]]] = [[] for _ in texts]
+    position = 0
+    for start, end in spans:
+        while position + 1 < len(texts) and batch.starts[position + 1] <= start:
+            position += 1
+        index = position
+        while index < len(texts) and batch.starts[index] < end:
+            base = batch.starts[index]
+            text = texts[index]
+            low, high = max(start - base, 0), min(end - base, len(text))
+            part = _DIGITS.search(text, low, high)
+            if part is not None:
+                first = low if low == start - base else part.start()
+                tail = max(m.end() for m in _DIGITS.finditer(text, low, high))
+                per_text[index].append((first, tail))
+            index += 1
+    return [_mask(text, spans_of) for text, spans_of in zip(texts, per_text, strict=True)]
+
+
+def redact_batch(texts: Sequence[str], regions: Sequence[str | None], masked: Masked = None) -> list[str]:
+    """:func:`redact_text` of the texts of one batch, searched together (a number may run from the end of
+    one text into the next), each masked within itself."""
+    if len(texts) == 1:
+        return [redact_text(texts[0], regions, masked)]
+    batch = _joined(texts)
+    if not enough_digits(batch.joined):
+        return list(texts)
+    return _split(texts, batch, Finder(batch.joined, plans_of(regions), Mask.of(masked)).run())
+
+
+@dataclass
+class CpuBudget:
+    """CPU seconds per second that each key (a project) may spend redacting: a token bucket of ``rate``
+    seconds per second holding at most ``burst``. A key over its budget waits (sleeping, so that other keys'
+    work runs) until it is back within it; it is never cut off. Work runs in slices of about ``slice``
+    seconds of CPU, the event loop given back after each."""
+
+    rate: float = 0.25
+    burst: float = 0.05
+    slice: float = 0.001
+    timer: Callable[[], float] = time.thread_time
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: Slices run and seconds waited over the budget (for tests and metrics).
+    slices: int = 0
+    waited: float = 0.0
+
+    def charge(self, key: str, spent: float) -> float:
+        """Take ``spent`` CPU seconds from ``key``'s bucket; how long to wait before its next slice."""
+        now = self.clock()
+        tokens, at = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate) - spent
+        if len(self._buckets) >= 10_000 and key not in self._buckets:
+            self._buckets = {k: v for k, v in self._buckets.items() if v[0] < self.burst}
+        self._buckets[key] = (tokens, now)
+        return -tokens / self.rate if tokens < 0 else 0.0
+
+    async def run(self, key: str, steps: Iterator[None]) -> None:
+        """Run ``steps`` to their end in slices, yielding to the event loop between slices."""
+        timer = self.timer
+        began = timer()
+        for _ in steps:
+            spent = timer() - began
+            if spent < self.slice:
+                continue
+            self.slices += 1
+            wait = self.charge(key, spent)
+            self.waited += wait
+            await asyncio.sleep(wait)
+            began = timer()
+        self.charge(key, timer() - began)
+
+
+async def redact_batch_async(
+    texts: Sequence[str],
+    regions: Sequence[str | None],
+    masked: Masked = None,
+    *,
+    budget: CpuBudget | None = None,
+    key: str = "",
+) -> list[str]:
+    """:func:`redact_batch` that gives the event loop back between slices of its work and keeps ``key``
+    (the project) within ``budget``. A batch of at most :data:`SMALL_INPUT` characters is redacted in one
+    go (a slice's worth at most)."""
+    total = sum(len(text) for text in texts)
+    if budget is None or total <= SMALL_INPUT:
+        return redact_batch(texts, regions, masked)
+    batch = _joined(texts)
+    finder = Finder(batch.joined, plans_of(regions), Mask.of(masked))
+    await budget.run(key, finder.steps())
+    return _split(texts, batch, finder.found)
