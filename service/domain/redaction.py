@@ -32,6 +32,7 @@ a number said across two messages is found; each text is masked only within itse
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import time
 import unicodedata
@@ -50,7 +51,7 @@ PHONE_MASK = "[phone]"
 MIN_DIGITS = 5
 MAX_DIGITS = 22
 #: Units of work (a span, or a start group in a span) between two points where a caller may yield.
-STEP = 128
+STEP = 32
 #: Inputs up to this many characters are redacted in one go, even on the asynchronous path.
 SMALL_INPUT = 4096
 
@@ -63,7 +64,15 @@ _SEP = (
     r"[\s\-./()\u00ad\u2010-\u2015\u2212\ufe58\ufe63\uff0d\u30fc\u200b-\u200d\u2060\ufeff\x1f"
     r"\uff0e\uff0f\uff08\uff09\u00b7\u2022]"
 )
-_SPAN = re.compile(r"(?:[+\uff0b][\s(]{0,2})?\(?\d(?:" + _SEP + r"{0,4}\d){" + str(MIN_DIGITS - 1) + ",}")
+#: A span is matched in pieces of at most this many digits (one regular-expression call holds the event
+#: loop for the whole of what it matches); pieces joined by separators are read as one span.
+_PIECE = 256
+_SPAN = re.compile(
+    r"(?:[+\uff0b][\s(]{0,2})?\(?\d(?:" + _SEP + r"{0,4}\d){" + f"{MIN_DIGITS - 1},{_PIECE - 1}" + "}"
+)
+_GAP = re.compile(_SEP + "{0,4}")
+#: Spans up to this many characters have their groups read at once; longer ones as they are searched.
+_SHORT_SPAN = 512
 _DIGITS = re.compile(r"\d+")
 #: Dates are not numbers: day/month/year in any order with one separator repeated, or year-month-day.
 _DATE = re.compile(r"\d{1,2}([/.-])\d{1,2}\1(?:\d{2}|\d{4})|\d{4}([/.-])\d{1,2}\2\d{1,2}")
@@ -255,44 +264,96 @@ class Finder:
     def steps(self) -> Iterator[None]:
         text = self.text
         wide = not text.isascii()
-        for span in _SPAN.finditer(text):
-            start, end = span.span()
-            groups = [(m.start(), m.end(), m.group()) for m in _DIGITS.finditer(text, start, end)]
-            if wide:
-                groups = [(a, b, _ascii(digits)) for a, b, digits in groups]
-            # A time's hour and minutes ("10:30") are no part of a number.
-            if text[end : end + 1] == ":" and text[end + 1 : end + 2].isdigit() and len(groups[-1][2]) <= 2:
-                groups.pop()
-            if start and text[start - 1] == ":" and text[start - 2 : start - 1].isdigit():
-                groups.pop(0)
-                start = groups[0][0]
-            plus = text[start] in "+\uff0b"
-            yield from self._span(groups, plus, start)
+        pieces = _SPAN.finditer(text)
+        piece = next(pieces, None)
+        while piece is not None:
+            start, end = piece.span()
+            piece = next(pieces, None)
+            while (
+                piece is not None
+                and text[piece.start()] not in "+\uff0b"
+                and _GAP.fullmatch(text, end, piece.start())
+            ):
+                end = piece.end()  # the next piece goes on where this one stopped
+                piece = next(pieces, None)
+                self.units += 1
+                if self.units % STEP == 0:
+                    yield
+            yield from self._span(start, end, wide)
 
-    def _span(self, groups: list[tuple[int, int, str]], plus: bool, span_start: int) -> Iterator[None]:
-        count = len(groups)
+    def _groups(self, start: int, end: int, wide: bool) -> Iterator[tuple[int, int, str]]:
+        """The runs of digits of a long span, read lazily, without a time's hour and minutes."""
+        for match in _DIGITS.finditer(self.text, start, end):
+            low, high = match.span()
+            if not (self._minutes(low, start) or self._hour(low, high, end)):
+                yield low, high, _ascii(match.group()) if wide else match.group()
+
+    def _all_groups(self, start: int, end: int, wide: bool) -> list[tuple[int, int, str]]:
+        """The runs of digits of a short span, at once, without a time's hour and minutes."""
+        groups = [(m.start(), m.end(), m.group()) for m in _DIGITS.finditer(self.text, start, end)]
+        if wide:
+            groups = [(low, high, _ascii(digits)) for low, high, digits in groups]
+        if groups and self._minutes(groups[0][0], start):
+            del groups[0]
+        if groups and self._hour(groups[-1][0], groups[-1][1], end):
+            del groups[-1]
+        return groups
+
+    def _hour(self, low: int, high: int, end: int) -> bool:
+        """Whether the run of digits ``low:high`` ending its span at ``end`` is a time's hour ("10:30")."""
+        text = self.text
+        return (
+            high == end
+            and high - low <= 2
+            and text[end : end + 1] == ":"
+            and text[end + 1 : end + 2].isdigit()
+        )
+
+    def _minutes(self, low: int, start: int) -> bool:
+        """Whether the run of digits at ``low`` beginning its span at ``start`` is a time's minutes."""
+        text = self.text
+        return low == start and low > 1 and text[low - 1] == ":" and text[low - 2].isdigit()
+
+    def _span(self, start: int, end: int, wide: bool) -> Iterator[None]:
+        text = self.text
+        plus = text[start] in "+\uff0b"
+        source: Iterator[tuple[int, int, str]] | None = None
+        if end - start <= _SHORT_SPAN:  # nearly every span: its groups at once
+            groups = self._all_groups(start, end, wide)
+        else:  # a long one (a whole text of digit groups): read as it goes
+            source, groups = self._groups(start, end, wide), []
+            groups.extend(itertools.islice(source, 2 * MAX_DIGITS))
+        if not groups:
+            return
+        first = groups[0][0]  # a '+' or '(' before the first digits (not a time's minutes) is the number's
+        lead = start if _DIGITS.search(text, start, first) is None else first
         index = 0
-        while index < count:
+        while index < len(groups):
+            if source is not None and len(groups) - index < MAX_DIGITS:  # enough ahead for the longest window
+                if index >= 1024:  # drop what is behind
+                    del groups[:index]
+                    index = 0
+                groups.extend(itertools.islice(source, 2 * MAX_DIGITS))
             self.units += 1
             if self.units % STEP == 0:
                 yield
             if self._date(groups, index):
                 index += 3
                 continue
+            leading = groups[index][0] == first
             digits = ""
             ends: list[tuple[int, int]] = []
-            for last in range(index, count):
+            for last in range(index, len(groups)):
                 digits += groups[last][2]
                 if len(digits) > MAX_DIGITS:
                     break
                 if len(digits) >= MIN_DIGITS:
                     ends.append((last, len(digits)))
-            last = self._longest(digits, plus and index == 0, ends) if ends else -1
+            last = self._longest(digits, plus and leading, ends) if ends else -1
             if last < 0:
                 index += 1
                 continue
-            start = span_start if index == 0 else groups[index][0]
-            self.found.append((start, groups[last][1]))
+            self.found.append((lead if leading else groups[index][0], groups[last][1]))
             index = last + 1
 
     def _longest(self, digits: str, plus: bool, ends: list[tuple[int, int]]) -> int:
@@ -377,25 +438,40 @@ def _joined(texts: Sequence[str]) -> _Batch:
 
 
 def _split(texts: Sequence[str], batch: _Batch, spans: Sequence[tuple[int, int]]) -> list[str]:
-    """Each text with the parts of ``spans`` that fall in it masked (a part holding a digit, from its first
-    digit or ``+``/``(`` to its last digit)."""
+    """Each text with the parts of ``spans`` that fall in it masked (a part of a number that runs into the
+    next text: from its first digit or ``+``/``(`` to its last digit)."""
+    out: list[str] = []
+    for _ in _split_steps(texts, batch, spans, out):
+        pass
+    return out
+
+
+def _split_steps(
+    texts: Sequence[str], batch: _Batch, spans: Sequence[tuple[int, int]], out: list[str]
+) -> Iterator[None]:
+    """:func:`_split` into ``out``, yielding every :data:`STEP` spans."""
     per_text: list[list[tuple[int, int]]] = [[] for _ in texts]
     position = 0
-    for start, end in spans:
+    for count, (start, end) in enumerate(spans, 1):
+        if count % STEP == 0:
+            yield
         while position + 1 < len(texts) and batch.starts[position + 1] <= start:
             position += 1
+        base = batch.starts[position]
+        if end - base <= len(texts[position]):  # within one text: the common case
+            per_text[position].append((start - base, end - base))
+            continue
         index = position
         while index < len(texts) and batch.starts[index] < end:
-            base = batch.starts[index]
-            text = texts[index]
+            base, text = batch.starts[index], texts[index]
             low, high = max(start - base, 0), min(end - base, len(text))
-            part = _DIGITS.search(text, low, high)
-            if part is not None:
-                first = low if low == start - base else part.start()
-                tail = max(m.end() for m in _DIGITS.finditer(text, low, high))
-                per_text[index].append((first, tail))
+            runs = [match.span() for match in _DIGITS.finditer(text, low, high)]
+            if runs:
+                per_text[index].append((low if index == position else runs[0][0], runs[-1][1]))
             index += 1
-    return [_mask(text, spans_of) for text, spans_of in zip(texts, per_text, strict=True)]
+    for text, spans_of in zip(texts, per_text, strict=True):
+        yield
+        out.append(_mask(text, spans_of))
 
 
 def redact_batch(texts: Sequence[str], regions: Sequence[str | None], masked: Masked = None) -> list[str]:
@@ -416,9 +492,9 @@ class CpuBudget:
     work runs) until it is back within it; it is never cut off. Work runs in slices of about ``slice``
     seconds of CPU, the event loop given back after each."""
 
-    rate: float = 0.25
+    rate: float = 0.1
     burst: float = 0.05
-    slice: float = 0.001
+    slice: float = 0.0005
     timer: Callable[[], float] = time.thread_time
     clock: Callable[[], float] = time.monotonic
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -468,5 +544,6 @@ async def redact_batch_async(
         return redact_batch(texts, regions, masked)
     batch = _joined(texts)
     finder = Finder(batch.joined, plans_of(regions), Mask.of(masked))
-    await budget.run(key, finder.steps())
-    return _split(texts, batch, finder.found)
+    out: list[str] = []
+    await budget.run(key, itertools.chain(finder.steps(), _split_steps(texts, batch, finder.found, out)))
+    return out
