@@ -293,7 +293,9 @@ async def test_a_blacklisted_caller_has_no_transcript(services: Services) -> Non
 async def test_an_end_naming_another_caller_leaves_the_transcript_alone(services: Services) -> None:
     shop = await project(services)
     await dropped_call(services, shop)
-    await services.conversations.end(shop, "call-1", "+447700900123", {}, Outcome(), "phone")
+    # Refused before anything is written (issue 27): it neither claims the transcript nor takes the id's end.
+    with pytest.raises(Conflict, match="another caller"):
+        await services.conversations.end(shop, "call-1", "+447700900123", {}, Outcome(), "phone")
     assert (await services.transcripts.status(shop, "call-1"))["status"] == "active"
     appended = await services.transcripts.append(shop, "call-1", {"messages": [user("still here", 2)]})
     assert appended["stored"] and appended["added"] == 1

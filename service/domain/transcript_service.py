@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -36,7 +35,6 @@ from .errors import (
 )
 from .fields import StoredField
 from .limits import MAX_STATE_ENTRIES, MAX_VALUE_BYTES, RECALL_WINDOW_MS
-from .link_store import Link
 from .memory import Caller, MemoryService
 from .projects import Project
 from .store import CallerRef, Store
@@ -55,7 +53,9 @@ from .transcript_bodies import (
     summary_section,
     token_source,
 )
+from .transcript_redaction import TranscriptRedaction, caller_region
 from .transcript_store import (
+    AppendResult,
     AppendStatus,
     AppendWrite,
     ConversationKey,
@@ -76,18 +76,13 @@ from .transcript_views import (
 )
 from .transcript_views import Context as ContextView
 from .transcripts import (
-    MAX_MESSAGE_BYTES,
     MAX_MESSAGES,
     MAX_TRANSCRIPT_BYTES,
     Incoming,
     Message,
     chat_of_row,
     check_batch_order,
-    encode_message,
     estimate_tokens,
-    redact,
-    redact_identifiers,
-    region_of,
     stored_rows,
     turns_of_rows,
 )
@@ -112,27 +107,18 @@ SUBJECT_CACHE = 8192
 INACTIVITY_LEASE = "inactivity"
 
 
-#: How long (ms) and for how many profiles the transcript service keeps a profile's links.
-LINKS_CACHE_MS = 60_000
-LINKS_CACHE_SIZE = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class Owned:
-    """The caller's own identifiers, by pseudonym (the profile's and its links'), and whether any is an
-    account id (then words are checked too)."""
-
-    subjects: frozenset[str]
-    accounts: bool
-    memory: MemoryService
-    project: Project
-
-    def holds(self, canonical: str) -> bool:
-        """Whether ``canonical`` (``+E164``, ``email:...``, ``account:...``) is one of the caller's."""
-        try:
-            return self.memory.caller(self.project, canonical).subject in self.subjects
-        except InvalidIdentifier:
-            return False
+def _refusal(header: Header | None, now: int) -> AppendStatus | None:
+    """How an append without caller and channel to the conversation of ``header`` is refused, before the
+    store is asked (None: it would be taken)."""
+    if header is None or header.status is TranscriptStatus.DELETED:
+        return AppendStatus.NOT_FOUND
+    if header.status is TranscriptStatus.ERASED:
+        return AppendStatus.ERASED
+    if header.expired(now):
+        return AppendStatus.EXPIRED
+    if header.status is not TranscriptStatus.OPEN:
+        return AppendStatus.ENDED
+    return None
 
 
 class TranscriptService:
@@ -159,8 +145,8 @@ class TranscriptService:
         #: a context reads with its transcript. Only a hint: the store and the domain check it against the
         #: header. Bounded; the oldest entry goes first.
         self._subjects: dict[ConversationKey, str] = {}
-        #: (project, profile) -> (its links, until when to use them): whose words a transcript loses.
-        self._links_cache: dict[tuple[str, str], tuple[list[Link], int]] = {}
+        #: What a transcript loses before it is stored (phone numbers, the caller's identifiers).
+        self.redaction = TranscriptRedaction(store, memory)
         #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
         self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
         #: Called with the header of a transcript an admin deleted (the archive deletes its copy).
@@ -213,24 +199,51 @@ class TranscriptService:
             )
 
     @staticmethod
-    def _found(header: Header | None, conversation_id: str, now: int) -> Header:
-        """``header`` if its transcript can be read, else 404 / 410."""
-        if header is None or header.status is TranscriptStatus.DELETED:
+    def _found(
+        header: Header | None,
+        conversation_id: str,
+        now: int,
+        project: Project | None = None,
+        call: CallTrust | None = None,
+    ) -> Header:
+        """``header`` if its transcript can be read, else 404 / 410; with ``project``, also 403 when the
+        reading call's trust (``call``) does not qualify for it. Every read of a transcript's content
+        (history, context) goes through here: the transcript of a conversation that has ended (an earlier
+        call, not this one) needs the level of the ``sensitive`` class, as its resume does."""
+        if header is None:
             raise NotFound(f"conversation '{conversation_id}' has no transcript")
+        if header.status is TranscriptStatus.DELETED:
+            raise Gone(f"the transcript of conversation '{conversation_id}' was deleted")
         if header.status is TranscriptStatus.ERASED or header.expired(now):
             raise Gone(f"the transcript of conversation '{conversation_id}' expired or was erased")
+        if (
+            project is not None
+            and header.status is not TranscriptStatus.OPEN
+            and not project.trust.may_resume_transcript(call)
+        ):
+            raise Forbidden(
+                "this call's caller-ID trust does not qualify for the transcript of an ended conversation "
+                f"(the '{TRANSCRIPT_CLASS}' class needs '{project.trust.transcript_level}')"
+            )
         return header
 
     async def _live(
-        self, project: Project, conversation_id: str, query: TranscriptQuery | None = None
+        self,
+        project: Project,
+        conversation_id: str,
+        query: TranscriptQuery | None = None,
+        *,
+        content: bool = False,
+        call: CallTrust | None = None,
     ) -> tuple[Header, list[Message], int]:
-        """The conversation's header and messages (decoded), or 404 / 410."""
+        """The conversation's header and messages (decoded), or 404 / 410; with ``content`` (a read of what
+        was said), 403 when ``call`` does not qualify for it (:meth:`_found`)."""
         self._readable(project, conversation_id)
         now = self._clock.now_ms()
         header, stored = await self._store.read_conversation(
             ConversationKey(project.project_id, conversation_id), now, query
         )
-        header = self._found(header, conversation_id, now)
+        header = self._found(header, conversation_id, now, project if content else None, call)
         return header, Message.decode_all([m.body for m in stored]), now
 
     async def status(self, project: Project, conversation_id: str) -> ConversationStatus:
@@ -253,13 +266,12 @@ class TranscriptService:
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be 1 to {MAX_PAGE}", field="limit")
         header, messages, now = await self._live(
-            project, conversation_id, TranscriptQuery(after_turn=after_turn, limit=limit + 1)
+            project,
+            conversation_id,
+            TranscriptQuery(after_turn=after_turn, limit=limit + 1),
+            content=True,
+            call=call,
         )
-        if header.status is not TranscriptStatus.OPEN and not project.trust.may_resume_transcript(call):
-            raise Forbidden(
-                "this call's caller-ID trust does not qualify for the transcript of an ended conversation "
-                f"(the '{TRANSCRIPT_CLASS}' class needs '{project.trust.transcript_level}')"
-            )
         next_after: int | None = None
         if len(messages) > limit:
             # Pages end on a whole turn: the last turn of a full page continues on the next one.
@@ -323,7 +335,7 @@ class TranscriptService:
         found, stored, fields = await self._store.read_context(
             key, hint, now, TranscriptQuery(last=CONTEXT_WINDOW)
         )
-        header = self._found(found, conversation_id, now)
+        header = self._found(found, conversation_id, now, project, call)
         if header.subject:
             self._remember(key, header.subject)
         if hint != header.subject or project.identity_linking:
@@ -332,7 +344,7 @@ class TranscriptService:
             # the link (read_context reads the subject's own fields only).
             fields = None
         rows = stored_rows([m.body for m in stored])
-        summary = summary_of(header)
+        summary = summary_of(header, reader)
         through = summary["through_turn"] if summary else -1
         profile = await self._profile(
             project, header, int(max_tokens * PROFILE_SHARE), now, fields, project.trust.withheld(call)
@@ -424,71 +436,6 @@ class TranscriptService:
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
 
-    def _masker(self, project: Project, caller: Caller | None, own: Owned) -> Any:
-        """What ``redact`` masks: every number with ``redact_phone_numbers``, else the caller's own only
-        (known by their number, or by the pseudonyms of their identifiers)."""
-        if project.conversation.redact_phone_numbers:
-            return lambda e164: True
-        if caller is not None and not own.subjects:
-            return lambda e164: e164 == caller.e164
-        if not own.subjects:
-            return lambda e164: False
-        return lambda e164: (caller is not None and e164 == caller.e164) or own.holds(e164)
-
-    async def _owned(self, project: Project, caller: Caller | None, subject: str, now: int) -> Owned:
-        """The caller's own identifiers, by pseudonym: the conversation's caller (``subject``, the
-        profile's) and, with identity linking, every identifier linked to it (cached a minute: a link made
-        meanwhile shows in the next minute's messages). Their words are removed from transcripts whatever
-        ``redact_phone_numbers`` says."""
-        subject = subject or (caller.subject if caller is not None else "")
-        accounts = caller is not None and caller.kind == "account"
-        if not subject:
-            return Owned(frozenset(), False, self._memory, project)
-        subjects = {subject} | ({caller.subject} if caller is not None else set())
-        if project.identity_linking:
-            key = (project.project_id, subject)
-            cached = self._links_cache.get(key)
-            if cached is None or cached[1] <= now:
-                links = await self._store.list_links(CallerRef(project.project_id, subject), now)
-                cached = (links, now + LINKS_CACHE_MS)
-                if len(self._links_cache) >= LINKS_CACHE_SIZE:
-                    self._links_cache.clear()
-                self._links_cache[key] = cached
-            subjects |= {link.subject for link in cached[0]}
-            accounts = accounts or any(link.kind == "account" for link in cached[0])
-        return Owned(frozenset(subjects), accounts, self._memory, project)
-
-    def _redact(self, project: Project, caller: Caller | None, own: Owned) -> Any:
-        regions = [
-            project.default_region,
-            region_of(caller.e164) if caller is not None and caller.e164 else None,
-        ]
-        masked = self._masker(project, caller, own)
-        every_email = project.conversation.redact_phone_numbers
-        holds = own.holds if own.subjects else None
-        return lambda text: redact_identifiers(
-            redact(text, regions, masked), every_email=every_email, own=holds, accounts=own.accounts
-        )
-
-    def _encode(self, messages: Sequence[Incoming], redactor: Any, now: int) -> list[NewMessage]:
-        """Redact and encode; each message within MAX_MESSAGE_BYTES (413 naming it)."""
-        out: list[NewMessage] = []
-        for index, message in enumerate(messages):
-            content = redactor(message.content)
-            original = message.original
-            if original is not None:
-                original = redactor(original)
-            body = encode_message(message, content, original, message.timestamp or now)
-            if len(body) > MAX_MESSAGE_BYTES:
-                raise PayloadTooLarge(
-                    f"messages[{index}] is {len(body):,} bytes stored; the limit per message is "
-                    f"{MAX_MESSAGE_BYTES:,} bytes",
-                    field=f"messages[{index}]",
-                )
-            tokens = message.tokens if message.tokens is not None else estimate_tokens(content)
-            out.append(NewMessage(message.turn_id, body, message.message_id, tokens))
-        return out
-
     async def _check_project_bytes(self, project: Project, now: int) -> None:
         cached = self._bytes_cache.get(project.project_id)
         if cached is None or now - cached[1] >= BYTES_CACHE_MS:
@@ -521,6 +468,10 @@ class TranscriptService:
         expires_at = now + cc.transcript_retention_ms
         if subject:  # appends that name the caller, and starts
             self._remember(key, subject)
+        # The caller's region, kept with the conversation (never the number): "" for other identifiers.
+        region = caller_region(caller)
+        if caller is not None:
+            self.redaction.remember_region(key, region)
         return AppendWrite(
             key=key,
             caller=CallerRef(project.project_id, subject),
@@ -535,6 +486,7 @@ class TranscriptService:
             due_at=now + cc.end_after_inactivity_ms,
             max_messages=self.max_messages,
             max_bytes=self.max_bytes,
+            region=region,
         )
 
     async def append(
@@ -579,25 +531,15 @@ class TranscriptService:
         now = self._clock.now_ms()
         made_at = min(received_at or now, body.sent_at or now)
         key = ConversationKey(project.project_id, conversation_id)
-        subject = await self._owner(project, caller, now)
-        if caller is None and (
-            (project.identity_linking and body.messages)
-            or (
-                not project.conversation.redact_phone_numbers
-                and any(message_may_hold_number(m) for m in body.messages)
-            )
-        ):
-            # The caller's own identifiers are removed whatever the option says: find out who they are
-            # (text without digits enough for a number, in a project without links, is left as it is whoever
-            # they are: no read for it).
-            header, _ = await self._store.read_conversation(key, now)
-            subject = header.subject if header is not None else ""
-        own = await self._owned(project, caller, subject, now)
+        subject, region = await self._whose(project, key, caller, body.messages, now)
+        own = await self.redaction.owned(project, caller, subject, now)
         # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
         # retry is still the same message), else its arrival time.
-        encoded = self._encode(body.messages, self._redact(project, caller, own), body.sent_at or now)
-        if encoded:
-            await self._check_project_bytes(project, now)
+        encoded = await self.redaction.encode(
+            body.messages, self.redaction.redactor(project, caller, own, region), body.sent_at or now
+        )
+        if encoded and not await self._room_for(project, key, caller is not None, now):
+            return {**not_stored, "reason": "erased"}
         write = self.write(
             project,
             key,
@@ -611,6 +553,8 @@ class TranscriptService:
             now,
         )
         result = await self._store.append_messages(write, now)
+        if result.status is AppendStatus.ID_CONFLICT and body.sent_at is None:
+            result = await self._again_with_stored_times(write, body.messages, now) or result
         status = result.status
         if status is AppendStatus.ERASED:
             return {**not_stored, "reason": "erased"}
@@ -623,10 +567,7 @@ class TranscriptService:
         if created and not result.alone and self.on_started is not None:
             await self.on_started(project, header)
         if result.added:
-            cached = self._bytes_cache.get(project.project_id)
-            if cached is not None:
-                added = sum(len(m.body) for m in encoded)
-                self._bytes_cache[project.project_id] = (cached[0] + added, cached[1])
+            self._count_added(project, encoded)
         return {
             "conversation_id": conversation_id,
             "stored": True,
@@ -637,6 +578,99 @@ class TranscriptService:
             "bytes": header.bytes,
             "tokens": header.tokens,
         }
+
+    def _count_added(self, project: Project, encoded: Sequence[NewMessage]) -> None:
+        """Add what an append stored to the project's cached byte count (:meth:`_check_project_bytes`)."""
+        cached = self._bytes_cache.get(project.project_id)
+        if cached is not None:
+            added = sum(len(m.body) for m in encoded)
+            self._bytes_cache[project.project_id] = (cached[0] + added, cached[1])
+
+    async def _room_for(self, project: Project, key: ConversationKey, creates: bool, now: int) -> bool:
+        """507 when the project's transcripts are at their bound (:meth:`_check_project_bytes`). What the
+        append names is judged first: an append to a conversation that never started (or has ended, expired
+        or was deleted) gets that answer, not 507. False: the caller was erased (the append is dropped)."""
+        try:
+            await self._check_project_bytes(project, now)
+        except TranscriptsFull:
+            if not creates:
+                found, _ = await self._store.read_conversation(key, now)
+                status = _refusal(found, now)
+                if status is AppendStatus.ERASED:
+                    return False
+                if status is not None:
+                    refuse(status, key.conversation_id, "")
+            raise
+        return True
+
+    async def _again_with_stored_times(
+        self, write: AppendWrite, incoming: Sequence[Incoming], now: int
+    ) -> AppendResult | None:
+        """An append refused for a message id, made again once the messages sent without times take the
+        stored ones' (:meth:`_stored_times`); None when none does."""
+        timed = await self._stored_times(write.key, incoming, list(write.messages), now)
+        if timed is None:
+            return None
+        write.messages = timed
+        return await self._store.append_messages(write, now)
+
+    async def _stored_times(
+        self, key: ConversationKey, incoming: Sequence[Incoming], encoded: list[NewMessage], now: int
+    ) -> list[NewMessage] | None:
+        """A retry of messages sent with ids but without ``timestamp`` (and without ``sent_at``): the service
+        gave each the time it arrived, so the retry's bodies differ from the stored ones by that time alone.
+        Each such message takes the body stored under its id when the two differ only there (it is the same
+        message, sent again); None when no message does. Read only after an append was refused for an id."""
+        untimed = {
+            m.message_id: index
+            for index, m in enumerate(incoming)
+            if m.message_id is not None and m.timestamp is None
+        }
+        if not untimed:
+            return None
+        first = min(incoming[index].turn_id for index in untimed.values())
+        _, stored = await self._store.read_conversation(key, now, TranscriptQuery(after_turn=first - 1))
+        out, changed = list(encoded), False
+        for message in stored:
+            index = untimed.get(message.message_id) if message.message_id is not None else None
+            if index is None:
+                continue
+            kept, sent = orjson.loads(message.body), orjson.loads(encoded[index].body)
+            # Rows are encode_message's list: the timestamp is its fourth item.
+            if len(kept) == len(sent) and kept[:3] + kept[4:] == sent[:3] + sent[4:]:
+                out[index] = NewMessage(
+                    encoded[index].turn_id, message.body, message.message_id, encoded[index].tokens
+                )
+                changed = True
+        return out if changed else None
+
+    async def _whose(
+        self,
+        project: Project,
+        key: ConversationKey,
+        caller: Caller | None,
+        messages: Sequence[Incoming],
+        now: int,
+    ) -> tuple[str, str]:
+        """Whose conversation an append is (the caller's profile, "" when it names no caller and that does
+        not matter) and the region its numbers are read in besides the project's (their caller's, kept with
+        the conversation: a foreign caller's national form is theirs). Read from the conversation only when
+        it matters: text without digits enough for a number, in a project without links, is redacted the
+        same whoever the caller is."""
+        if caller is not None:
+            return await self._owner(project, caller, now), ""
+        digits = any(message_may_hold_number(m) for m in messages)
+        known = self.redaction.known_region(key)
+        if (project.identity_linking and messages) or (
+            digits and (known is None or not project.conversation.redact_phone_numbers)
+        ):
+            # The caller's own identifiers are removed whatever the option says: find out who they are.
+            header, _ = await self._store.read_conversation(key, now)
+            if header is None:
+                return "", ""
+            self.redaction.remember_region(key, header.region)
+            return header.subject, header.region
+        return "", known or ""
 
     async def _owner(self, project: Project, caller: Caller | None, now: int) -> str:
         """Whose conversation an append names: its caller's profile ("" when it names no caller)."""
@@ -663,9 +697,21 @@ class TranscriptService:
             raise PayloadTooLarge("state is too large", field="state")
         return encoded
 
-    async def put_summary(self, project: Project, conversation_id: str, document: Any) -> ConversationStatus:
+    async def put_summary(
+        self, project: Project, conversation_id: str, document: Any, *, reader: Reader = EVERYONE
+    ) -> ConversationStatus:
+        """``reader``: who writes it. Under ``transcript_scope: "agent"`` an agent's summary is its own: kept
+        with its author, shown to that agent only (:func:`.transcript_bodies.summary_of`), and not replaced by
+        another agent (403); an admin (``EVERYONE``) may replace any."""
         body: SummaryBody = parse_body(SummaryBody, document, "summary")
         header, _, now = await self._live(project, conversation_id)
+        if reader.agent is not None and header.summary is not None:
+            author = orjson.loads(header.summary).get("agent")
+            if author != reader.agent:
+                raise Forbidden(
+                    "the conversation's summary was written by another agent (transcript_scope 'agent': "
+                    "each agent's summary is its own); an admin may replace it"
+                )
         if body.through_turn > header.turn_id:
             raise InvalidInput(
                 "through_turn is beyond the conversation's latest turn (GET the conversation for its turn_id)",
@@ -674,9 +720,13 @@ class TranscriptService:
         caller = self.caller(project, body.caller) if body.caller is not None else None
         if caller is not None and caller.subject != header.subject:
             raise Conflict(f"conversation '{conversation_id}' belongs to another caller")
-        own = await self._owned(project, caller, header.subject, now)
-        text = self._redact(project, caller, own)(body.text)
-        summary = orjson.dumps({"text": text, "through_turn": body.through_turn, "tokens": body.tokens})
+        own = await self.redaction.owned(project, caller, header.subject, now)
+        redactor = self.redaction.redactor(project, caller, own, header.region)
+        text = (await redactor([body.text]))[0]
+        kept: dict[str, Any] = {"text": text, "through_turn": body.through_turn, "tokens": body.tokens}
+        if reader.agent is not None:
+            kept["agent"] = reader.agent
+        summary = orjson.dumps(kept)
         updated = await self._store.put_summary(header.key, summary, now)
         if updated is None:
             raise Gone(f"the transcript of conversation '{conversation_id}' expired or was erased")
@@ -684,13 +734,28 @@ class TranscriptService:
 
     # Admin ------------------------------------------------------------------------------------------------
 
-    async def for_caller(self, project: Project, raw_identifier: str) -> CallerConversations:
+    async def for_caller(
+        self, project: Project, raw_identifier: str, *, limit: int = 50, cursor: str | None = None
+    ) -> CallerConversations:
+        """One page of the caller's conversations, newest start first: at most ``limit``, after ``cursor``
+        (the ``next_cursor`` of the previous page). A page may hold fewer than ``limit`` while more follow
+        (expired transcripts are left out); ``next_cursor`` is None on the last."""
+        from .transcript_store import PagePosition  # (kept local: this method's edit stands alone)
+
+        after = None if cursor is None else PagePosition.parse(cursor)
+        if cursor is not None and after is None:
+            raise InvalidInput(
+                "cursor is not one this listing returned; start again without it", field="cursor"
+            )
         caller = self.caller(project, raw_identifier)
         now = self._clock.now_ms()
         ref = CallerRef(project.project_id, caller.subject)
         ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
-        headers = await self._store.caller_conversations(ref, now)
-        return {"conversations": [self.status_view(h, project, now) for h in headers if not h.expired(now)]}
+        page = await self._store.caller_conversations_page(ref, now, limit, after)
+        return {
+            "conversations": [self.status_view(h, project, now) for h in page.headers if not h.expired(now)],
+            "next_cursor": None if page.next is None else page.next.token(),
+        }
 
     async def delete(self, project: Project, conversation_id: str) -> Header:
         check_conversation_id(conversation_id)

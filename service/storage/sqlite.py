@@ -75,6 +75,8 @@ _ADDED_COLUMNS = (
     ),
     ("analytics_counters", "recorded_at", "INTEGER", None),
     ("tokens", "agent", "TEXT NOT NULL DEFAULT ''", None),
+    # A conversation's caller's region (for redaction): unknown ('') for one started by an earlier release.
+    ("transcripts", "region", "TEXT NOT NULL DEFAULT ''", None),
 )
 #: Indexes on added columns (made once the columns exist).
 _ADDED_INDEXES = """

@@ -526,7 +526,7 @@ async def test_admins_list_and_delete_transcripts_and_their_reads_are_audited(
     assert_problem(await agent("DELETE", "call-1"), 403)
     deleted = await admin("DELETE", "call-1")
     assert deleted.status == 204 and deleted.body == ""
-    assert_problem(await agent("GET", "call-1"), 404)
+    assert_problem(await agent("GET", "call-1"), 410)  # deleted: gone, not never-existed
     assert_problem(await admin("DELETE", "call-1"), 404)
     assert await admin.audit() == [
         ("transcript.deleted", {"conversation_id": "call-1", "messages": 1}),

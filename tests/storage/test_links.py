@@ -575,5 +575,7 @@ async def test_sqlite_a_file_of_the_previous_release_gains_links(tmp_path: Path)
     finally:
         await again.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(SCHEMA_VERSION),)]
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+        (str(SCHEMA_VERSION),)
+    ]
     conn.close()
