@@ -183,7 +183,12 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
     project = await services.projects.get(args.project)
     if args.action == "create":
         minted = await services.tokens.mint(
-            project.project_id, args.role, args.label, actor=CLI_ACTOR, agent=args.agent
+            project.project_id,
+            args.role,
+            args.label,
+            actor=CLI_ACTOR,
+            agent=args.agent,
+            regions=(project.default_region,),
         )
         return token_body(minted.record) | {"token": minted.secret}
     if args.action == "list":

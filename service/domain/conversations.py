@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,14 +13,17 @@ from .analytics import AnalyticsService, metrics
 from .clock import Clock
 from .errors import Conflict, InvalidIdentifier, InvalidInput
 from .fields import StoredField
+from .id_rules import check_chosen_id
 from .limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
 from .link_store import ProfileMoved
 from .memory import MemoryService, check_field_name, encode_value
 from .projects import Project
+from .redaction import enough_digits, redact_text
 from .reports import RepeatCallerMetrics
 from .store import CallerRef, EndResult, EndStatus, EndWrite, Recording, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
 from .transcript_store import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
+from .transcripts import region_of, regions_to_try
 from .trust import CallTrust
 from .webhook_store import Delivery
 from .webhooks import EndedEvent, WebhookService
@@ -97,6 +100,15 @@ def split_state(
         else:
             sets[name] = encode_value(f"{where}.{name}", value)
     return StateChanges(sets, deletes, sorted(ignored), sorted(refused))
+
+
+def masked_outcome(outcome: Outcome, regions: Sequence[str | None]) -> Outcome:
+    """``outcome`` with every phone number in its strings masked (``[phone]``)."""
+    parts = (outcome.qa, outcome.handoff_reason, outcome.handoff_to)
+    if not any(part is not None and enough_digits(part) for part in parts):
+        return outcome
+    qa, reason, to = (None if part is None else redact_text(part, regions) for part in parts)
+    return Outcome(qa, reason, to)
 
 
 def outcome_body(outcome: Outcome) -> dict[str, Any]:
@@ -224,6 +236,15 @@ class ConversationService:
             who = self._memory.caller(project, caller)
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
+        regions = regions_to_try(project.default_region, region_of(who.e164) if who.e164 else None)
+        # An outcome is a label: a number in it (a transfer's handoff_to) is masked, never refused (an end
+        # must not be lost for it).
+        outcome = masked_outcome(outcome, regions)
+
+        def check_ids() -> None:  # at the first request that names them (none started the conversation)
+            check_chosen_id(conversation_id, "conversation_id", "conversation id", regions)
+            check_chosen_id(channel, "channel", "channel", regions)
+
         withheld = project.trust.withheld(call)
         changes = split_state(project, state, withheld=withheld)
         if who.blacklisted:
@@ -242,10 +263,10 @@ class ConversationService:
             *([end_reason] if end_reason is not None else []),
         )
         verdict = _Verdict()
-        if project.conversation.enabled:
-            if project.identity_linking:  # the transcript is the profile's, started through any identifier
-                ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
-            verdict = await self._judge(project, key, ref.subject, end_reason, outcome, now)
+        if not project.conversation.enabled:
+            check_ids()
+        else:
+            verdict, ref = await self._judge(project, key, ref, end_reason, outcome, now, check_ids)
             if verdict.late:
                 return await self._late_end(
                     project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
@@ -323,18 +344,37 @@ class ConversationService:
         self,
         project: Project,
         key: ConversationKey,
+        ref: CallerRef,
+        end_reason: str | None,
+        outcome: Outcome,
+        now: int,
+        check_ids: Callable[[], None],
+    ) -> tuple[_Verdict, CallerRef]:
+        """:meth:`_judged`, for the caller's profile (with linking, the transcript is the profile's,
+        started through any identifier); returns it with the verdict."""
+        if project.identity_linking:
+            ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
+        return await self._judged(project, key, ref.subject, end_reason, outcome, now, check_ids), ref
+
+    async def _judged(
+        self,
+        project: Project,
+        key: ConversationKey,
         subject: str,
         end_reason: str | None,
         outcome: Outcome,
         now: int,
+        check_ids: Callable[[], None],
     ) -> _Verdict:
         """How an explicit end relates to the conversation's transcript. It is looked at first: an end
         naming another caller than the live transcript's is refused (409) before anything is written, as
         start, append and summary refuse it (it must neither claim this caller's transcript nor take the id
         from the rightful end), and an end the service already made (or is making) makes this one late,
-        whatever its claim says."""
+        whatever its claim says. ``check_ids``: refuses ids that hold a phone number, for an end that is the
+        first request to name them (no transcript)."""
         header, _ = await self._store.read_conversation(key, now)
         if header is None:
+            check_ids()
             return _Verdict()
         if header.subject not in (subject, ""):
             if header.expired(now):

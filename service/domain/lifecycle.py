@@ -25,6 +25,7 @@ from .conversations import (
     outcome_body,
     split_state,
 )
+from .id_rules import check_chosen_id
 from .projects import Project
 from .registry import ProjectRegistry
 from .store import CallerRef, EndStatus, Recording, Store
@@ -94,6 +95,11 @@ class Lifecycle:
             check_agent(body.agent, writer, "agent")
             body = body.model_copy(update={"agent": writer})
         caller = self._transcripts.caller(project, body.caller)
+        # Ids that hold a phone number are refused here, at the first request that names them.
+        regions = self._transcripts.redaction.regions(project, caller)
+        check_chosen_id(conversation_id, "conversation_id", "conversation id", regions)
+        check_chosen_id(body.channel, "channel", "channel", regions)
+        check_chosen_id(body.agent, "agent", "agent name", regions)
         if not project.conversation.enabled or caller.blacklisted:
             reason: Any = "disabled" if not project.conversation.enabled else "blacklisted"
             return {"conversation": None, "stored": False, "reason": reason, "resume": None, "superseded": []}

@@ -16,10 +16,12 @@ import re
 import secrets
 import time
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .clock import Clock
 from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
+from .id_rules import check_chosen_id
 from .limits import TOKEN_ID_RE
 from .retention import AuditLog
 from .store import Store, TokenRecord
@@ -145,10 +147,18 @@ class TokenService:
         self._revocations = 0
 
     async def mint(
-        self, project: str, role: str, label: str = "", *, actor: str, agent: str | None = None
+        self,
+        project: str,
+        role: str,
+        label: str = "",
+        *,
+        actor: str,
+        agent: str | None = None,
+        regions: Sequence[str | None] = (),
     ) -> MintedToken:
         """Mint a token (audited as done by ``actor``, on every path that mints one). ``agent`` names the
-        agent an ``agent`` token acts as (transcript scope); no other role may carry one."""
+        agent an ``agent`` token acts as (transcript scope); no other role may carry one, and it may hold no
+        phone number (read in ``regions``, the project's: :mod:`.id_rules`)."""
         try:
             parsed_role = Role(role)
         except ValueError:
@@ -168,6 +178,7 @@ class TokenService:
                     "letter or digit",
                     field="agent",
                 )
+            check_chosen_id(agent, "agent", "agent name", regions)
         token_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)
         record = TokenRecord(

@@ -14,12 +14,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from .errors import InvalidIdentifier, PayloadTooLarge
+from .id_rules import check_chosen_id
 from .link_store import Link
 from .memory import Caller, MemoryService
 from .projects import Project
-from .redaction import EVERY, CpuBudget, Mask, redact_batch_async, redact_text
+from .redaction import EVERY, CpuBudget, Mask, enough_digits, redact_batch_async, redact_text
 from .store import CallerRef, Store
+from .transcript_bodies import Batch
 from .transcript_store import ConversationKey, NewMessage
 from .transcripts import (
     MAX_MESSAGE_BYTES,
@@ -64,15 +68,29 @@ def caller_region(caller: Caller | None) -> str:
     return (region_of(caller.e164) or "") if caller is not None and caller.e164 else ""
 
 
-def mask_values(value: Any, regions: Sequence[str | None]) -> Any:
-    """``value`` (JSON) with every phone number in its strings masked (``[phone]``), keys kept as they are."""
+def mask_values(value: Any, regions: Sequence[str | None], mask: Mask = EVERY) -> Any:
+    """``value`` (JSON) with the phone numbers ``mask`` masks in its strings replaced by ``[phone]``, keys
+    kept as they are."""
     if isinstance(value, str):
-        return redact_text(value, regions)
+        return redact_text(value, regions, mask)
     if isinstance(value, list):
-        return [mask_values(item, regions) for item in value]
+        return [mask_values(item, regions, mask) for item in value]
     if isinstance(value, dict):
-        return {key: mask_values(item, regions) for key, item in value.items()}
+        return {key: mask_values(item, regions, mask) for key, item in value.items()}
     return value
+
+
+def check_ids(conversation_id: str, batch: Batch, regions: Sequence[str | None], *, creates: bool) -> None:
+    """Refuse the ids of an append that hold a phone number (:mod:`.id_rules`): the conversation's id,
+    channel and agent when it creates the conversation (the first request to name them), and each message's
+    id and agent."""
+    if creates:
+        check_chosen_id(conversation_id, "conversation_id", "conversation id", regions)
+        check_chosen_id(batch.channel, "channel", "channel", regions)
+        check_chosen_id(batch.agent, "agent", "agent name", regions)
+    for index, message in enumerate(batch.messages):
+        check_chosen_id(message.message_id, f"messages[{index}].message_id", "message id", regions)
+        check_chosen_id(message.agent, f"messages[{index}].metadata.agent", "agent name", regions)
 
 
 class TranscriptRedaction:
@@ -153,6 +171,18 @@ class TranscriptRedaction:
             ]
 
         return redact
+
+    def checkpoint(
+        self, checkpoint: bytes | None, project: Project, caller: Caller | None, own: Owned, region: str = ""
+    ) -> bytes | None:
+        """A state checkpoint (encoded JSON) with its values redacted like a transcript's content: it is
+        stored, offered back in ``resume`` and persisted by an inactivity end."""
+        if checkpoint is None or not enough_digits(checkpoint.decode()):
+            return checkpoint
+        masked = mask_values(
+            orjson.loads(checkpoint), self.regions(project, caller, region), self.mask(project, caller, own)
+        )
+        return orjson.dumps(masked)
 
     @staticmethod
     async def encode(messages: Sequence[Incoming], redactor: Redactor, now: int) -> list[NewMessage]:

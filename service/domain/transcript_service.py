@@ -53,7 +53,7 @@ from .transcript_bodies import (
     summary_section,
     token_source,
 )
-from .transcript_redaction import TranscriptRedaction, caller_region
+from .transcript_redaction import TranscriptRedaction, caller_region, check_ids
 from .transcript_store import (
     AppendResult,
     AppendStatus,
@@ -532,7 +532,11 @@ class TranscriptService:
         made_at = min(received_at or now, body.sent_at or now)
         key = ConversationKey(project.project_id, conversation_id)
         subject, region = await self._whose(project, key, caller, body.messages, now)
+        check_ids(
+            conversation_id, body, self.redaction.regions(project, caller, region), creates=caller is not None
+        )
         own = await self.redaction.owned(project, caller, subject, now)
+        checkpoint = self.redaction.checkpoint(checkpoint, project, caller, own, region)
         # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
         # retry is still the same message), else its arrival time.
         encoded = await self.redaction.encode(

@@ -232,7 +232,12 @@ async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     spec = await read_model(request, TokenCreate, "token request")
     minted = await services.tokens.mint(
-        project.project_id, spec.role, spec.label, actor=actor(request), agent=spec.agent
+        project.project_id,
+        spec.role,
+        spec.label,
+        actor=actor(request),
+        agent=spec.agent,
+        regions=(project.default_region,),
     )
     return json_response(
         minted_body(minted.record, minted.secret), status=201, headers={"Cache-Control": "no-store"}

@@ -170,7 +170,12 @@ TOLERATED_WARNINGS = {
         (kind, label)
         for kind in ("missing_auth", "rate_limited", "validation_mismatch")
         for label in OPERATOR_ONLY
-    },
+    }
+    # A transcript read with an attestation in the query is a call's, and the transcript of a conversation
+    # that has ended needs the sensitive class's trust (issue 27): the seeded conversation ends early in the
+    # run, after which the fuzzed attestations (C, failed, ...) are answered 403 by design and the rest 410
+    # once the run deletes it. Its 200s are still required below.
+    | {("missing_auth", "GET /v1/projects/{project}/conversations/{conversation_id}/history")},
 }
 
 

@@ -6,9 +6,11 @@ caller's slot: the tombstone holds the conversation ids)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from caller_memory.service.domain.clock import DAY_MS
 from caller_memory.service.domain.fields import StoredField
-from caller_memory.service.domain.store import CallerRef, EndStatus, Store
+from caller_memory.service.domain.store import CallerRef, EndStatus, EndWrite, Store
 
 from tests.storage.test_contract import ending
 from tests.storage.test_transcripts import (
@@ -20,6 +22,11 @@ from tests.storage.test_transcripts import (
     platform_call,
     state,
 )
+
+
+def end_of(caller: CallerRef, conversation_id: str, at: int, **kw: Any) -> EndWrite:
+    """The end of the caller's conversation, made at ``at``, setting their name."""
+    return ending(caller.subject, conversation_id, at, sets=named("Ada", at), project=caller.project, **kw)
 
 
 def named(value: str, at: int) -> dict[str, StoredField]:
@@ -36,18 +43,18 @@ async def test_an_end_of_a_removed_conversation_made_after_the_erasure_writes_no
     # Made after the erasure (the agent ends the call it was in), under each record an end may use.
     for record in ("", "#late", "#takeover"):
         at = erased_at + 1000
-        end = ending(caller.subject, live.conversation_id + record, at, sets=named("Ada", at), made_at=at)
+        end = end_of(caller, live.conversation_id + record, at, made_at=at)
         assert (await store.end_conversation(end, at)).status is EndStatus.ERASED, record
         assert await store.read_fields(caller, at) == {}
     # Still refused much later (an SDK outbox), while the conversation id is remembered.
     later = erased_at + 3 * DAY_MS
-    end = ending(caller.subject, live.conversation_id, later, sets=named("Ada", later))
+    end = end_of(caller, live.conversation_id, later)
     assert (await store.end_conversation(end, later)).status is EndStatus.ERASED
     # Another conversation of the same caller, after the erasure, is theirs again.
-    fresh = ending(caller.subject, "call-after", later, sets=named("Ada", later))
+    fresh = end_of(caller, "call-after", later)
     assert (await store.end_conversation(fresh, later)).status is EndStatus.APPLIED
     # The erasure was the caller's: another caller's end of another id is untouched by it.
-    theirs = ending(other.subject, "call-other", later, sets=named("Bea", later))
+    theirs = end_of(other, "call-other", later)
     assert (await store.end_conversation(theirs, later)).status is EndStatus.APPLIED
 
 
@@ -57,13 +64,13 @@ async def test_a_late_end_of_an_ended_conversation_after_the_erasure_writes_noth
     key = new_key(caller.project)
     await append(store, key, caller, platform_call(t), t)
     # The service ended it (its record under the conversation's id), then the caller is erased.
-    first = ending(caller.subject, key.conversation_id, t + 1, sets=named("Ada", t + 1))
+    first = end_of(caller, key.conversation_id, t + 1)
     assert (await store.end_conversation(first, t + 1)).status is EndStatus.APPLIED
     erased_at = t + MINUTE_MS
     erased = await store.erase_caller(caller, erased_at, erased_at + DAY_MS)
     assert (erased.conversations, erased.fields) == (1, 1)
     late_at = erased_at + 5000  # made after the erasure: its tombstone's time alone would let it through
-    late = ending(caller.subject, key.conversation_id + "#late", late_at, sets=named("Ada", late_at))
+    late = end_of(caller, key.conversation_id + "#late", late_at)
     assert (await store.end_conversation(late, late_at)).status is EndStatus.ERASED
     assert await store.read_fields(caller, late_at) == {}
     assert await store.read_fields(CallerRef(caller.project, caller.subject), late_at + DAY_MS) == {}
@@ -79,6 +86,6 @@ async def test_a_second_erasure_keeps_what_the_first_removed(store: Store) -> No
     await store.erase_caller(caller, t + 3000, t + 3000 + DAY_MS)
     at = t + 4000
     for key in (one, two):
-        end = ending(caller.subject, key.conversation_id + "#late", at, sets=named("Ada", at))
+        end = end_of(caller, key.conversation_id + "#late", at)
         assert (await store.end_conversation(end, at)).status is EndStatus.ERASED, key
     assert await store.read_fields(caller, at) == {}
