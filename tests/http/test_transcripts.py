@@ -515,7 +515,10 @@ async def test_admins_list_and_delete_transcripts_and_their_reads_are_audited(
     assert listed.status == 200 and listed.headers["Cache-Control"] == "no-store"
     assert [c["conversation_id"] for c in listed.body["conversations"]] == ["call-2", "call-1"]
     assert all(set(c) == STATUS_KEYS for c in listed.body["conversations"])
-    assert await admin.ok("GET", "", "callers/+447700900123/conversations") == {"conversations": [], "next_cursor": None}
+    assert await admin.ok("GET", "", "callers/+447700900123/conversations") == {
+        "conversations": [],
+        "next_cursor": None,
+    }
 
     await agent.history("call-1")
     await agent.ok("GET", "call-1", "context")
