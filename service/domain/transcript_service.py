@@ -1,7 +1,9 @@
-"""Conversation memory use cases (SPEC sections 10 and 14): start, append, history, summary, context,
-resume, admin listing and deletion, and the ends the service makes itself (inactivity, supersession).
+"""Conversation memory use cases (SPEC sections 10 and 14): history, summary, context, admin listing and
+deletion; appends (:mod:`.transcript_appends`, what a message loses before it is stored in
+:mod:`.transcript_redaction`); start, resume and the ends the service makes itself (inactivity,
+supersession) in :mod:`.lifecycle`.
 
-Every message is validated, redacted and encoded here before the store sees it; the store keeps opaque
+Every message is validated, redacted and encoded before the store sees it; the store keeps opaque
 bytes. The ends the service makes run exactly the end processing of an explicit end
 (:meth:`.conversations.ConversationService.persist` and analytics), with the last state checkpoint as the
 state and its time as the write time.
@@ -10,7 +12,7 @@ state and its time as the write time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -21,42 +23,32 @@ from .conversations import (
     ConversationService,
     check_conversation_id,
     fingerprint,
-    split_state,
 )
 from .errors import (
     Conflict,
     Forbidden,
     Gone,
-    InvalidIdentifier,
     InvalidInput,
     NotFound,
-    PayloadTooLarge,
-    TranscriptsFull,
 )
 from .fields import StoredField
-from .limits import MAX_STATE_ENTRIES, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .memory import Caller, MemoryService
 from .projects import Project
 from .store import CallerRef, Store
+from .transcript_appends import TranscriptAppends
 from .transcript_bodies import (
     EVERYONE,
     Reader,
     SummaryBody,
-    attributed,
     ended_by_of,
-    message_may_hold_number,
-    parse_append,
     parse_body,
-    refuse,
     status_of,
     summary_of,
     summary_section,
     token_source,
 )
-from .transcript_redaction import TranscriptRedaction, caller_region, check_ids
+from .transcript_redaction import TranscriptRedaction
 from .transcript_store import (
-    AppendResult,
-    AppendStatus,
     AppendWrite,
     ConversationKey,
     Header,
@@ -78,10 +70,8 @@ from .transcript_views import Context as ContextView
 from .transcripts import (
     MAX_MESSAGES,
     MAX_TRANSCRIPT_BYTES,
-    Incoming,
     Message,
     chat_of_row,
-    check_batch_order,
     estimate_tokens,
     stored_rows,
     turns_of_rows,
@@ -100,25 +90,6 @@ RESUME_MESSAGES = 20
 #: Share of the budget the caller's memory may take in a context; and the summarise threshold.
 PROFILE_SHARE = 0.25
 SUMMARY_THRESHOLD = 0.75
-#: How long a project's transcript byte count is reused before it is asked again.
-BYTES_CACHE_MS = 1000
-#: How many conversations' callers a process remembers (a hint for reading a context in one store call).
-SUBJECT_CACHE = 8192
-INACTIVITY_LEASE = "inactivity"
-
-
-def _refusal(header: Header | None, now: int) -> AppendStatus | None:
-    """How an append without caller and channel to the conversation of ``header`` is refused, before the
-    store is asked (None: it would be taken)."""
-    if header is None or header.status is TranscriptStatus.DELETED:
-        return AppendStatus.NOT_FOUND
-    if header.status is TranscriptStatus.ERASED:
-        return AppendStatus.ERASED
-    if header.expired(now):
-        return AppendStatus.EXPIRED
-    if header.status is not TranscriptStatus.OPEN:
-        return AppendStatus.ENDED
-    return None
 
 
 class TranscriptService:
@@ -138,17 +109,14 @@ class TranscriptService:
         self._conversations = conversations
         self._analytics = analytics
         self._clock = clock
-        self.max_messages = max_messages
-        self.max_bytes = max_bytes
-        self._bytes_cache: dict[str, tuple[int, int]] = {}
-        #: Conversation -> the caller's pseudonym, as last seen (appends, starts, reads): which caller's memory
-        #: a context reads with its transcript. Only a hint: the store and the domain check it against the
-        #: header. Bounded; the oldest entry goes first.
-        self._subjects: dict[ConversationKey, str] = {}
         #: What a transcript loses before it is stored (phone numbers, the caller's identifiers).
         self.redaction = TranscriptRedaction(store, memory)
-        #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
-        self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
+        #: Appends and the start's write (:mod:`.transcript_appends`).
+        self.appends = TranscriptAppends(
+            store, memory, clock, self.redaction, max_messages=max_messages, max_bytes=max_bytes
+        )
+        #: Conversation -> its caller's pseudonym as last seen (``TranscriptAppends.subjects``: a hint).
+        self._subjects = self.appends.subjects
         #: Called with the header of a transcript an admin deleted (the archive deletes its copy).
         self.deletion_hooks: list[Callable[[Project, Header], Awaitable[None]]] = []
 
@@ -182,12 +150,7 @@ class TranscriptService:
     # Reading ----------------------------------------------------------------------------------------------
 
     def _remember(self, key: ConversationKey, subject: str) -> None:
-        """Keep ``subject`` as the caller of ``key`` (see ``_subjects``)."""
-        subjects = self._subjects
-        if subjects.get(key) != subject:
-            subjects[key] = subject
-            if len(subjects) > SUBJECT_CACHE:
-                del subjects[next(iter(subjects))]
+        self.appends.remember(key, subject)
 
     @staticmethod
     def _readable(project: Project, conversation_id: str) -> None:
@@ -430,26 +393,20 @@ class TranscriptService:
 
     # Writing ----------------------------------------------------------------------------------------------
 
-    def caller(self, project: Project, raw: str) -> Caller:
-        try:
-            return self._memory.caller(project, raw)
-        except InvalidIdentifier as exc:
-            raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
+    # Writing (:mod:`.transcript_appends`) -----------------------------------------------------------------
 
-    async def _check_project_bytes(self, project: Project, now: int) -> None:
-        cached = self._bytes_cache.get(project.project_id)
-        if cached is None or now - cached[1] >= BYTES_CACHE_MS:
-            total = await self._store.transcript_bytes(
-                project.project_id, now, now - project.conversation.transcript_retention_ms
-            )
-            cached = (total, now)
-            self._bytes_cache[project.project_id] = cached
-        limit = project.conversation.max_transcript_bytes
-        if cached[0] >= limit:
-            raise TranscriptsFull(
-                f"the project's transcripts hold {cached[0]:,} bytes, at its limit "
-                f"(memory.conversation.max_transcript_bytes = {limit:,}); ends are still taken"
-            )
+    @property
+    def on_started(self) -> Callable[[Project, Header], Awaitable[None]] | None:
+        """Called when an append started a conversation (the lifecycle supersedes the caller's open ones)."""
+        return self.appends.on_started
+
+    @on_started.setter
+    def on_started(self, hook: Callable[[Project, Header], Awaitable[None]] | None) -> None:
+        self.appends.on_started = hook
+
+    def caller(self, project: Project, raw: str) -> Caller:
+        """The caller a request names (422 naming ``caller`` when it is no identifier)."""
+        return self.appends.caller(project, raw)
 
     def write(
         self,
@@ -464,29 +421,9 @@ class TranscriptService:
         made_at: int,
         now: int,
     ) -> AppendWrite:
-        cc = project.conversation
-        expires_at = now + cc.transcript_retention_ms
-        if subject:  # appends that name the caller, and starts
-            self._remember(key, subject)
-        # The caller's region, kept with the conversation (never the number): "" for other identifiers.
-        region = caller_region(caller)
-        if caller is not None:
-            self.redaction.remember_region(key, region)
-        return AppendWrite(
-            key=key,
-            caller=CallerRef(project.project_id, subject),
-            channel=channel,
-            agent=agent,
-            create=caller is not None,
-            messages=messages,
-            checkpoint=checkpoint,
-            made_at=made_at,
-            expires_at=expires_at,
-            forget_at=expires_at + min(RECALL_WINDOW_MS, project.retention_ms),
-            due_at=now + cc.end_after_inactivity_ms,
-            max_messages=self.max_messages,
-            max_bytes=self.max_bytes,
-            region=region,
+        """The write of an append or a start (:meth:`.transcript_appends.TranscriptAppends.write`)."""
+        return self.appends.write(
+            project, key, caller, subject, channel, agent, messages, checkpoint, made_at, now
         )
 
     async def append(
@@ -498,208 +435,10 @@ class TranscriptService:
         received_at: int | None = None,
         writer: str | None = None,
     ) -> Appended:
-        """``writer``: the agent the token acts as (an agent token minted for one), which the messages it
-        writes are attributed to (a message naming another agent is refused)."""
-        check_conversation_id(conversation_id)
-        body = parse_append(document)
-        if writer is not None:
-            body = attributed(body, writer)
-        problem = check_batch_order(body.messages)
-        if problem is not None:
-            raise InvalidInput(problem, field="messages")
-        if (body.caller is None) != (body.channel is None):
-            raise InvalidInput(
-                "send caller and channel together (both start a conversation), or neither", field="caller"
-            )
-        caller = self.caller(project, body.caller) if body.caller is not None else None
-        call = CallTrust.of(body.attestation, body.step_up) if body.state is not None else None
-        checkpoint = self._checkpoint(project, body.state, call)
-        not_stored: Appended = {
-            "conversation_id": conversation_id,
-            "stored": False,
-            "status": None,
-            "turn_id": -1,
-            "added": 0,
-            "messages": 0,
-            "bytes": 0,
-            "tokens": 0,
-        }
-        if not project.conversation.enabled:
-            return {**not_stored, "reason": "disabled"}
-        if caller is not None and caller.blacklisted:
-            return {**not_stored, "reason": "blacklisted"}
-        now = self._clock.now_ms()
-        made_at = min(received_at or now, body.sent_at or now)
-        key = ConversationKey(project.project_id, conversation_id)
-        subject, region = await self._whose(project, key, caller, body.messages, now)
-        check_ids(
-            conversation_id, body, self.redaction.regions(project, caller, region), creates=caller is not None
+        """:meth:`.transcript_appends.TranscriptAppends.append`."""
+        return await self.appends.append(
+            project, conversation_id, document, received_at=received_at, writer=writer
         )
-        own = await self.redaction.owned(project, caller, subject, now)
-        checkpoint = self.redaction.checkpoint(checkpoint, project, caller, own, region)
-        # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
-        # retry is still the same message), else its arrival time.
-        encoded = await self.redaction.encode(
-            body.messages, self.redaction.redactor(project, caller, own, region), body.sent_at or now
-        )
-        if encoded and not await self._room_for(project, key, caller is not None, now):
-            return {**not_stored, "reason": "erased"}
-        write = self.write(
-            project,
-            key,
-            caller,
-            subject if caller is not None else "",
-            body.channel or "",
-            body.agent or "",
-            encoded,
-            checkpoint,
-            made_at,
-            now,
-        )
-        result = await self._store.append_messages(write, now)
-        if result.status is AppendStatus.ID_CONFLICT and body.sent_at is None:
-            result = await self._again_with_stored_times(write, body.messages, now) or result
-        status = result.status
-        if status is AppendStatus.ERASED:
-            return {**not_stored, "reason": "erased"}
-        refuse(status, conversation_id, result.detail)
-        header = result.header
-        assert header is not None  # every accepted append has one
-        if caller is None and header.subject:
-            self._remember(key, header.subject)
-        created = caller is not None and header.started_at == now and header.messages == result.added
-        if created and not result.alone and self.on_started is not None:
-            await self.on_started(project, header)
-        if result.added:
-            self._count_added(project, encoded)
-        return {
-            "conversation_id": conversation_id,
-            "stored": True,
-            "status": status_of(header, project, now),
-            "turn_id": header.turn_id,
-            "added": result.added,
-            "messages": header.messages,
-            "bytes": header.bytes,
-            "tokens": header.tokens,
-        }
-
-    def _count_added(self, project: Project, encoded: Sequence[NewMessage]) -> None:
-        """Add what an append stored to the project's cached byte count (:meth:`_check_project_bytes`)."""
-        cached = self._bytes_cache.get(project.project_id)
-        if cached is not None:
-            added = sum(len(m.body) for m in encoded)
-            self._bytes_cache[project.project_id] = (cached[0] + added, cached[1])
-
-    async def _room_for(self, project: Project, key: ConversationKey, creates: bool, now: int) -> bool:
-        """507 when the project's transcripts are at their bound (:meth:`_check_project_bytes`). What the
-        append names is judged first: an append to a conversation that never started (or has ended, expired
-        or was deleted) gets that answer, not 507. False: the caller was erased (the append is dropped)."""
-        try:
-            await self._check_project_bytes(project, now)
-        except TranscriptsFull:
-            if not creates:
-                found, _ = await self._store.read_conversation(key, now)
-                status = _refusal(found, now)
-                if status is AppendStatus.ERASED:
-                    return False
-                if status is not None:
-                    refuse(status, key.conversation_id, "")
-            raise
-        return True
-
-    async def _again_with_stored_times(
-        self, write: AppendWrite, incoming: Sequence[Incoming], now: int
-    ) -> AppendResult | None:
-        """An append refused for a message id, made again once the messages sent without times take the
-        stored ones' (:meth:`_stored_times`); None when none does."""
-        timed = await self._stored_times(write.key, incoming, list(write.messages), now)
-        if timed is None:
-            return None
-        write.messages = timed
-        return await self._store.append_messages(write, now)
-
-    async def _stored_times(
-        self, key: ConversationKey, incoming: Sequence[Incoming], encoded: list[NewMessage], now: int
-    ) -> list[NewMessage] | None:
-        """A retry of messages sent with ids but without ``timestamp`` (and without ``sent_at``): the service
-        gave each the time it arrived, so the retry's bodies differ from the stored ones by that time alone.
-        Each such message takes the body stored under its id when the two differ only there (it is the same
-        message, sent again); None when no message does. Read only after an append was refused for an id."""
-        untimed = {
-            m.message_id: index
-            for index, m in enumerate(incoming)
-            if m.message_id is not None and m.timestamp is None
-        }
-        if not untimed:
-            return None
-        first = min(incoming[index].turn_id for index in untimed.values())
-        _, stored = await self._store.read_conversation(key, now, TranscriptQuery(after_turn=first - 1))
-        out, changed = list(encoded), False
-        for message in stored:
-            index = untimed.get(message.message_id) if message.message_id is not None else None
-            if index is None:
-                continue
-            kept, sent = orjson.loads(message.body), orjson.loads(encoded[index].body)
-            # Rows are encode_message's list: the timestamp is its fourth item.
-            if len(kept) == len(sent) and kept[:3] + kept[4:] == sent[:3] + sent[4:]:
-                out[index] = NewMessage(
-                    encoded[index].turn_id, message.body, message.message_id, encoded[index].tokens
-                )
-                changed = True
-        return out if changed else None
-
-    async def _whose(
-        self,
-        project: Project,
-        key: ConversationKey,
-        caller: Caller | None,
-        messages: Sequence[Incoming],
-        now: int,
-    ) -> tuple[str, str]:
-        """Whose conversation an append is (the caller's profile, "" when it names no caller and that does
-        not matter) and the region its numbers are read in besides the project's (their caller's, kept with
-        the conversation: a foreign caller's national form is theirs). Read from the conversation only when
-        it matters: text without digits enough for a number, in a project without links, is redacted the
-        same whoever the caller is."""
-        if caller is not None:
-            return await self._owner(project, caller, now), ""
-        digits = any(message_may_hold_number(m) for m in messages)
-        known = self.redaction.known_region(key)
-        if (project.identity_linking and messages) or (
-            digits and (known is None or not project.conversation.redact_phone_numbers)
-        ):
-            # The caller's own identifiers are removed whatever the option says: find out who they are.
-            header, _ = await self._store.read_conversation(key, now)
-            if header is None:
-                return "", ""
-            self.redaction.remember_region(key, header.region)
-            return header.subject, header.region
-        return "", known or ""
-
-    async def _owner(self, project: Project, caller: Caller | None, now: int) -> str:
-        """Whose conversation an append names: its caller's profile ("" when it names no caller)."""
-        if caller is None:
-            return ""
-        if not project.identity_linking:
-            return caller.subject
-        return await self._store.resolve_profile(CallerRef(project.project_id, caller.subject), now)
-
-    @staticmethod
-    def _checkpoint(
-        project: Project, state: dict[str, Any] | None, call: CallTrust | None = None
-    ) -> bytes | None:
-        """The checkpoint to keep: ``state`` checked like an end's, without the keys ``call`` may not write
-        (an end that applies it must not write them either)."""
-        if state is None:
-            return None
-        changes = split_state(project, state)  # field names and value sizes checked like an end's
-        withheld = project.trust.withheld(call)
-        if withheld and changes.persisted:
-            state = {name: value for name, value in state.items() if name not in withheld}
-        encoded = orjson.dumps(state)
-        if len(encoded) > MAX_STATE_ENTRIES * MAX_VALUE_BYTES:  # pragma: no cover - bounded by the two above
-            raise PayloadTooLarge("state is too large", field="state")
-        return encoded
 
     async def put_summary(
         self, project: Project, conversation_id: str, document: Any, *, reader: Reader = EVERYONE
