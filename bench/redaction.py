@@ -45,7 +45,8 @@ sys.path.insert(0, str(BENCH.parent))
 from caller_memory.service.app import build_services  # noqa: E402
 from caller_memory.service.config import Settings  # noqa: E402
 from caller_memory.service.domain.projects import Project  # noqa: E402
-from caller_memory.service.domain.redaction import Mask, redact_batch  # noqa: E402
+from caller_memory.service.domain.redaction import Mask  # noqa: E402
+from caller_memory.service.domain.redaction_batches import redact_batch  # noqa: E402
 from caller_memory.service.http.keys import Services  # noqa: E402
 from caller_memory.service.http.server import settle_heap  # noqa: E402
 
@@ -57,7 +58,8 @@ CALLER, READER = "+14155550100", "+447700900123"
 CONFIG: dict[str, Any] = {
     "memory": {
         "repeat_caller": {"state_keys": ["cheese"], "retention": "P30D", "default_region": "GB"},
-        "conversation": {"enabled": True},
+        # The appenders write gigabytes in a run (words are not searched, so they go fast): no 507 here.
+        "conversation": {"enabled": True, "max_transcript_bytes": 1 << 50},
     }
 }
 SIZE = 64 * 1024

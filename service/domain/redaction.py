@@ -31,12 +31,11 @@ a number said across two messages is found; each text is masked only within itse
 
 from __future__ import annotations
 
-import asyncio
+import bisect
 import itertools
 import re
-import time
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -71,6 +70,12 @@ _SPAN = re.compile(
     r"(?:[+\uff0b][\s(]{0,2})?\(?\d(?:" + _SEP + r"{0,4}\d){" + f"{MIN_DIGITS - 1},{_PIECE - 1}" + "}"
 )
 _GAP = re.compile(_SEP + "{0,4}")
+#: A character no span holds (neither a digit, nor a separator, nor what may open a number): where the text
+#: may be cut into windows that are searched one at a time (one search of a long text without numbers, such as
+#: 64 KiB of words, holds the event loop for milliseconds).
+_CUT = re.compile("[^\\d+\uff0b" + _SEP[1:-1] + "]")
+#: About how many characters one window holds (it ends at the first cut after this many).
+_WINDOW = 4096
 #: Spans up to this many characters have their groups read at once; longer ones as they are searched.
 _SHORT_SPAN = 512
 _DIGITS = re.compile(r"\d+")
@@ -255,6 +260,8 @@ class Finder:
     found: list[tuple[int, int]] = field(default_factory=list)
     checks: int = 0
     units: int = 0
+    #: How many groups a window was read from (for tests of what the search skips).
+    starts: int = 0
 
     def run(self) -> list[tuple[int, int]]:
         for _ in self.steps():
@@ -264,22 +271,26 @@ class Finder:
     def steps(self) -> Iterator[None]:
         text = self.text
         wide = not text.isascii()
-        pieces = _SPAN.finditer(text)
-        piece = next(pieces, None)
-        while piece is not None:
-            start, end = piece.span()
-            piece = next(pieces, None)
-            while (
-                piece is not None
-                and text[piece.start()] not in "+\uff0b"
-                and _GAP.fullmatch(text, end, piece.start())
-            ):
-                end = piece.end()  # the next piece goes on where this one stopped
-                piece = next(pieces, None)
-                self.units += 1
-                if self.units % STEP == 0:
-                    yield
-            yield from self._span(start, end, wide)
+        span: tuple[int, int] | None = None  # the span being read: its pieces joined by separators
+        for low, high in _windows(text):
+            for piece in _SPAN.finditer(text, low, high):
+                if (
+                    span is not None
+                    and text[piece.start()] not in "+\uff0b"
+                    and _GAP.fullmatch(text, span[1], piece.start())
+                ):
+                    span = (span[0], piece.end())  # the next piece goes on where this one stopped
+                    self.units += 1
+                    if self.units % STEP == 0:
+                        yield
+                    continue
+                if span is not None:
+                    yield from self._span(span[0], span[1], wide)
+                span = piece.span()
+            self.units += 1
+            yield  # a window searched: the runner may give the event loop back
+        if span is not None:
+            yield from self._span(span[0], span[1], wide)
 
     def _groups(self, start: int, end: int, wide: bool) -> Iterator[tuple[int, int, str]]:
         """The runs of digits of a long span, read lazily, without a time's hour and minutes."""
@@ -299,6 +310,39 @@ class Finder:
             del groups[-1]
         return groups
 
+    def _read(
+        self, start: int, end: int, wide: bool
+    ) -> Generator[None, None, tuple[list[tuple[int, int, str]], Iterator[tuple[int, int, str]] | None]]:
+        """The span's groups (yielding as it reads), and what is left to read of them (None: all read)."""
+        if end - start <= _SHORT_SPAN:  # nearly every span: its groups at once
+            return self._all_groups(start, end, wide), None
+        groups: list[tuple[int, int, str]] = []
+        if self.mask.tails is not None:  # a long one, for known numbers only: read whole (see _skipper)
+            for group in self._groups(start, end, wide):
+                groups.append(group)
+                self.units += 1
+                if self.units % STEP == 0:
+                    yield
+            return groups, None
+        source = self._groups(start, end, wide)  # a long one (a whole text of digit groups): read as it goes
+        groups.extend(itertools.islice(source, 2 * MAX_DIGITS))
+        return groups, source
+
+    def _skipper(self, groups: list[tuple[int, int, str]]) -> Callable[[int], int]:
+        """:func:`_skipper` for this mask's tails, stopping short of a date it would jump into (a date's
+        groups are passed over together, never read from their middle)."""
+        assert self.mask.tails is not None
+        skip = _skipper(groups, self.mask.tails)
+
+        def next_index(index: int) -> int:
+            found = skip(index)
+            for date in (found - 2, found - 1):
+                if index <= date < found and self._date(groups, date):
+                    return date
+            return found
+
+        return next_index
+
     def _hour(self, low: int, high: int, end: int) -> bool:
         """Whether the run of digits ``low:high`` ending its span at ``end`` is a time's hour ("10:30")."""
         text = self.text
@@ -317,24 +361,25 @@ class Finder:
     def _span(self, start: int, end: int, wide: bool) -> Iterator[None]:
         text = self.text
         plus = text[start] in "+\uff0b"
-        source: Iterator[tuple[int, int, str]] | None = None
-        if end - start <= _SHORT_SPAN:  # nearly every span: its groups at once
-            groups = self._all_groups(start, end, wide)
-        else:  # a long one (a whole text of digit groups): read as it goes
-            source, groups = self._groups(start, end, wide), []
-            groups.extend(itertools.islice(source, 2 * MAX_DIGITS))
+        groups, source = yield from self._read(start, end, wide)
         if not groups:
             return
+        skip = self._skipper(groups) if self.mask.tails is not None else None
         first = groups[0][0]  # a '+' or '(' before the first digits (not a time's minutes) is the number's
         lead = start if _DIGITS.search(text, start, first) is None else first
         index = 0
         while index < len(groups):
+            if skip is not None:
+                index = skip(index)
+                if index >= len(groups):
+                    break
             if source is not None and len(groups) - index < MAX_DIGITS:  # enough ahead for the longest window
                 if index >= 1024:  # drop what is behind
                     del groups[:index]
                     index = 0
                 groups.extend(itertools.islice(source, 2 * MAX_DIGITS))
             self.units += 1
+            self.starts += 1
             if self.units % STEP == 0:
                 yield
             if self._date(groups, index):
@@ -389,6 +434,57 @@ class Finder:
         return index + 3 == len(groups) or self.text[end] != separator
 
 
+def _skipper(groups: Sequence[tuple[int, int, str]], tails: frozenset[str]) -> Callable[[int], int]:
+    """For a mask of known numbers only: given a group's index, the first index from it where a window may
+    start that ends with one of ``tails`` (the known numbers' last digits), within the lengths a window has;
+    ``len(groups)`` when none is left. A span of digits spelled one by one is then read only around where a
+    known number's last digits occur, not window by window from each digit."""
+    offsets = list(itertools.accumulate((len(group[2]) for group in groups), initial=0))
+    digits = "".join(group[2] for group in groups)
+    intervals: list[tuple[int, int]] = []
+    for tail in tails:
+        at = digits.find(tail)
+        while at >= 0:
+            intervals.append((at + TAIL - MAX_DIGITS, at + TAIL - MIN_DIGITS))
+            at = digits.find(tail, at + 1)
+    intervals.sort()
+    merged: list[list[int]] = []
+    for low, high in intervals:
+        if merged and low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    highs = [high for _, high in merged]
+    size = len(groups)
+
+    def next_index(index: int) -> int:
+        offset = offsets[index]
+        k = bisect.bisect_left(highs, offset)
+        if k == len(merged):
+            return size
+        low = merged[k][0]
+        return index if offset >= low else min(size, bisect.bisect_left(offsets, low, index))
+
+    return next_index
+
+
+def _windows(text: str) -> Iterator[tuple[int, int]]:
+    """``text`` cut into windows of about :data:`_WINDOW` characters, each ending at a character no span
+    holds (so that searching the windows one by one finds exactly what searching the whole finds). A stretch
+    with no such character (digits and separators only) stays whole: its spans come one piece at a time."""
+    n, low = len(text), 0
+    while low < n:
+        high = min(n, low + _WINDOW)
+        while high < n:
+            cut = _CUT.search(text, high, min(n, high + _WINDOW))
+            if cut is not None:
+                high = cut.start()
+                break
+            high = min(n, high + _WINDOW)
+        yield low, max(high, low + 1)
+        low = max(high, low + 1)
+
+
 def _mask(text: str, spans: Sequence[tuple[int, int]]) -> str:
     if not spans:
         return text
@@ -419,131 +515,3 @@ def enough_digits(text: str) -> bool:
         raw = text.encode()
         return len(raw) - len(raw.translate(None, _ASCII_DIGIT_BYTES)) >= MIN_DIGITS
     return sum(char.isdecimal() for char in text) >= MIN_DIGITS
-
-
-class _Batch(NamedTuple):
-    """The texts of a batch joined, and where each begins in the joined text."""
-
-    joined: str
-    starts: list[int]
-
-
-def _joined(texts: Sequence[str]) -> _Batch:
-    starts: list[int] = []
-    at = 0
-    for text in texts:
-        starts.append(at)
-        at += len(text) + len(_JOIN)
-    return _Batch(_JOIN.join(texts), starts)
-
-
-def _split(texts: Sequence[str], batch: _Batch, spans: Sequence[tuple[int, int]]) -> list[str]:
-    """Each text with the parts of ``spans`` that fall in it masked (a part of a number that runs into the
-    next text: from its first digit or ``+``/``(`` to its last digit)."""
-    out: list[str] = []
-    for _ in _split_steps(texts, batch, spans, out):
-        pass
-    return out
-
-
-def _split_steps(
-    texts: Sequence[str], batch: _Batch, spans: Sequence[tuple[int, int]], out: list[str]
-) -> Iterator[None]:
-    """:func:`_split` into ``out``, yielding every :data:`STEP` spans."""
-    per_text: list[list[tuple[int, int]]] = [[] for _ in texts]
-    position = 0
-    for count, (start, end) in enumerate(spans, 1):
-        if count % STEP == 0:
-            yield
-        while position + 1 < len(texts) and batch.starts[position + 1] <= start:
-            position += 1
-        base = batch.starts[position]
-        if end - base <= len(texts[position]):  # within one text: the common case
-            per_text[position].append((start - base, end - base))
-            continue
-        index = position
-        while index < len(texts) and batch.starts[index] < end:
-            base, text = batch.starts[index], texts[index]
-            low, high = max(start - base, 0), min(end - base, len(text))
-            runs = [match.span() for match in _DIGITS.finditer(text, low, high)]
-            if runs:
-                per_text[index].append((low if index == position else runs[0][0], runs[-1][1]))
-            index += 1
-    for text, spans_of in zip(texts, per_text, strict=True):
-        yield
-        out.append(_mask(text, spans_of))
-
-
-def redact_batch(texts: Sequence[str], regions: Sequence[str | None], masked: Masked = None) -> list[str]:
-    """:func:`redact_text` of the texts of one batch, searched together (a number may run from the end of
-    one text into the next), each masked within itself."""
-    if len(texts) == 1:
-        return [redact_text(texts[0], regions, masked)]
-    batch = _joined(texts)
-    if not enough_digits(batch.joined):
-        return list(texts)
-    return _split(texts, batch, Finder(batch.joined, plans_of(regions), Mask.of(masked)).run())
-
-
-@dataclass
-class CpuBudget:
-    """CPU seconds per second that each key (a project) may spend redacting: a token bucket of ``rate``
-    seconds per second holding at most ``burst``. A key over its budget waits (sleeping, so that other keys'
-    work runs) until it is back within it; it is never cut off. Work runs in slices of about ``slice``
-    seconds of CPU, the event loop given back after each."""
-
-    rate: float = 0.1
-    burst: float = 0.05
-    slice: float = 0.0005
-    timer: Callable[[], float] = time.thread_time
-    clock: Callable[[], float] = time.monotonic
-    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
-    #: Slices run and seconds waited over the budget (for tests and metrics).
-    slices: int = 0
-    waited: float = 0.0
-
-    def charge(self, key: str, spent: float) -> float:
-        """Take ``spent`` CPU seconds from ``key``'s bucket; how long to wait before its next slice."""
-        now = self.clock()
-        tokens, at = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate) - spent
-        if len(self._buckets) >= 10_000 and key not in self._buckets:
-            self._buckets = {k: v for k, v in self._buckets.items() if v[0] < self.burst}
-        self._buckets[key] = (tokens, now)
-        return -tokens / self.rate if tokens < 0 else 0.0
-
-    async def run(self, key: str, steps: Iterator[None]) -> None:
-        """Run ``steps`` to their end in slices, yielding to the event loop between slices."""
-        timer = self.timer
-        began = timer()
-        for _ in steps:
-            spent = timer() - began
-            if spent < self.slice:
-                continue
-            self.slices += 1
-            wait = self.charge(key, spent)
-            self.waited += wait
-            await asyncio.sleep(wait)
-            began = timer()
-        self.charge(key, timer() - began)
-
-
-async def redact_batch_async(
-    texts: Sequence[str],
-    regions: Sequence[str | None],
-    masked: Masked = None,
-    *,
-    budget: CpuBudget | None = None,
-    key: str = "",
-) -> list[str]:
-    """:func:`redact_batch` that gives the event loop back between slices of its work and keeps ``key``
-    (the project) within ``budget``. A batch of at most :data:`SMALL_INPUT` characters is redacted in one
-    go (a slice's worth at most)."""
-    total = sum(len(text) for text in texts)
-    if budget is None or total <= SMALL_INPUT:
-        return redact_batch(texts, regions, masked)
-    batch = _joined(texts)
-    finder = Finder(batch.joined, plans_of(regions), Mask.of(masked))
-    out: list[str] = []
-    await budget.run(key, itertools.chain(finder.steps(), _split_steps(texts, batch, finder.found, out)))
-    return out

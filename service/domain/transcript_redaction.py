@@ -21,7 +21,8 @@ from .id_rules import check_chosen_id
 from .link_store import Link
 from .memory import Caller, MemoryService
 from .projects import Project
-from .redaction import EVERY, CpuBudget, Mask, enough_digits, redact_batch_async, redact_text
+from .redaction import EVERY, Mask, enough_digits, redact_text
+from .redaction_batches import CpuBudget, redact_batch_async
 from .store import CallerRef, Store
 from .transcript_bodies import Batch
 from .transcript_store import ConversationKey, NewMessage
