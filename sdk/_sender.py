@@ -52,6 +52,8 @@ MAX_OUTBOX_PAUSE = 30.0
 MAX_ERRORS = 100
 #: How long a close waits beyond its budget for an attempt already in flight before it cancels it.
 CLOSE_SLACK = 0.05
+#: What the random part of generated message ids is made of (26**12: about 2**56 prefixes).
+_ID_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 class Host(Protocol):
@@ -142,8 +144,9 @@ class TranscriptBuffer:
         self._state = state
         self._trust = trust
         # Message ids: random per conversation object (a new process continuing the call gets new ones),
-        # then a sequence number.
-        self._prefix = f"m{secrets.token_hex(6)}"
+        # then a sequence number. Letters only: the service refuses an id that holds a phone number, and
+        # random digits sometimes make one.
+        self._prefix = "m" + "".join(secrets.choice(_ID_LETTERS) for _ in range(12))
         self._seq = 0
         self._settled_seq = 0
         self._pending: deque[_Item] = deque()

@@ -9,13 +9,14 @@ What counts as a number is found by the redaction's own matcher (:class:`.redact
 regions (the project's, and the caller's when the request names them), with two differences made for ids,
 which are tokens made by systems rather than words people say:
 
-- Opaque tokens are set aside first: UUIDs, Twilio-style SIDs (two capitals and 32 hex digits) and any run of
-  16 or more hex digits with a letter in it. Their digit groups are random, and a matcher that weighs only
+- Opaque tokens and dates written year first (``2024-06-15``) are set aside first: UUIDs, Twilio-style SIDs (two capitals and 32 hex digits) and any run of
+  12 or more hex digits with a letter in it (the random part of the ids earlier releases of the SDK made is
+  12 hex digits). Their digit groups are random, and a matcher that weighs only
   possibility finds a "number" in most of them.
 - A span the matcher finds is refused when it is written as an international number (a ``+``), or when it is
-  a valid number (libphonenumber's ``is_valid_number``) with its leading digits as a country code, or in one
-  of the regions as people write its numbers (with the national prefix where the region has one, as a GB
-  number starts with 0). A run of digits that is merely of a possible length (an order number, epoch
+  a valid number (libphonenumber's ``is_valid_number``) of at least 8 digits, with its leading digits as a
+  country code or in one of the regions as people write its numbers (with the national prefix where the
+  region has one, as a GB number starts with 0). A run of digits that is merely of a possible length (an order number, epoch
   seconds, a date without separators) is left alone: those are what ids are made of.
 
 Ids that the platform adapters make (``vapi:<uuid>``, ...) follow each vendor's grammar and are checked
@@ -34,13 +35,19 @@ from .errors import InvalidInput
 from .redaction import Finder, enough_digits, plans_of
 
 #: Tokens whose digits are random: UUIDs, two capitals and 32 hex digits (Twilio's SIDs: CA..., PN...), and
-#: runs of 16 or more hex digits with at least one letter and one digit.
+#: runs of 12 or more hex digits with at least one letter and one digit.
 _OPAQUE = re.compile(
     r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
     r"|[A-Z]{2}[0-9a-fA-F]{32}"
-    r"|(?=[0-9A-Fa-f]*[A-Fa-f])(?=[0-9A-Fa-f]*[0-9])[0-9A-Fa-f]{16,}"
+    r"|(?=[0-9A-Fa-f]*[A-Fa-f])(?=[0-9A-Fa-f]*[0-9])[0-9A-Fa-f]{12,}"
 )
+#: Dates written year first (2024-06-15, 2024.06.15, 2024/06/15, with a time after them or not): ids made of a
+#: date and a counter (conv-2024-06-15-123456) would read as a French mobile once the year is passed.
+_ISO_DATE = re.compile(r"(?<!\d)\d{4}([-./])\d{2}\1\d{2}(?:[T ]\d{2}(?::\d{2}){1,2})?(?!\d)")
 _PLUS = ("+", "\uff0b")
+#: Digits a number written without ``+`` must have to count in an id: a counter of six (conv-...-064703) is a
+#: valid landline in Rome or Munich, and no id is refused for one.
+NATIONAL_DIGITS = 8
 
 
 def _written_nationally(digits: str, region: str) -> bool:
@@ -72,7 +79,7 @@ def _valid(digits: str, regions: Sequence[str | None]) -> bool:
 
 @lru_cache(maxsize=8192)
 def _holds_number(value: str, regions: tuple[str | None, ...]) -> bool:
-    text = _OPAQUE.sub(" ", value)
+    text = _ISO_DATE.sub(" ", _OPAQUE.sub(" ", value))
     if not enough_digits(text):
         return False
     for start, end in Finder(text, plans_of(regions)).run():
@@ -80,7 +87,7 @@ def _holds_number(value: str, regions: tuple[str | None, ...]) -> bool:
         if span.startswith(_PLUS):
             return True
         digits = "".join(str(int(char)) for char in span if char.isdecimal())
-        if _valid(digits, regions):
+        if len(digits) >= NATIONAL_DIGITS and _valid(digits, regions):
             return True
     return False
 

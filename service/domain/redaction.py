@@ -86,6 +86,9 @@ _JOIN = "\x1f"
 
 #: How many final digits of a known number a window must share with it (see :class:`Mask`).
 TAIL = 4
+#: How many numbers a mask's ``holds`` is asked about in a text: this many, and one more for every this many
+#: characters (:meth:`Finder._masks`).
+ASK_FIRST, ASK_EVERY = 64, 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,10 @@ class Finder:
     units: int = 0
     #: How many groups a window was read from (for tests of what the search skips).
     starts: int = 0
+    #: How many numbers the mask's ``holds`` was asked about (each a pseudonym: a parse and an HMAC), and its
+    #: answers. Bounded: see :meth:`_masks`.
+    asked: int = 0
+    _answers: dict[str, bool] = field(default_factory=dict)
 
     def run(self) -> list[tuple[int, int]]:
         for _ in self.steps():
@@ -417,10 +424,26 @@ class Finder:
                 if (
                     drop < size
                     and size - drop + len(head) in lengths
-                    and (mask.every or mask(f"+{code}{head}{digits[drop:size]}"))
+                    and (mask.every or self._masks(f"+{code}{head}{digits[drop:size]}"))
                 ):
                     return last
         return -1
+
+    def _masks(self, e164: str) -> bool:
+        """Whether the mask masks ``e164``. Its ``holds`` (the caller's identifiers known by pseudonym only:
+        each answer costs a parse and an HMAC) is asked at most :data:`ASK_FIRST` times plus one for every
+        :data:`ASK_EVERY` characters of the text; past that, every number found is masked (more is masked,
+        never less: the cost stays bounded per byte whatever the text)."""
+        mask = self.mask
+        if mask.holds is None or e164 in mask.numbers:
+            return mask(e164)
+        answer = self._answers.get(e164)
+        if answer is None:
+            self.asked += 1
+            if self.asked > ASK_FIRST + len(self.text) // ASK_EVERY:
+                return True
+            answer = self._answers[e164] = mask(e164)
+        return answer
 
     def _date(self, groups: list[tuple[int, int, str]], index: int) -> bool:
         """Whether the three groups from ``index`` are a date (12/03/2024, 2024-03-12), not followed by

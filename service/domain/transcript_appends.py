@@ -42,6 +42,8 @@ from .trust import CallTrust
 
 #: How long a project's transcript byte count is reused before it is asked again.
 BYTES_CACHE_MS = 1000
+#: How many messages from the first retried turn on a retry's identical messages are looked for among.
+RETRY_WINDOW = 1000
 #: How many conversations' callers a process remembers (a hint for reading a context in one store call).
 SUBJECT_CACHE = 8192
 
@@ -201,12 +203,11 @@ class TranscriptAppends:
             conversation_id, body, self.redaction.regions(project, caller, region), creates=caller is not None
         )
         own = await self.redaction.owned(project, caller, subject, now)
-        checkpoint = self.redaction.checkpoint(checkpoint, project, caller, own, region)
+        redactor = self.redaction.redactor(project, caller, own, region)
+        checkpoint = await self.redaction.checkpoint(checkpoint, redactor)
         # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
         # retry is still the same message), else its arrival time.
-        encoded = await self.redaction.encode(
-            body.messages, self.redaction.redactor(project, caller, own, region), body.sent_at or now
-        )
+        encoded = await self.redaction.encode(body.messages, redactor, body.sent_at or now)
         if encoded and not await self._room_for(project, key, caller is not None, now):
             return {**not_stored, "reason": "erased"}
         write = self.write(
@@ -298,7 +299,9 @@ class TranscriptAppends:
         if not untimed:
             return None
         first = min(incoming[index].turn_id for index in untimed.values())
-        _, stored = await self._store.read_conversation(key, now, TranscriptQuery(after_turn=first - 1))
+        # Bounded: a retry repeats the latest turns; ids further back than a page are not looked for (409).
+        query = TranscriptQuery(after_turn=first - 1, limit=RETRY_WINDOW)
+        _, stored = await self._store.read_conversation(key, now, query)
         out, changed = list(encoded), False
         for message in stored:
             index = untimed.get(message.message_id) if message.message_id is not None else None

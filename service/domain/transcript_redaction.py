@@ -10,7 +10,7 @@ process and read from the store only when a text holds digits enough for a numbe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from .id_rules import check_chosen_id
 from .link_store import Link
 from .memory import Caller, MemoryService
 from .projects import Project
-from .redaction import EVERY, Mask, enough_digits, redact_text
+from .redaction import EVERY, Mask, enough_digits
 from .redaction_batches import CpuBudget, redact_batch_async
 from .store import CallerRef, Store
 from .transcript_bodies import Batch
@@ -69,15 +69,26 @@ def caller_region(caller: Caller | None) -> str:
     return (region_of(caller.e164) or "") if caller is not None and caller.e164 else ""
 
 
-def mask_values(value: Any, regions: Sequence[str | None], mask: Mask = EVERY) -> Any:
-    """``value`` (JSON) with the phone numbers ``mask`` masks in its strings replaced by ``[phone]``, keys
-    kept as they are."""
+def _strings(value: Any, out: list[str]) -> None:
+    """The strings of a JSON value (not its keys), in order."""
     if isinstance(value, str):
-        return redact_text(value, regions, mask)
+        out.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, out)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, out)
+
+
+def _replaced(value: Any, texts: Iterator[str]) -> Any:
+    """``value`` with its strings replaced, in order, by ``texts``."""
+    if isinstance(value, str):
+        return next(texts)
     if isinstance(value, list):
-        return [mask_values(item, regions, mask) for item in value]
+        return [_replaced(item, texts) for item in value]
     if isinstance(value, dict):
-        return {key: mask_values(item, regions, mask) for key, item in value.items()}
+        return {key: _replaced(item, texts) for key, item in value.items()}
     return value
 
 
@@ -173,17 +184,17 @@ class TranscriptRedaction:
 
         return redact
 
-    def checkpoint(
-        self, checkpoint: bytes | None, project: Project, caller: Caller | None, own: Owned, region: str = ""
-    ) -> bytes | None:
-        """A state checkpoint (encoded JSON) with its values redacted like a transcript's content: it is
-        stored, offered back in ``resume`` and persisted by an inactivity end."""
+    @staticmethod
+    async def checkpoint(checkpoint: bytes | None, redactor: Redactor) -> bytes | None:
+        """A state checkpoint (encoded JSON) with its values redacted like a transcript's content (by the
+        batch's ``redactor``: in slices, within the project's CPU budget): it is stored, offered back in
+        ``resume`` and persisted by an inactivity end. Keys are kept as they are."""
         if checkpoint is None or not enough_digits(checkpoint.decode()):
             return checkpoint
-        masked = mask_values(
-            orjson.loads(checkpoint), self.regions(project, caller, region), self.mask(project, caller, own)
-        )
-        return orjson.dumps(masked)
+        state = orjson.loads(checkpoint)
+        texts: list[str] = []
+        _strings(state, texts)
+        return orjson.dumps(_replaced(state, iter(await redactor(texts))))
 
     @staticmethod
     async def encode(messages: Sequence[Incoming], redactor: Redactor, now: int) -> list[NewMessage]:

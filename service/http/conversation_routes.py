@@ -4,6 +4,8 @@ serialise its views (transcript_views.py) as they are."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from aiohttp import web
 
 from ..domain.fields import entity_tags
@@ -159,7 +161,10 @@ async def caller_conversations(request: web.Request) -> web.Response:
     cursor = listed["next_cursor"]
     if cursor is not None:
         headers["X-Next-Cursor"] = cursor
-        headers["Link"] = f'<{request.rel_url.update_query(cursor=cursor)}>; rel="next"'
+        # A reference by its query alone (RFC 3986: it keeps this request's path), so that the caller's
+        # identifier in the path is not written back into a header.
+        next_page = urlencode({**request.rel_url.query, "cursor": cursor})
+        headers["Link"] = f'<?{next_page}>; rel="next"'
     return json_response(listed, headers=headers)
 
 

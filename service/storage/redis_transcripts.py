@@ -570,8 +570,11 @@ class RedisTranscripts(RedisCallerIndex):
         if members:
             follow.append(self._transport.run(("ZREM", keys.TRANSCRIPTS_DUE, *members)))
         if listed:
-            listing = keys.caller_transcripts_key(project, caller.subject)
-            follow.append(self._transport.run(("ZREM", listing, *(i for i, _ in listed))))
+            # The caller's indexes first, then the listing: an erasure cut short between the two is found
+            # again by its retry (it reads the listing), which drops what is left in the indexes.
             follow.append(self._lane(caller, dropped))
         await _all(*follow)
+        if listed:
+            listing = keys.caller_transcripts_key(project, caller.subject)
+            await self._transport.run(("ZREM", listing, *(i for i, _ in listed)))
         return live

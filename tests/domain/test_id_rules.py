@@ -47,6 +47,17 @@ def test_an_id_without_a_number_is_left_alone(value: str) -> None:
     assert not holds_phone_number(value, REGIONS)
 
 
+@pytest.mark.parametrize("region", ["FR", "IT", "GB", "US", "DE"])
+def test_ids_of_a_date_and_a_counter_are_taken_in_every_region(region: str) -> None:
+    rng = random.Random(15)
+    ids = [
+        f"conv-{rng.randrange(2000, 2030)}-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}-{rng.randrange(10**6):06d}"
+        for _ in range(600)
+    ]
+    assert [value for value in ids if holds_phone_number(value, (region,))] == []
+    assert not holds_phone_number("conv-2024-06-15T12:30:45", (region,))
+
+
 def test_the_callers_region_is_read_too() -> None:
     french = "call-0612345678"  # a French mobile in its national form
     assert not holds_phone_number(french, ("GB",))

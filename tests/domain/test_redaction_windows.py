@@ -77,3 +77,21 @@ def test_spelled_digits_cost_what_their_known_tails_need() -> None:
     own.run()
     assert [text[a:b] for a, b in own.found] == ["4 1 5 5 5 5 0 1 0 0"]
     assert own.starts < 100  # read only around the one place its last digits occur, not from every digit
+
+
+def test_a_mask_known_by_pseudonyms_is_asked_a_bounded_number_of_times() -> None:
+    """Identifiers known only by pseudonym (links; an append that does not name its caller) cost a parse and
+    an HMAC per question: a text is asked about at most 64 numbers plus one per 128 characters, and past that
+    every number is masked (more, never less)."""
+    asked: list[str] = []
+
+    def holds(e164: str) -> bool:
+        asked.append(e164)
+        return e164 == CALLER
+
+    text = " ".join(str(n % 10) for n in range(30_000)) + " call me on 415 555 0100"
+    finder = Finder(text, plans_of(REGIONS), Mask(every=False, holds=holds))
+    finder.run()
+    assert len(asked) <= redaction.ASK_FIRST + len(text) // redaction.ASK_EVERY
+    assert len(set(asked)) == len(asked)  # each number asked about once
+    assert text[finder.found[-1][0] : finder.found[-1][1]] == "415 555 0100"  # the caller's own: masked
