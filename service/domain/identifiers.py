@@ -96,6 +96,18 @@ def parse_identifier(raw: str, default_region: str | None = None) -> str:
     return normalize(raw, default_region)
 
 
+def legacy_spelling(raw: str) -> str | None:
+    """The canonical form an earlier release gave this ``email:`` identifier (the address trimmed and
+    case-folded, nothing more), when it differs from today's (a domain's root dot, an A-label, a decomposed
+    accent, an ideographic dot): what was stored under it is the same caller's, and an erasure takes both.
+    None for other identifiers and for addresses both releases write alike."""
+    if not raw.lstrip()[:8].lower().startswith(EMAIL_PREFIX):
+        return None
+    canonical = parse_identifier(raw)
+    legacy = EMAIL_PREFIX + raw.lstrip()[len(EMAIL_PREFIX) :].strip().casefold()
+    return legacy if legacy != canonical else None
+
+
 #: What a domain name is read with as its dots (IDNA, RFC 3490 section 3.1): the ideographic and full-width
 #: full stops are the same separator as '.', so ``example。com`` is ``example.com``.
 _DOMAIN_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})

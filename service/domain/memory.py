@@ -15,7 +15,7 @@ import orjson
 from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import InvalidInput, PreconditionFailed
 from .fields import StoredField, WriteCondition, compute_etag
-from .identifiers import Pseudonymizer, kind_of, parse_identifier
+from .identifiers import Pseudonymizer, kind_of, legacy_spelling, parse_identifier
 from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
 from .link_store import ProfileMoved
 from .projects import Project
@@ -264,6 +264,12 @@ class MemoryService:
         )
         totals: dict[str, int] = {}
         todo: list[tuple[CallerRef, str]] = [(first, "")]  # (whom, the profile it must still be linked to)
+        legacy = legacy_spelling(raw_identifier)
+        legacy_subject = (
+            self._pseudonymizer.pseudonym(project.project_id, legacy) if legacy is not None else None
+        )
+        if legacy_subject is not None:  # what an earlier release stored under this spelling is theirs too
+            todo.append((CallerRef(project.project_id, legacy_subject), ""))
         done: set[str] = set()
         erased = 0
         while todo:
@@ -278,7 +284,7 @@ class MemoryService:
                     h.key.conversation_id for h in await self._store.caller_conversations(ref, now)
                 ]
             removed = await self._store.erase_caller(ref, now, now + RECALL_WINDOW_MS)
-            erased += 1
+            erased += ref.subject != legacy_subject  # the same identifier's earlier spelling is no link
             if removed.alias_of:  # an identifier linked to a profile: the profile, and its links, go too
                 todo.append((CallerRef(project.project_id, removed.alias_of), ""))
             todo += [(CallerRef(project.project_id, alias), ref.subject) for alias in removed.aliases]

@@ -9,11 +9,15 @@ from typing import Any
 
 import pytest
 from caller_memory.service.domain.clock import FakeClock
+from caller_memory.service.domain.identifiers import Pseudonymizer
+from caller_memory.service.domain.store import CallerRef
+from caller_memory.service.http.keys import SERVICES
 
-from tests.conftest import OPERATOR_TOKEN, Api, running_api
+from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY, Api, running_api
 from tests.http.test_api import CALLER, assert_problem, memory_path
 from tests.http.test_transcripts import PROJECT, As, configure, message, mint_agent
 from tests.http.test_webhooks import eventually, receiver, webhook_settings
+from tests.storage.test_contract import field
 
 OTHER = "+447700900123"
 
@@ -260,3 +264,23 @@ async def test_at_the_byte_bound_an_append_to_a_never_started_conversation_is_40
         "POST", "call-2", "messages", {"caller": CALLER, "channel": "voice", "messages": [message(1, "hi")]}
     )
     assert_problem(full, 507, mentions="max_transcript_bytes")
+
+
+# 13. An email's earlier spelling ----------------------------------------------------------------------------
+
+
+async def test_an_erasure_takes_what_an_earlier_release_stored_under_the_emails_old_spelling(
+    api: Api,
+) -> None:
+    """An earlier release kept ``email:ada@example.com.`` (a domain's root dot) as written; this one writes it
+    as ``email:ada@example.com``. What was stored under the old spelling is the same caller's: an erasure
+    through that spelling removes it too."""
+    tokens = await configure(api)
+    old = Pseudonymizer(PSEUDONYM_KEY).pseudonym(PROJECT, "email:ada@example.com.")
+    store = api.app[SERVICES].store
+    now = api.clock.now_ms()
+    written = await store.patch_fields(CallerRef(PROJECT, old), {"caller_name": field("Ada", now)}, [], now)
+    assert written.applied
+    erased = await As(api, tokens["admin"]).ok("DELETE", "", "callers/email:Ada@Example.com.")
+    assert erased["removed"]["fields"] == 1 and erased["removed"]["links"] == 0, erased
+    assert await store.read_fields(CallerRef(PROJECT, old), api.clock.now_ms()) == {}
