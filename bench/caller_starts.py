@@ -96,7 +96,9 @@ async def history(services: Services, shop: Project, raw: str, count: int, prefi
 
     async def one(i: int) -> None:
         key = ConversationKey(shop.project_id, f"{prefix}-{i:05d}")
-        write = services.transcripts.write(shop, key, caller, caller.subject, "phone", "", [], None, now, now)
+        write = services.transcripts.appends.write(
+            shop, key, caller, caller.subject, "phone", "", [], None, now, now
+        )
         await store.append_messages(write, now)
         await store.claim_end(EndClaim(key, "explicit", "completed", None, now + 60_000), now)
         await store.finish_end(key, now)

@@ -110,7 +110,7 @@ class Lifecycle:
             ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
         superseded, candidates = await self.supersede(project, ref, body.channel, conversation_id, now)
         key = ConversationKey(project.project_id, conversation_id)
-        write = self._transcripts.write(
+        write = self._transcripts.appends.write(
             project, key, caller, ref.subject, body.channel, body.agent or "", [], None, now, now
         )
         result = await self._store.append_messages(write, now)

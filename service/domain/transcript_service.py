@@ -49,10 +49,8 @@ from .transcript_bodies import (
 )
 from .transcript_redaction import TranscriptRedaction
 from .transcript_store import (
-    AppendWrite,
     ConversationKey,
     Header,
-    NewMessage,
     TranscriptQuery,
     TranscriptStatus,
 )
@@ -407,24 +405,6 @@ class TranscriptService:
     def caller(self, project: Project, raw: str) -> Caller:
         """The caller a request names (422 naming ``caller`` when it is no identifier)."""
         return self.appends.caller(project, raw)
-
-    def write(
-        self,
-        project: Project,
-        key: ConversationKey,
-        caller: Caller | None,
-        subject: str,
-        channel: str,
-        agent: str,
-        messages: list[NewMessage],
-        checkpoint: bytes | None,
-        made_at: int,
-        now: int,
-    ) -> AppendWrite:
-        """The write of an append or a start (:meth:`.transcript_appends.TranscriptAppends.write`)."""
-        return self.appends.write(
-            project, key, caller, subject, channel, agent, messages, checkpoint, made_at, now
-        )
 
     async def append(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from caller_memory.service.domain.link_store import LinkResult
 from caller_memory.service.storage.redis import RedisStore
 
 from tests.storage.test_contract import TTL, field, new_subject, now_ms, values
@@ -22,25 +23,32 @@ async def erase_as_the_domain_does(store: RedisStore, profile: str, at: int) -> 
             await store.erase_caller(ref(alias), at, at + TTL)
 
 
+async def link_with_an_erasure_after(store: RedisStore, step: str) -> tuple[str, str, int, LinkResult]:
+    """A profile and an identifier with memory each, linked with a merge while the profile's erasure (at the
+    link's own millisecond) lands right after the link's ``step`` (the script of that name)."""
+    p, a, t = new_subject(), new_subject(), now_ms()
+    await remember(store, p, {"of": field("p", t)}, t)
+    await remember(store, a, {"mine": field("a", t)}, t)
+    script = store._transport.script
+
+    async def erasure_after(name: str, keys: Any, args: Any) -> Any:
+        reply = await script(name, keys, args)
+        if name == step:
+            await erase_as_the_domain_does(store, p, t)
+        return reply
+
+    store._transport.script = erasure_after  # type: ignore[method-assign]
+    try:
+        return p, a, t, await link(store, p, a, t, merge=True)
+    finally:
+        store._transport.script = script  # type: ignore[method-assign]
+
+
 async def test_an_erasure_between_the_alias_and_the_merge_leaves_the_profile_empty(
     redis_store: RedisStore,
 ) -> None:
-    p, a, t = new_subject(), new_subject(), now_ms()
-    await remember(redis_store, p, {"of": field("p", t)}, t)
-    await remember(redis_store, a, {"mine": field("a", t)}, t)
-    script = redis_store._transport.script
-
-    async def erasure_after_the_alias(name: str, keys: Any, args: Any) -> Any:
-        reply = await script(name, keys, args)
-        if name == "link_alias":  # the identifier now reads as the profile: the erasure takes both
-            await erase_as_the_domain_does(redis_store, p, t)
-        return reply
-
-    redis_store._transport.script = erasure_after_the_alias  # type: ignore[method-assign]
-    try:
-        result = await link(redis_store, p, a, t, merge=True)
-    finally:
-        redis_store._transport.script = script  # type: ignore[method-assign]
+    # After link_alias the identifier reads as the profile: the erasure takes both.
+    p, a, t, result = await link_with_an_erasure_after(redis_store, "link_alias")
     assert result.fields_merged == 0
     # After the receipt, neither holds anything: the merge did not bring the identifier's memory back.
     assert await redis_store.read_fields(ref(p), t + 1) == {}
@@ -51,22 +59,8 @@ async def test_an_erasure_between_the_alias_and_the_merge_leaves_the_profile_emp
 async def test_an_erasure_between_the_reservation_and_the_alias_leaves_the_identifier_its_memory(
     redis_store: RedisStore,
 ) -> None:
-    p, a, t = new_subject(), new_subject(), now_ms()
-    await remember(redis_store, p, {"of": field("p", t)}, t)
-    await remember(redis_store, a, {"mine": field("a", t)}, t)
-    script = redis_store._transport.script
-
-    async def erasure_after_the_reservation(name: str, keys: Any, args: Any) -> Any:
-        reply = await script(name, keys, args)
-        if name == "link_reserve":  # the identifier is no alias yet: the erasure leaves it alone
-            await erase_as_the_domain_does(redis_store, p, t)
-        return reply
-
-    redis_store._transport.script = erasure_after_the_reservation  # type: ignore[method-assign]
-    try:
-        await link(redis_store, p, a, t, merge=True)
-    finally:
-        redis_store._transport.script = script  # type: ignore[method-assign]
+    # After link_reserve the identifier is no alias yet: the erasure leaves it alone.
+    p, a, t, _ = await link_with_an_erasure_after(redis_store, "link_reserve")
     assert await redis_store.read_fields(ref(p), t + 1) == {}
     assert await redis_store.resolve_profile(ref(a), t + 1) == a
     assert values(await redis_store.read_fields(ref(a), t + 1)) == {"mine": "a"}  # not lost
