@@ -102,11 +102,12 @@ def append_document(
     """The body of ``POST .../conversations/{id}/messages`` for messages ``first`` to ``first + count - 1``
     of caller ``caller``'s conversation, as the SDK sends it: the caller and the channel on every batch (the
     service redacts the caller's own number written in their national format only when it knows the caller),
-    message ids ``m<12 hex digits>.<n>`` (random per conversation in the SDK; here derived from the caller),
+    message ids ``m<12 letters>.<n>`` (random per conversation in the SDK; here derived from the caller),
     ``sent_at``."""
+    prefix = "m" + "".join(chr(97 + (caller // 26**k) % 26) for k in range(12))
     document: dict[str, object] = {"caller": caller_phone(caller), "channel": CHANNEL}
     document["messages"] = [
-        transcript_message(n, timestamp + n, f"m{caller:012x}.{n + 1}" if message_ids else None)
+        transcript_message(n, timestamp + n, f"{prefix}.{n + 1}" if message_ids else None)
         for n in range(first, first + count)
     ]
     document["sent_at"] = timestamp

@@ -32,7 +32,7 @@ from functools import lru_cache
 import phonenumbers
 
 from .errors import InvalidInput
-from .redaction import Finder, enough_digits, plans_of
+from .redaction import MIN_DIGITS, Finder, enough_digits, plans_of
 
 #: Tokens whose digits are random: UUIDs, two capitals and 32 hex digits (Twilio's SIDs: CA..., PN...), and
 #: runs of 12 or more hex digits with at least one letter and one digit.
@@ -92,9 +92,30 @@ def _holds_number(value: str, regions: tuple[str | None, ...]) -> bool:
     return False
 
 
+#: Eight digits joined by at most four of the separators an id may hold: what every number that counts in an
+#: id has (ids are letters, digits, '.', '_', ':' and '-', so neither '+' nor other separators occur).
+_EIGHT_DIGITS = re.compile(r"\d(?:[._:\-]{0,4}\d){7}")
+
+
+def might_hold_number(ids: str) -> bool:
+    """Whether any of ``ids`` (joined by newlines) might hold a number that counts: one search for a batch's
+    ids, before each is read (:func:`holds_phone_number`) only when it might."""
+    return not ids.isascii() or _EIGHT_DIGITS.search(ids) is not None
+
+
+def _worth_reading(value: str) -> bool:
+    """Whether ``value`` has digits enough for what counts in an id (a ``+``, or :data:`NATIONAL_DIGITS`),
+    counted in ASCII at C speed: most ids (``call-17``, an SDK's message id) stop here."""
+    if value.isascii():
+        raw = value.encode()
+        digits = len(raw) - len(raw.translate(None, b"0123456789"))
+        return digits >= NATIONAL_DIGITS or (digits >= MIN_DIGITS and b"+" in raw)
+    return enough_digits(value)
+
+
 def holds_phone_number(value: str, regions: Sequence[str | None]) -> bool:
     """Whether the id ``value`` holds a phone number, read in ``regions`` (see the module's docstring)."""
-    return enough_digits(value) and _holds_number(value, tuple(regions))
+    return _worth_reading(value) and _holds_number(value, tuple(regions))
 
 
 def check_chosen_id(value: str | None, field: str, what: str, regions: Sequence[str | None]) -> None:
