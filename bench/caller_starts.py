@@ -23,27 +23,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from caller_memory.service.app import build_services
-from caller_memory.service.config import Settings
-from caller_memory.service.domain.projects import Project
-from caller_memory.service.domain.store import CallerRef
-from caller_memory.service.domain.transcript_store import ConversationKey, EndClaim
-from caller_memory.service.http.keys import Services
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+from caller_memory.service.app import build_services  # noqa: E402
+from caller_memory.service.config import Settings  # noqa: E402
+from caller_memory.service.domain.projects import Project  # noqa: E402
+from caller_memory.service.domain.store import CallerRef  # noqa: E402
+from caller_memory.service.http.keys import Services  # noqa: E402
+from in_process import commit, percentile, tenant_reads  # noqa: E402
+
+from tests.support.conversations import ended_conversations  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 PSEUDONYM_KEY = b"bench-caller-starts-pseudonym-key-0123456789"
 FEW, MANY, READER = "+14155550100", "+14155550123", "+14155550177"
@@ -57,54 +60,6 @@ TARGET_START_RATIO = 1.5
 #: The starts per second of ``many`` while the other tenant reads.
 START_RATE = 20.0
 TARGET_TENANT_RATIO = 1.25
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        process = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", workdir],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            for _ in range(100):
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.1):
-                    break
-                time.sleep(0.05)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            process.wait(10)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def history(services: Services, shop: Project, raw: str, count: int, prefix: str) -> None:
-    caller = services.transcripts.caller(shop, raw)
-    store, now = services.store, services.clock.now_ms()
-
-    async def one(i: int) -> None:
-        key = ConversationKey(shop.project_id, f"{prefix}-{i:05d}")
-        write = services.transcripts.appends.write(
-            shop, key, caller, caller.subject, "phone", "", [], None, now, now
-        )
-        await store.append_messages(write, now)
-        await store.claim_end(EndClaim(key, "explicit", "completed", None, now + 60_000), now)
-        await store.finish_end(key, now)
-
-    for start in range(0, count, 100):
-        await asyncio.gather(*(one(i) for i in range(start, min(count, start + 100))))
 
 
 class Starts:
@@ -138,26 +93,6 @@ async def timed(call: Callable[[], Awaitable[Any]]) -> float:
     return time.perf_counter() - began
 
 
-async def tenant_reads(services: Services, other: Project, rate: float, seconds: float) -> list[float]:
-    """Open loop: read ``i`` is due at ``i / rate``; its latency counts from then."""
-    latencies: list[float] = []
-    began = time.perf_counter()
-    tasks = []
-
-    async def read(due: float) -> None:
-        await services.memory.read(other, READER)
-        latencies.append(time.perf_counter() - due)
-
-    for i in range(int(rate * seconds)):
-        due = began + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(read(due)))
-    await asyncio.gather(*tasks)
-    return latencies
-
-
 async def measure(url: str, smoke: bool) -> dict[str, Any]:
     services = build_services(Settings(pseudonym_key=PSEUDONYM_KEY, store_url=url, store_timeout=10.0))
     await services.store.open()
@@ -166,8 +101,8 @@ async def measure(url: str, smoke: bool) -> dict[str, Any]:
         other, _ = await services.projects.apply("other", CONFIG, actor="bench")
         await services.memory.patch(other, READER, {"cheese": "gouda"})
         many_count = 300 if smoke else 3000
-        await history(services, shop, FEW, 10, "few")
-        await history(services, shop, MANY, many_count, "many")
+        await ended_conversations(services, shop, FEW, 10, "few")
+        await ended_conversations(services, shop, MANY, many_count, "many")
         few, many = Starts(services, shop, FEW, "f"), Starts(services, shop, MANY, "m")
         rounds = 20 if smoke else 300
         for _ in range(5):  # warm up both
@@ -188,9 +123,9 @@ async def measure(url: str, smoke: bool) -> dict[str, Any]:
         seconds = 0.5 if smoke else 4.0
         rate = 200.0
         pairs = []
-        await tenant_reads(services, other, rate, seconds / 4)  # warm up
+        await tenant_reads(services, other, READER, rate, seconds / 4)  # warm up
         for _ in range(runs):
-            alone = await tenant_reads(services, other, rate, seconds)
+            alone = await tenant_reads(services, other, READER, rate, seconds)
             stop = asyncio.Event()
 
             async def load(stop: asyncio.Event = stop) -> int:
@@ -204,7 +139,7 @@ async def measure(url: str, smoke: bool) -> dict[str, Any]:
 
             loader = asyncio.create_task(load())
             await asyncio.sleep(0.05)
-            beside = await tenant_reads(services, other, rate, seconds)
+            beside = await tenant_reads(services, other, READER, rate, seconds)
             stop.set()
             starts = await loader
             a, b = percentile(alone, 0.99) * 1000, percentile(beside, 0.99) * 1000
@@ -235,12 +170,6 @@ async def measure(url: str, smoke: bool) -> dict[str, Any]:
         await services.store.close()
 
 
-def commit() -> str:
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    return ""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few seconds; figures meaningless")
@@ -249,8 +178,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     load_start = os.getloadavg()
-    with redis_server() as url:
-        result = asyncio.run(measure(url, args.smoke))
+    with RedisServer() as server:
+        result = asyncio.run(measure(server.url, args.smoke))
     result["machine"] = {
         "cpus": os.cpu_count(),
         "load_average_start": load_start,

@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ import phonenumbers
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
 
 from caller_memory.service.app import build_services  # noqa: E402
 from caller_memory.service.config import Settings  # noqa: E402
@@ -49,6 +49,7 @@ from caller_memory.service.domain.redaction import Mask  # noqa: E402
 from caller_memory.service.domain.redaction_batches import redact_batch  # noqa: E402
 from caller_memory.service.http.keys import Services  # noqa: E402
 from caller_memory.service.http.server import settle_heap  # noqa: E402
+from in_process import commit, percentile, tenant_reads  # noqa: E402
 
 from tests.support.redis_server import RedisServer  # noqa: E402
 
@@ -174,31 +175,6 @@ async def appender(
     return count
 
 
-async def tenant_reads(services: Services, other: Project, rate: float, seconds: float) -> list[float]:
-    """Open loop: read ``i`` is due at ``i / rate``; its latency counts from then."""
-    latencies: list[float] = []
-    tasks = []
-    began = time.perf_counter()
-
-    async def read(due: float) -> None:
-        await services.memory.read(other, READER)
-        latencies.append(time.perf_counter() - due)
-
-    for i in range(int(rate * seconds)):
-        due = began + i / rate
-        wait = due - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        tasks.append(asyncio.create_task(read(due)))
-    await asyncio.gather(*tasks)
-    return latencies
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
 async def measure_service(url: str, smoke: bool) -> dict[str, Any]:
     services = build_services(Settings(pseudonym_key=PSEUDONYM_KEY, store_url=url, store_timeout=10.0))
     await services.store.open()
@@ -223,9 +199,9 @@ async def measure_service(url: str, smoke: bool) -> dict[str, Any]:
         seconds = 0.5 if smoke else 4.0
         rate = 200.0
         pairs = []
-        await tenant_reads(services, other, rate, seconds / 4)  # warm up
+        await tenant_reads(services, other, READER, rate, seconds / 4)  # warm up
         for run in range(runs):
-            alone = await tenant_reads(services, other, rate, seconds)
+            alone = await tenant_reads(services, other, READER, rate, seconds)
             measured: dict[str, Any] = {}
             for arm, digits in (("digits", True), ("words", False)):
                 stop = asyncio.Event()
@@ -235,10 +211,10 @@ async def measure_service(url: str, smoke: bool) -> dict[str, Any]:
                     for k in range(2)
                 ]
                 await asyncio.sleep(0.05)
-                beside = await tenant_reads(services, other, rate, seconds)
+                beside = await tenant_reads(services, other, READER, rate, seconds)
                 stop.set()
-                measured[arm] = (p99(beside) * 1000, sum(await asyncio.gather(*loaders)))
-            a = p99(alone) * 1000
+                measured[arm] = (percentile(beside, 0.99) * 1000, sum(await asyncio.gather(*loaders)))
+            a = percentile(alone, 0.99) * 1000
             (b, appends), (w, word_appends) = measured["digits"], measured["words"]
             pairs.append(
                 {
@@ -271,19 +247,6 @@ async def measure_service(url: str, smoke: bool) -> dict[str, Any]:
         }
     finally:
         await services.store.close()
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=BENCH.parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

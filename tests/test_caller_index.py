@@ -9,7 +9,6 @@ the store's two connections (a progress handler). A start used to read every hea
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -22,11 +21,12 @@ from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.errors import InvalidInput
 from caller_memory.service.domain.projects import Project
 from caller_memory.service.domain.store import CallerRef
-from caller_memory.service.domain.transcript_store import ConversationKey, EndClaim, TranscriptStatus
+from caller_memory.service.domain.transcript_store import ConversationKey, TranscriptStatus
 from caller_memory.service.http.keys import Services
 from caller_memory.service.storage.sqlite import SQLiteStore
 
 from tests.conftest import CLUSTER, PSEUDONYM_KEY, empty_store_url
+from tests.support.conversations import ended_conversations
 
 CALLER = "+14155550100"
 CROWDED = "+14155550123"
@@ -110,25 +110,6 @@ async def project(services: Services, config: dict[str, Any] | None = None) -> P
     return applied
 
 
-async def history(services: Services, shop: Project, raw: str, count: int, prefix: str) -> None:
-    """``count`` conversations of the caller on the phone, each ended completed, as the store keeps them
-    (written through the store: the end processing of each is not what is measured)."""
-    caller = services.transcripts.caller(shop, raw)
-    store, now = services.store, services.clock.now_ms()
-
-    async def one(i: int) -> None:
-        key = ConversationKey(shop.project_id, f"{prefix}-{i:05d}")
-        write = services.transcripts.appends.write(
-            shop, key, caller, caller.subject, "phone", "", [], None, now, now
-        )
-        await store.append_messages(write, now)
-        await store.claim_end(EndClaim(key, "explicit", "completed", None, now + 60_000), now)
-        await store.finish_end(key, now)
-
-    for start in range(0, count, 100):
-        await asyncio.gather(*(one(i) for i in range(start, min(count, start + 100))))
-
-
 async def measured_start(
     services: Services, work: Work, shop: Project, raw: str, tag: str
 ) -> tuple[int, Any]:
@@ -149,8 +130,8 @@ async def test_a_starts_work_does_not_grow_with_the_callers_conversations(
 ) -> None:
     services, work = backend
     shop = await project(services)
-    await history(services, shop, CALLER, 10, "few")
-    await history(services, shop, CROWDED, 3000, "many")
+    await ended_conversations(services, shop, CALLER, 10, "few")
+    await ended_conversations(services, shop, CROWDED, 3000, "many")
     few, started_few = await measured_start(services, work, shop, CALLER, "a")
     many, started_many = await measured_start(services, work, shop, CROWDED, "b")
     # Both starts superseded the live call and offer it for resume, as before.
@@ -196,7 +177,7 @@ async def test_an_erased_or_deleted_conversation_is_neither_superseded_nor_resum
 async def test_the_listing_pages_every_conversation_once(backend: tuple[Services, Work]) -> None:
     services, _ = backend
     shop = await project(services)
-    await history(services, shop, CALLER, 23, "old")
+    await ended_conversations(services, shop, CALLER, 23, "old")
     for i in range(4):  # starts of distinct milliseconds too, one of them still live
         services.clock.advance(1)
         await services.lifecycle.start(shop, f"new-{i}", {"caller": CALLER, "channel": "phone"})
