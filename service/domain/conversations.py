@@ -22,8 +22,8 @@ from .redaction import enough_digits, redact_text
 from .reports import RepeatCallerMetrics
 from .store import CallerRef, EndResult, EndStatus, EndWrite, Recording, Store
 from .store import Outcome as Outcome  # part of this module's API: the HTTP layer builds one for end()
+from .transcript_redaction import regions_of
 from .transcript_store import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
-from .transcripts import region_of, regions_to_try
 from .trust import CallTrust
 from .webhook_store import Delivery
 from .webhooks import EndedEvent, WebhookService
@@ -236,7 +236,7 @@ class ConversationService:
             who = self._memory.caller(project, caller)
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
-        regions = regions_to_try(project.default_region, region_of(who.e164) if who.e164 else None)
+        regions = regions_of(project, who)
         # An outcome is a label: a number in it (a transfer's handoff_to) is masked, never refused (an end
         # must not be lost for it).
         outcome = masked_outcome(outcome, regions)

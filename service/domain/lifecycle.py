@@ -40,6 +40,7 @@ from .transcript_bodies import (
     summary_of,
     summary_section,
 )
+from .transcript_redaction import regions_of
 from .transcript_service import RESUME_MESSAGES, RESUME_TURNS, TranscriptService
 from .transcript_store import (
     AppendStatus,
@@ -96,7 +97,7 @@ class Lifecycle:
             body = body.model_copy(update={"agent": writer})
         caller = self._transcripts.caller(project, body.caller)
         # Ids that hold a phone number are refused here, at the first request that names them.
-        regions = self._transcripts.redaction.regions(project, caller)
+        regions = regions_of(project, caller)
         check_chosen_id(conversation_id, "conversation_id", "conversation id", regions)
         check_chosen_id(body.channel, "channel", "channel", regions)
         check_chosen_id(body.agent, "agent", "agent name", regions)

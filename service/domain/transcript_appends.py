@@ -25,7 +25,7 @@ from .transcript_bodies import (
     refuse,
     status_of,
 )
-from .transcript_redaction import TranscriptRedaction, caller_region, check_ids
+from .transcript_redaction import TranscriptRedaction, caller_region, check_ids, regions_of
 from .transcript_store import (
     AppendResult,
     AppendStatus,
@@ -199,11 +199,10 @@ class TranscriptAppends:
         made_at = min(received_at or now, body.sent_at or now)
         key = ConversationKey(project.project_id, conversation_id)
         subject, region = await self._whose(project, key, caller, body.messages, now)
-        check_ids(
-            conversation_id, body, self.redaction.regions(project, caller, region), creates=caller is not None
-        )
+        regions = regions_of(project, caller, region)
+        check_ids(conversation_id, body, regions, creates=caller is not None)
         own = await self.redaction.owned(project, caller, subject, now)
-        redactor = self.redaction.redactor(project, caller, own, region)
+        redactor = self.redaction.redactor(project, caller, own, regions)
         checkpoint = await self.redaction.checkpoint(checkpoint, redactor)
         # A message without its timestamp gets the batch's first attempt time (stable across retries, so a
         # retry is still the same message), else its arrival time.

@@ -69,6 +69,12 @@ def caller_region(caller: Caller | None) -> str:
     return (region_of(caller.e164) or "") if caller is not None and caller.e164 else ""
 
 
+def regions_of(project: Project, caller: Caller | None, region: str = "") -> list[str | None]:
+    """The regions numbers are read in: the project's, then the caller's (their number's when the request
+    names them, else ``region``, the one kept with the conversation)."""
+    return regions_to_try(project.default_region, caller_region(caller) or region or None)
+
+
 def _strings(value: Any, out: list[str]) -> None:
     """The strings of a JSON value (not its keys), in order."""
     if isinstance(value, str):
@@ -166,15 +172,11 @@ class TranscriptRedaction:
             accounts = accounts or any(link.kind == "account" for link in cached[0])
         return Owned(frozenset(subjects), accounts, self._memory, project)
 
-    def regions(self, project: Project, caller: Caller | None, region: str = "") -> list[str | None]:
-        """The regions numbers are read in: the project's, then the caller's (their number's when named,
-        else ``region``, the one kept with the conversation)."""
-        return regions_to_try(project.default_region, caller_region(caller) or region or None)
-
-    def redactor(self, project: Project, caller: Caller | None, own: Owned, region: str = "") -> Redactor:
+    def redactor(
+        self, project: Project, caller: Caller | None, own: Owned, regions: Sequence[str | None]
+    ) -> Redactor:
         """What redacts the texts of one batch together, in slices that give the event loop back, within
-        the project's CPU budget. ``region``: the conversation's caller's, when the batch does not name them."""
-        regions = self.regions(project, caller, region)
+        the project's CPU budget, reading numbers in ``regions`` (:func:`regions_of`)."""
         mask = self.mask(project, caller, own)
         every_email = project.conversation.redact_phone_numbers
         holds = own.holds if own.subjects else None

@@ -47,7 +47,7 @@ from .transcript_bodies import (
     summary_section,
     token_source,
 )
-from .transcript_redaction import TranscriptRedaction
+from .transcript_redaction import TranscriptRedaction, regions_of
 from .transcript_store import (
     ConversationKey,
     Header,
@@ -444,7 +444,7 @@ class TranscriptService:
         if caller is not None and caller.subject != header.subject:
             raise Conflict(f"conversation '{conversation_id}' belongs to another caller")
         own = await self.redaction.owned(project, caller, header.subject, now)
-        redactor = self.redaction.redactor(project, caller, own, header.region)
+        redactor = self.redaction.redactor(project, caller, own, regions_of(project, caller, header.region))
         text = (await redactor([body.text]))[0]
         kept: dict[str, Any] = {"text": text, "through_turn": body.through_turn, "tokens": body.tokens}
         if reader.agent is not None:
