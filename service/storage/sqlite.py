@@ -29,7 +29,6 @@ from ..domain.store import (
     EndResult,
     EndStatus,
     EndWrite,
-    ErasureResult,
     FirstInteraction,
     ListingPage,
     PatchResult,
@@ -41,15 +40,12 @@ from ..domain.store import (
 from ..domain.webhook_store import Delivery
 from .codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .sqlite_archive import SQLiteArchiveIndex
-from .sqlite_links import RESOLVED, SQLiteLinks, erase_links, profile_of, refuse_alias
-from .sqlite_retention import SQLiteRetention
-from .sqlite_transcripts import SQLiteTranscripts, erase_transcripts
+from .sqlite_links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
+from .sqlite_retention import ERASED_SUBJECT, SQLiteRetention
+from .sqlite_transcripts import SQLiteTranscripts
 from .sqlite_webhooks import SQLiteWebhooks
 
 T = TypeVar("T")
-
-#: The ``subject`` of a conversation record whose caller was erased (a pseudonym is never empty).
-ERASED_SUBJECT = ""
 
 #: 2: conversation memory (the transcript tables) and tokens.agent; 3: webhooks (the endpoint and delivery
 #: tables, created when missing like the transcript tables); 4: linked identifiers (the alias and link tables,
@@ -575,65 +571,3 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
             ]
 
         return await self._read(run)
-
-    async def erase_caller(self, caller: CallerRef, now_ms: int, tombstone_until: int) -> ErasureResult:
-        project, subject = caller.project, caller.subject
-
-        def run(conn: sqlite3.Connection) -> ErasureResult:
-            key = (project, subject)
-            fields = conn.execute("DELETE FROM fields WHERE project = ? AND subject = ?", key).rowcount
-            first = conn.execute(
-                "DELETE FROM first_interactions WHERE project = ? AND subject = ?", key
-            ).rowcount
-            # Each record loses what linked it to the caller (subject, fingerprint, stored answer) but stays,
-            # as a marker, until it would have expired: a later end of the id is then refused as erased,
-            # whenever the client says it was made.
-            records = conn.execute(
-                "UPDATE conversations SET subject = ?, fingerprint = '', extra = x'' "
-                "WHERE project = ? AND subject = ? RETURNING conversation_id, expires_at",
-                (ERASED_SUBJECT, *key),
-            ).fetchall()
-            ids = [row[0] for row in records]
-            listed = self._unlist(conn, project, ids)
-            # Every conversation the erasure removes something of (a record, a transcript) is kept by id, so
-            # that no end of it by this caller brings them back (end_conversation), for as long as it lives.
-            held = [
-                *records,
-                *conn.execute(
-                    "SELECT conversation_id, forget_at FROM transcripts "
-                    "WHERE project = ? AND subject = ? AND forget_at > ?",
-                    (*key, now_ms),
-                ).fetchall(),
-            ]
-            conn.executemany(
-                "INSERT INTO erased_conversations (project, subject, conversation_id, expires_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)",
-                [(project, subject, i.partition("#")[0], until) for i, until in held if until > now_ms],
-            )
-            transcripts = erase_transcripts(conn, caller, now_ms)
-            links, alias_of, aliases = erase_links(conn, project, subject, now_ms)
-            conn.execute(
-                "INSERT OR REPLACE INTO tombstones (project, subject, erased_at, expires_at) VALUES (?, ?, ?, ?)",
-                (project, subject, now_ms, tombstone_until),
-            )
-            return ErasureResult(
-                fields=fields,
-                first_interaction=first > 0,
-                conversations=len(ids),
-                listed=listed,
-                transcripts=transcripts,
-                links=links,
-                alias_of=alias_of,
-                aliases=aliases,
-            )
-
-        return await self._write(run)
-
-    @staticmethod
-    def _unlist(conn: sqlite3.Connection, project: str, ids: Sequence[str]) -> int:
-        return sum(
-            conn.execute(
-                "DELETE FROM analytics_conversations WHERE project = ? AND conversation_id = ?", (project, i)
-            ).rowcount
-            for i in ids
-        )
