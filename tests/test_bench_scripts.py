@@ -12,7 +12,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 #: Modules other scripts import (loadgen reads its job from stdin when run): imported, not run.
-MODULES = {"common", "harness", "loadgen", "profiling"}
+MODULES = {"common", "harness", "in_process", "loadgen", "profiling"}
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.stem not in MODULES)
 
 
