@@ -413,9 +413,7 @@ class TranscriptBuffer:
                 self._settle(batch.last_seq)
                 return True
             self._queue[0] = stripped
-            if await self._attempts(stripped):
-                return True
-            return False
+            return await self._attempts(stripped)
         else:
             self._record(exc.status, str(exc), ids, state=batch.state is not None)
             if batch.state is not None:

@@ -104,23 +104,24 @@ class Memory(Mapping[str, Any]):
         return self._rebuilt(copy.deepcopy(self._fields, memo))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self._fields, *self._attributes()))
+        return (_restore, (self._fields, self._attributes()))
 
-    def _attributes(self) -> tuple[Any, ...]:
-        return (
-            self.available,
-            self.reason,
-            self.etag,
-            self.expires_at,
-            self.blacklisted,
-            self.valid_until,
-            self.stale,
-            self.withheld,
-            self.attestation,
-        )
+    def _attributes(self) -> dict[str, Any]:
+        """The keyword arguments that make this memory again (with its fields)."""
+        return {
+            "available": self.available,
+            "reason": self.reason,
+            "etag": self.etag,
+            "expires_at": self.expires_at,
+            "blacklisted": self.blacklisted,
+            "valid_until": self.valid_until,
+            "stale": self.stale,
+            "withheld": self.withheld,
+            "attestation": self.attestation,
+        }
 
     def _rebuilt(self, fields: dict[str, Any]) -> Memory:
-        return _restore(fields, *self._attributes())
+        return _restore(fields, self._attributes())
 
     def usable_at(self, now: datetime) -> bool:
         """Whether this memory may be served again at ``now`` after a failed read: it was read, and its
@@ -143,16 +144,7 @@ class Memory(Mapping[str, Any]):
 
     def _served(self, *, stale: bool, reason: str | None) -> Memory:
         return _restore(
-            self._fields,
-            True,
-            reason,
-            self.etag,
-            self.expires_at,
-            self.blacklisted,
-            self.valid_until,
-            stale,
-            self.withheld,
-            self.attestation,
+            self._fields, {**self._attributes(), "available": True, "stale": stale, "reason": reason}
         )
 
     def __repr__(self) -> str:
@@ -162,27 +154,6 @@ class Memory(Mapping[str, Any]):
         return f"<Memory {sorted(self._fields)}{withheld}{' stale' if self.stale else ''}>"
 
 
-def _restore(
-    fields: dict[str, Any],
-    available: bool,
-    reason: str | None,
-    etag: str | None,
-    expires_at: str | None,
-    blacklisted: bool,
-    valid_until: str | None = None,
-    stale: bool = False,
-    withheld: tuple[str, ...] = (),
-    attestation: str | None = None,
-) -> Memory:
-    return Memory(
-        fields,
-        available=available,
-        reason=reason,
-        etag=etag,
-        expires_at=expires_at,
-        blacklisted=blacklisted,
-        valid_until=valid_until,
-        stale=stale,
-        withheld=withheld,
-        attestation=attestation,
-    )
+def _restore(fields: dict[str, Any], attributes: Mapping[str, Any]) -> Memory:
+    """A memory made again from its fields and its other attributes (pickle's, and the copies')."""
+    return Memory(fields, **attributes)

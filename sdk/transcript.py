@@ -100,7 +100,14 @@ def build_message(
     }
     if tokens is not None:
         message["tokens"] = check_integer(tokens, "tokens", 0, MAX_TOKENS)
-    metadata = _metadata(str(role), source, interrupted, original, interrupt_timestamp, agent)
+    metadata = _metadata(
+        str(role),
+        source=source,
+        interrupted=interrupted,
+        original=original,
+        interrupt_timestamp=interrupt_timestamp,
+        agent=agent,
+    )
     if metadata:
         message["metadata"] = metadata
     encoded = orjson.dumps(message)
@@ -111,6 +118,7 @@ def build_message(
 
 def _metadata(
     role: str,
+    *,
     source: object,
     interrupted: object,
     original: object,
