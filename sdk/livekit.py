@@ -37,7 +37,8 @@ Why it is built this way (LiveKit Agents 1.8):
   or ``headers_to_attributes``): :func:`attestation_from_participant`. It goes with every read and the end,
   and so does a step-up check passed mid-call (:meth:`CallMemory.step_up_passed`).
 - LiveKit logs room names and SIP identities (both usually hold the number) and what the caller says: a
-  filter on LiveKit's loggers masks every phone number in their records (see :func:`mask_livekit_logs`).
+  filter on LiveKit's loggers masks every phone number in their records, put there by every
+  :class:`CallMemory` (:func:`remember_caller`), not at import: see :func:`mask_livekit_logs`.
   Its tracing spans copy ``sip.phoneNumber``; only the application can turn that off (docs/livekit.md).
 """
 
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator
@@ -69,7 +69,15 @@ from livekit.agents.llm.chat_context import DYNAMIC_INSTRUCTIONS_MESSAGE_ID
 from livekit.agents.voice.generation import INSTRUCTIONS_MESSAGE_ID
 
 from . import _trust
-from ._wire import mask
+from ._livekit_sip import (
+    HANG_UPS,
+    SIP_ATTESTATION_ATTRIBUTES,
+    SIP_CALL_ID,
+    SIP_PHONE_NUMBER,
+    attestation_from_participant,
+    caller_from_participant,
+)
+from ._log_masking import mask_livekit_logs
 from .client import MemoryClient
 from .conversation import Conversation, EndResult
 from .memory import Memory
@@ -89,19 +97,6 @@ __all__ = [
     "remember_caller",
 ]
 
-#: The SIP participant attributes LiveKit sets (no constant for them exists in LiveKit's packages):
-#: the caller's number on an inbound call (the dialled one on an outbound call; absent when the dispatch
-#: rule hides the number), and LiveKit's id of the call, which is the conversation id (room names
-#: usually contain the number, so they are not used).
-SIP_PHONE_NUMBER = "sip.phoneNumber"
-SIP_CALL_ID = "sip.callID"
-#: Where the call's attestation is looked for when no attribute is named, in this order. LiveKit maps the
-#: INVITE's headers to ``sip.h.<name in lower case>`` when the inbound trunk's ``include_headers`` asks for
-#: them: ``SIP_X_HEADERS`` brings Twilio Elastic SIP Trunking's ``X-Twilio-VerStat`` (its value is the
-#: verification result), ``SIP_ALL_HEADERS`` also ``P-Asserted-Identity``, whose ``verstat`` parameter is
-#: where Telnyx (and carriers following 3GPP TS 24.229) put it. ``From`` is not read by default: a caller
-#: writes their own From header.
-SIP_ATTESTATION_ATTRIBUTES = ("sip.h.x-twilio-verstat", "sip.h.p-asserted-identity")
 #: The id of the one memory message in each inference's context.
 MEMORY_MESSAGE_ID = "caller_memory"
 #: LiveKit's ids of the instructions messages (whose values "must not change", says LiveKit): the memory
@@ -118,52 +113,10 @@ END_REASONS: dict[str, str] = {
     "error": "dropped",
     "job_shutdown": "dropped",
 }
-#: How a participant's disconnect that is a hang-up reads (others are a line that dropped).
-_HANG_UPS = frozenset(
-    {
-        rtc.DisconnectReason.CLIENT_INITIATED,
-        rtc.DisconnectReason.ROOM_DELETED,
-        rtc.DisconnectReason.USER_REJECTED,
-    }
-)
 
 log = logging.getLogger("caller_memory.sdk")  # masked by the SDK (numbers never reach a handler)
 
 _calls: weakref.WeakKeyDictionary[AgentSession[Any], CallMemory] = weakref.WeakKeyDictionary()
-
-
-def caller_from_participant(participant: rtc.Participant) -> tuple[str | None, str | None]:
-    """The caller's number and the call's id (``sip.phoneNumber``, ``sip.callID``) of a SIP participant;
-    ``(None, None)`` for any other participant (a browser, another agent)."""
-    if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_SIP:
-        return None, None
-    attributes = participant.attributes
-    return attributes.get(SIP_PHONE_NUMBER) or None, attributes.get(SIP_CALL_ID) or None
-
-
-def attestation_from_participant(participant: rtc.Participant, attribute: str | None = None) -> str | None:
-    """The call's caller-ID attestation in a SIP participant's attributes, or None: no SIP participant, or no
-    attestation (outside North America, a trunk that maps no header).
-
-    ``attribute`` names the one to read (what a trunk's ``headers_to_attributes`` maps the header to, or a
-    ``sip.h.*`` header of your carrier's); its value is the verification result itself or a header holding a
-    ``verstat`` parameter. Without it, :data:`SIP_ATTESTATION_ATTRIBUTES` are read in order. A value found
-    that is not a STIR/SHAKEN verification result (``TN-Validation-...``, ``No-TN-Validation``, a bare level)
-    counts as ``"failed"``: one that cannot be read grants nothing."""
-    if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_SIP:
-        return None  # a browser or another agent sets its own attributes: they attest nothing
-    attributes = participant.attributes
-    for name in (attribute,) if attribute is not None else SIP_ATTESTATION_ATTRIBUTES:
-        value = attributes.get(name)
-        if not value:
-            continue
-        lowered = value.lower()
-        # A header with a URI (P-Asserted-Identity, From) holds it as a parameter, or not at all.
-        header = "verstat" in lowered or "sip:" in lowered or "tel:" in lowered or "<" in value
-        found = _trust.from_provider(value, header=header)
-        if found is not None:
-            return found
-    return None
 
 
 @dataclass
@@ -196,6 +149,7 @@ class CallMemory:
         attestation: str | None = None,
         step_up: bool = False,
     ) -> None:
+        mask_livekit_logs()  # here, not at import: for the loggers LiveKit made since, too
         self.client = client
         self.channel = channel
         self.agent = agent
@@ -330,7 +284,7 @@ class CallMemory:
             identity = participant.identity
 
             def left(gone: rtc.RemoteParticipant) -> None:
-                if gone.identity == identity and gone.disconnect_reason not in _HANG_UPS:
+                if gone.identity == identity and gone.disconnect_reason not in HANG_UPS:
                     self._end_reason = self._end_reason or "dropped"
                     self._start_end("dropped")
 
@@ -551,7 +505,6 @@ def remember_caller(
     ``C``, ``failed``, ``unknown``), else the participant's (:func:`attestation_from_participant`, reading
     ``attestation_attribute`` or :data:`SIP_ATTESTATION_ATTRIBUTES`). ``step_up``: the caller already passed
     a step-up check; later, :meth:`CallMemory.step_up_passed`."""
-    mask_livekit_logs()
     if participant is not None:
         number, call_id = caller_from_participant(participant)
         caller, conversation_id = caller or number, conversation_id or call_id
@@ -639,55 +592,3 @@ def memory_tools() -> list[llm.Tool]:
         function_tool(_remember, name="remember"),
         function_tool(_record_outcome, name="record_outcome"),
     ]
-
-
-# Logs ----------------------------------------------------------------------------------------------
-
-#: The attributes every LogRecord has: the others are a call's ``extra`` (LiveKit puts room names,
-#: participant identities and ``lk.pii.*`` text there, and its formatters print them all).
-_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-_LIVEKIT_LOGGER = re.compile(r"livekit(\.|$)")
-
-
-class _MaskNumbers(logging.Filter):
-    """Masks phone numbers (any written form, also percent-encoded) in a record's message and extras."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        masked = mask(message)
-        if masked != message or record.args:
-            record.msg, record.args = masked, None
-        for key, value in list(vars(record).items()):
-            if key not in _RECORD_ATTRIBUTES:
-                setattr(record, key, _masked(value))
-        return True
-
-
-def _masked(value: Any) -> Any:
-    if isinstance(value, str):
-        return mask(value)
-    if isinstance(value, dict):
-        return {k: _masked(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_masked(v) for v in value]
-    return value
-
-
-_FILTER = _MaskNumbers()
-
-
-def mask_livekit_logs() -> None:
-    """Put the masking filter on LiveKit's loggers: ``livekit``, ``livekit.agents``, the plugins', and every
-    ``livekit.*`` logger that exists now (a filter on a logger does not see its children's records, so
-    each one needs it; :func:`remember_caller` calls this again for loggers made since). Records of the
-    worker process (job requests name the room) are masked too when the agent's module calls this at
-    import. Numbers the OpenAI client or your own code log are not covered."""
-    names = {"livekit", "livekit.agents", "livekit.plugins", "livekit.plugins.openai", "livekit.rtc"}
-    names.update(n for n in logging.root.manager.loggerDict if _LIVEKIT_LOGGER.match(n))
-    for name in names:
-        logger = logging.getLogger(name)
-        if _FILTER not in logger.filters:
-            logger.addFilter(_FILTER)
-
-
-mask_livekit_logs()

@@ -29,8 +29,9 @@
 - **Caller-ID trust.** The call's STIR/SHAKEN attestation (:func:`attestation_from`, or ``attestation=``) and a
   step-up check passed mid-call (:meth:`CallerMemory.step_up_passed`) go with every read and the end: the
   fields the call does not qualify for are withheld (``conv.memory.withheld``).
-- **Logs.** Pipecat logs the caller's number and the whole LLM context through loguru at DEBUG: importing
-  this module installs :func:`install_log_redaction`. See docs/pipecat.md.
+- **Logs.** Pipecat logs the caller's number and the whole LLM context through loguru at DEBUG: every
+  ``CallerMemory`` installs :func:`install_log_redaction` (importing this module changes no logger; call it
+  at your app's start for what Pipecat logs before the first one). See docs/pipecat.md.
 
 This is the only module of the SDK that imports Pipecat; it is imported only by Pipecat users.
 """
@@ -40,13 +41,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from loguru import logger as loguru_logger
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 from pipecat.frames.frames import (
     CancelFrame,
@@ -67,15 +66,14 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor, FrameProcessorSetup
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
-from . import _trust, _wire
+from . import _log_masking, _trust
+from ._log_masking import redact_log_record
+from ._telephony import attestation_from, caller_from
 from .client import CONVERSATION_ID, MemoryClient
 from .conversation import Conversation, EndResult
 from .errors import CallerMemoryError
 from .memory import Memory
 from .render import render_memory
-
-if TYPE_CHECKING:
-    from loguru import Record
 
 __all__ = [
     "CallerMemory",
@@ -85,85 +83,26 @@ __all__ = [
     "redact_log_record",
 ]
 
+#: A child logger's records skip the parent's filters: this one masks its own (install_log_redaction()).
 log = logging.getLogger("caller_memory.sdk.pipecat")
-# A child logger's records skip the parent's filters: this one masks its own, like the SDK's logger.
-log.addFilter(_wire.MaskingFilter())
 
 #: How long the end of a call waits for the terminal frame to reach the end of the pipeline (so that the
 #: assistant turn it closes is in the transcript) before it is sent anyway.
 END_WAIT = 2.0
-
-# Log redaction ---------------------------------------------------------------------------------------------
-
-#: loguru records of these modules carry telephony data (the handshake, the AudioHook open message): every
-#: digit run shaped like a phone number is masked in them.
-_TELEPHONY_MODULES = ("pipecat.runner", "pipecat.serializers", "pipecat.transports")
-#: A number in international form, anywhere (also percent-encoded: %2B).
-_E164 = re.compile(r"(?:\+|%2[Bb])[\s\-.()]?\d(?:[\s\-.()]{0,2}\d){6,14}")
-#: Candidate digit runs, to compare with the numbers of the calls in progress.
-_DIGIT_RUN = re.compile(r"\d(?:(?:[\s\-./()]|%20){0,3}\d){6,}")
-#: The last digits of the callers of the calls in progress in this process (see CallerMemory).
-_active_tails: dict[str, int] = {}
-_TAIL = 7
-
 
 #: Generated ids are hex written with the letters g-p for 0-9: no run of digits in them that the logs'
 #: number masking would take for a phone number.
 _NO_DIGITS = str.maketrans("0123456789", "ghijklmnop")
 
 
-def _digits(text: str) -> str:
-    return "".join(c for c in text if c.isdigit())
-
-
-def _tail(caller: str) -> str | None:
-    digits = _digits(caller)
-    return digits[-_TAIL:] if len(digits) >= _TAIL else None
-
-
-def _mask_known(text: str) -> str:
-    def replace(match: re.Match[str]) -> str:
-        digits = _digits(match.group(0))
-        return "[number]" if any(tail in digits for tail in _active_tails) else match.group(0)
-
-    return _DIGIT_RUN.sub(replace, text)
-
-
-def redact_log_record(record: Record) -> None:
-    """A loguru patcher: masks phone numbers in a record's message before any sink sees it.
-
-    Every record: numbers in international form (``+44...``, ``%2B44...``) and any form of the number of a
-    call in progress here (its digits, with separators, national or international). Records of Pipecat's
-    telephony modules (the runner's handshake parsing, the serializers, the transports): every run of digits
-    shaped like a phone number (they log the provider's first messages, before any caller is known).
-
-    Call it from your own patcher if you configure one (``logger.configure(patcher=...)`` replaces the one
-    installed by :func:`install_log_redaction`)."""
-    message = record["message"]
-    if not any(c.isdigit() for c in message):
-        return
-    if record["name"] and record["name"].startswith(_TELEPHONY_MODULES):
-        message = _wire.mask(message)
-    else:
-        message = _E164.sub("[number]", message)
-        if _active_tails:
-            message = _mask_known(message)
-    record["message"] = message
-
-
-def _chained(previous: Callable[[Record], None] | None) -> Callable[[Record], None]:
-    def patcher(record: Record) -> None:
-        redact_log_record(record)
-        if previous is not None:
-            previous(record)
-
-    patcher.caller_memory_redaction = True  # type: ignore[attr-defined]
-    return patcher
+# Logs -----------------------------------------------------------------------------------------------------
 
 
 def install_log_redaction() -> None:
-    """Keep the caller's number and memory out of Pipecat's logs. Idempotent; called at import and again by
-    every :class:`CallerMemory` (so that it is back after an app replaced it).
+    """Keep the caller's number and memory out of Pipecat's logs. Idempotent; called by every
+    :class:`CallerMemory` (so that it is back after an app replaced it). Call it yourself once at your app's
+    start when Pipecat logs before the first ``CallerMemory`` is made (the telephony handshake of
+    ``parse_telephony_websocket``, a server's websocket frames): importing this module does not.
 
     - A loguru patcher (:func:`redact_log_record`), chained before the app's own (found, best effort, as
       ``logger._core.patcher``: loguru has no public way to read it). A later ``logger.configure(patcher=...)``
@@ -172,69 +111,17 @@ def install_log_redaction() -> None:
       without the context (the memory, the caller's words); Pipecat's cached mode too, if an LLM service was
       already made. ``PIPECAT_LOG_LLM_CONTEXT=full`` keeps the context (and the memory) in DEBUG logs.
     - A masking filter on the std-logging ``uvicorn.error`` logger, which logs every websocket frame at DEBUG
-      (a Twilio ``start`` frame's tail is its custom parameters: the number).
+      (a Twilio ``start`` frame's tail is its custom parameters: the number), and on this drop-in's own.
     """
-    core = getattr(loguru_logger, "_core", None)
-    previous = getattr(core, "patcher", None)
-    if not getattr(previous, "caller_memory_redaction", False):
-        loguru_logger.configure(patcher=_chained(previous))
+    _log_masking.mask_loguru()
     if "PIPECAT_LOG_LLM_CONTEXT" not in os.environ:
         os.environ["PIPECAT_LOG_LLM_CONTEXT"] = "off"
         from pipecat.utils import log_config
 
         if getattr(log_config, "_llm_context_log_mode", None) is not None:
             log_config._llm_context_log_mode = log_config._LLMContextLogMode.OFF
-    uvicorn = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, _wire.MaskingFilter) for f in uvicorn.filters):
-        uvicorn.addFilter(_wire.MaskingFilter())
-
-
-install_log_redaction()
-
-# The caller's number --------------------------------------------------------------------------------------
-
-
-def caller_from(value: object) -> str | None:
-    """The caller's number as a telephony layer gave it, or None when there is none: Telnyx and Exotel send
-    ``""`` when they have no number, Twilio sends nothing unless the TwiML passes it as a ``<Parameter>``,
-    Genesys AudioHook gives ``tel:+1...`` URIs."""
-    if not isinstance(value, str):
-        return None
-    number = value.strip()
-    for scheme in ("tel:", "sip:"):
-        if number.lower().startswith(scheme):
-            number = number[len(scheme) :].split("@", 1)[0].split(";", 1)[0]
-    return number if any(c.isdigit() for c in number) else None
-
-
-#: The names under which the telephony data may carry the call's attestation (any case): Twilio's own
-#: parameter name, which your TwiML gives the ``<Parameter>`` of its ``<Stream>``, and the generic ones.
-_ATTESTATION_KEYS = frozenset({"stirverstat", "x-twilio-verstat", "verstat", "attestation"})
-
-
-def attestation_from(call_data: object) -> str | None:
-    """The call's caller-ID attestation in the telephony data Pipecat parsed (``parse_telephony_websocket``'s
-    ``call_data``), or None when it has none.
-
-    Twilio posts ``StirVerstat`` (``TN-Validation-Passed-A``...) to your voice webhook, not on the media
-    stream: pass it in the TwiML as a ``<Parameter name="StirVerstat">`` of the ``<Stream>``, like the number;
-    Pipecat puts the parameters in ``call_data.body``. Telnyx, Exotel and Plivo send none on the stream:
-    pass ``attestation=`` from your call webhook yourself (docs/pipecat.md). A value found that is not a
-    STIR/SHAKEN verification result (``TN-Validation-...``, ``No-TN-Validation``, a bare level) counts as
-    ``"failed"``: one that cannot be read grants nothing."""
-    for place in (_member(call_data, "body"), call_data):
-        if isinstance(place, Mapping):
-            for key, value in place.items():
-                # ASCII before lower-casing: a look-alike key (a long s, a Kelvin sign) is no such key.
-                if isinstance(key, str) and key.isascii() and key.lower() in _ATTESTATION_KEYS:
-                    return _trust.from_provider(value)
-    return None
-
-
-def _member(call_data: object, name: str) -> object:
-    if isinstance(call_data, Mapping):
-        return call_data.get(name)
-    return getattr(call_data, name, None)
+    _log_masking.mask_std_logger("uvicorn.error")
+    _log_masking.mask_std_logger(log.name)
 
 
 # The processor --------------------------------------------------------------------------------------------
@@ -375,9 +262,7 @@ class CallerMemory(FrameProcessor):
             attestation=self._attestation,
             step_up=self._step_up,
         )
-        self._tail = _tail(number)
-        if self._tail is not None:
-            _active_tails[self._tail] = _active_tails.get(self._tail, 0) + 1
+        self._tail = _log_masking.call_started(number)
         if self._started:
             self.conv.prefetch()
         return self.conv
@@ -648,11 +533,7 @@ class CallerMemory(FrameProcessor):
             return None
         finally:
             if self._tail is not None:
-                left = _active_tails.get(self._tail, 1) - 1
-                if left > 0:
-                    _active_tails[self._tail] = left
-                else:
-                    _active_tails.pop(self._tail, None)
+                _log_masking.call_ended(self._tail)
                 self._tail = None
 
     async def finished(self) -> EndResult | None:

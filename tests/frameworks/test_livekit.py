@@ -419,6 +419,36 @@ async def test_the_number_is_masked_in_livekits_logs_also_in_extras_and_child_lo
     assert lines.leaks() == []
 
 
+async def test_importing_the_drop_in_masks_no_logger_and_every_call_masks_them_all(tmp_path: Path) -> None:
+    """The filter goes on LiveKit's loggers where the drop-in is used (every CallMemory, so remember_caller(),
+    or mask_livekit_logs() in the agent's module), not at import; once on each, however often it is put."""
+    script = f"""
+import logging
+from caller_memory.sdk import MemoryClient
+import caller_memory.sdk.livekit as dropin
+def masked():
+    loggers = logging.root.manager.loggerDict.items()
+    return {{n: len(g.filters) for n, g in loggers if n.startswith("livekit") and getattr(g, "filters", None)}}
+assert masked() == {{}}, masked()
+client = MemoryClient("http://127.0.0.1:9", token="t", project="p", outbox_path={str(tmp_path / "o.db")!r})
+dropin.CallMemory(client)
+dropin.mask_livekit_logs()
+assert masked()["livekit"] == masked()["livekit.agents"] == 1 and set(masked().values()) == {{1}}
+print("ok")
+"""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 50)
+    assert process.returncode == 0, err.decode()
+    assert out.decode() == "ok\n"
+
+
 async def test_the_example_agent_plays_two_calls_against_a_real_service(
     api: Api, tokens: dict[str, str]
 ) -> None:

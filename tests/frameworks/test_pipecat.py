@@ -24,7 +24,7 @@ import uvicorn
 import websockets
 from aiohttp import web
 from caller_memory.sdk import MemoryClient, RetryPolicy
-from caller_memory.sdk.pipecat import CallerMemory, attestation_from, caller_from
+from caller_memory.sdk.pipecat import CallerMemory, attestation_from, caller_from, install_log_redaction
 from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
 from fastapi import FastAPI, WebSocket
 from pipecat.frames.frames import EndFrame, LLMRunFrame
@@ -680,6 +680,9 @@ async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_
     results: dict[str, asyncio.Future[Any]] = {}
 
     async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        # At the app's start, as docs/pipecat.md's bot does: Pipecat logs the handshake (the number) before
+        # any CallerMemory is made, and importing the drop-in installs nothing.
+        install_log_redaction()
         app = FastAPI()
 
         @app.websocket("/ws")
@@ -809,6 +812,36 @@ async def test_a_twilio_media_stream_end_to_end_takes_the_number_from_the_twiml_
         hang_ups[0][1] - bots["CA0001"].result().hung_up_at
     ) * 1000
     print(FIGURES)
+
+
+# Nothing at import ------------------------------------------------------------------------------------------------
+
+
+def test_importing_the_drop_in_changes_no_logger_and_no_environment() -> None:
+    """The log masking is installed where the drop-in is used (every CallerMemory, or install_log_redaction()
+    at the app's start), not at import: a process that only imports it keeps loguru's, uvicorn's and
+    Pipecat's settings. Installed, it is all there, once however often it is called."""
+    script = """
+import logging, os
+from loguru import logger
+import caller_memory.sdk.pipecat as dropin
+uvicorn, ours = logging.getLogger("uvicorn.error"), logging.getLogger("caller_memory.sdk.pipecat")
+assert "PIPECAT_LOG_LLM_CONTEXT" not in os.environ
+assert logger._core.patcher is None and uvicorn.filters == [] and ours.filters == []
+dropin.install_log_redaction()
+dropin.install_log_redaction()
+assert os.environ["PIPECAT_LOG_LLM_CONTEXT"] == "off"
+assert logger._core.patcher.caller_memory_redaction
+assert len(uvicorn.filters) == 1 and len(ours.filters) == 1
+print("ok")
+"""
+    env = {key: value for key, value in os.environ.items() if key != "PIPECAT_LOG_LLM_CONTEXT"}
+    env["PYTHONWARNINGS"] = "error,ignore:'audioop' is deprecated:DeprecationWarning"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n"
 
 
 # The example ----------------------------------------------------------------------------------------------------
