@@ -59,7 +59,15 @@ def _hinted_types(obj: Any) -> Iterator[type]:
     targets: list[Any] = []
     if inspect.isclass(obj):
         targets.append(obj)  # dataclass fields and class attributes
-        for name, member in vars(obj).items():
+        # Its own members and those of the SDK's classes it is built on, whatever module they live in
+        # (MemoryClient's outbox delivery and end, Conversation's transcript reads).
+        members = {
+            name: member
+            for base in reversed(obj.__mro__)
+            if base.__module__.startswith(PACKAGE + ".")
+            for name, member in vars(base).items()
+        }
+        for name, member in members.items():
             if name.startswith("_") and name != "__init__":
                 continue
             if isinstance(member, property):
