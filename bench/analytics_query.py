@@ -36,8 +36,9 @@ from caller_memory.service.domain.clock import DAY_MS, HOUR_MS  # noqa: E402
 from caller_memory.service.domain.identifiers import Pseudonymizer  # noqa: E402
 from caller_memory.service.domain.projects import compile_project, parse_config  # noqa: E402
 from caller_memory.service.domain.store import ConversationEntry, FirstInteraction, Store  # noqa: E402
-from caller_memory.service.storage import keys, open_store  # noqa: E402
+from caller_memory.service.storage import open_store  # noqa: E402
 from caller_memory.service.storage.codec import encode_entry  # noqa: E402
+from caller_memory.service.storage.redis import keys  # noqa: E402
 
 from tests.support.redis_server import RedisServer  # noqa: E402
 

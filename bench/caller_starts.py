@@ -42,7 +42,7 @@ from caller_memory.service.app import build_services  # noqa: E402
 from caller_memory.service.config import Settings  # noqa: E402
 from caller_memory.service.domain.projects import Project  # noqa: E402
 from caller_memory.service.domain.store import CallerRef  # noqa: E402
-from caller_memory.service.http.keys import Services  # noqa: E402
+from caller_memory.service.http.app_keys import Services  # noqa: E402
 from in_process import commit, percentile, tenant_reads  # noqa: E402
 
 from tests.support.conversations import ended_conversations  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
 from caller_memory.service.domain.fields import StoredField  # noqa: E402
-from caller_memory.service.storage import keys  # noqa: E402
+from caller_memory.service.storage.redis import keys  # noqa: E402
 from common import FIELDS, PROJECT, VALUE, caller_phone, cpu_seconds, pseudonym  # noqa: E402, F401
 
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer  # noqa: E402

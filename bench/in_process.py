@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from caller_memory.service.domain.projects import Project
-from caller_memory.service.http.keys import Services
+from caller_memory.service.http.app_keys import Services
 
 
 async def tenant_reads(

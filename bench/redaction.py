@@ -47,7 +47,7 @@ from caller_memory.service.config import Settings  # noqa: E402
 from caller_memory.service.domain.projects import Project  # noqa: E402
 from caller_memory.service.domain.redaction import Mask  # noqa: E402
 from caller_memory.service.domain.redaction_batches import redact_batch  # noqa: E402
-from caller_memory.service.http.keys import Services  # noqa: E402
+from caller_memory.service.http.app_keys import Services  # noqa: E402
 from caller_memory.service.http.server import settle_heap  # noqa: E402
 from in_process import commit, percentile, tenant_reads  # noqa: E402
 

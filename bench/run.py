@@ -374,7 +374,7 @@ def check_answers(bench: Bench) -> None:
 
 
 def redis_footprint(bench: Bench, used_delta: int) -> dict[str, Any]:
-    from caller_memory.service.storage import keys
+    from caller_memory.service.storage.redis import keys
 
     client = bench.redis["plain"].client()
     try:
@@ -685,7 +685,7 @@ def wrk_reads(bench: Bench) -> None:
 
 
 def redis_benchmark(bench: Bench) -> None:
-    from caller_memory.service.storage import keys
+    from caller_memory.service.storage.redis import keys
 
     exe = shutil.which("redis-benchmark")
     if exe is None:

@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 from caller_memory.service.domain.clock import FakeClock  # noqa: E402
 from caller_memory.service.domain.fields import StoredField  # noqa: E402
 from caller_memory.service.domain.retention import Sweeper  # noqa: E402
-from caller_memory.service.storage import keys, open_store  # noqa: E402
+from caller_memory.service.storage import open_store  # noqa: E402
+from caller_memory.service.storage.redis import keys  # noqa: E402
 
 from tests.support.redis_server import RedisServer  # noqa: E402
 

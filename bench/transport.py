@@ -6,7 +6,7 @@
 One process, one private redis-server (``--save "" --appendonly no``). Each side makes the same calls, a GET
 of a 100-byte value and a two-command HSET + EXPIRE, from 1, 8 and 32 coroutines at once; what is measured
 is the process's CPU time per call (``time.process_time``) and the calls per second, in alternating rounds
-(the median of 3). The lane is :class:`caller_memory.service.storage.redis_transport.StandaloneTransport`;
+(the median of 3). The lane is :class:`caller_memory.service.storage.redis.transport.StandaloneTransport`;
 the client is ``redis.asyncio.Redis`` with hiredis, one command per call or a pipeline of two without a
 transaction: what a hand-written handler would use. Results: a table on stdout (and ``--output`` as JSON).
 """
@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from caller_memory.service.storage.redis_transport import ConnectionLimits, StandaloneTransport
+from caller_memory.service.storage.redis.transport import ConnectionLimits, StandaloneTransport
 
 from tests.support.redis_server import RedisServer
 

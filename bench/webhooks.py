@@ -547,7 +547,7 @@ def part_of(frames: list[profiling.Frame]) -> str:
     if any(func == "run_deliveries" for func, _ in frames) or any(
         file.startswith(
             (
-                "service/domain/webhook_delivery.py",
+                "service/domain/webhooks/delivery.py",
                 "service/http/webhook_sender.py",
                 "aiohttp/client",
                 "aiohttp/connector.py",
@@ -558,7 +558,8 @@ def part_of(frames: list[profiling.Frame]) -> str:
     ):
         return WORKER
     if any(
-        file.startswith(("service/domain/webhooks.py", "service/storage/redis_webhooks.py")) for file in files
+        file.startswith(("service/domain/webhooks/service.py", "service/storage/redis/webhooks.py"))
+        for file in files
     ):
         return QUEUEING
     # service/http/server.py is at the root of every stack (it runs the event loop); a request's own frames

@@ -15,29 +15,30 @@ from apscheduler.triggers.interval import IntervalTrigger
 from .config import Settings
 from .domain.analytics import AnalyticsService
 from .domain.archive import Archive
+from .domain.audit import AuditLog
 from .domain.clock import Clock, SystemClock
-from .domain.conversations import ConversationService
+from .domain.conversations.ending import ConversationService
+from .domain.conversations.lifecycle import Lifecycle
+from .domain.conversations.service import TranscriptService
 from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
-from .domain.lifecycle import Lifecycle
 from .domain.limits import MAX_BODY_BYTES
 from .domain.links import LinkService
 from .domain.memory import MemoryService
 from .domain.registry import ProjectRegistry
-from .domain.retention import AuditLog, Sweeper
+from .domain.retention import Sweeper
 from .domain.store import Store
 from .domain.tokens import TokenService
-from .domain.transcript_service import TranscriptService
-from .domain.webhook_delivery import Deliverer
-from .domain.webhook_policy import WebhookPolicy
-from .domain.webhook_secrets import SecretBox
-from .domain.webhooks import WebhookService
+from .domain.webhooks.delivery import Deliverer
+from .domain.webhooks.policy import WebhookPolicy
+from .domain.webhooks.secrets import SecretBox
+from .domain.webhooks.service import WebhookService
 from .http.admin_routes import record_sweep_metrics
 from .http.admin_routes import routes as admin_routes
 from .http.analytics_routes import routes as analytics_routes
+from .http.app_keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
 from .http.conversation_routes import routes as conversation_routes
 from .http.dashboard import routes as dashboard_routes
-from .http.keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
 from .http.link_routes import routes as link_routes
 from .http.metrics import Metrics
 from .http.middleware import service_middleware

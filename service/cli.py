@@ -24,7 +24,7 @@ import orjson
 from .config import DEFAULT_PORT, MAX_WORKERS, Settings, SettingsError, parse_workers
 from .domain.documents import parse_document
 from .domain.errors import CallerMemoryError
-from .http.keys import Services
+from .http.app_keys import Services
 
 if TYPE_CHECKING:
     from .workers import SupervisorLink
@@ -205,7 +205,7 @@ def _serve(
     cannot be bound."""
     from .app import create_app
     from .http.access_log import RouteAccessLogger
-    from .http.keys import METRICS
+    from .http.app_keys import METRICS
     from .http.server import fit_open_files, quiet_repeats, serve
 
     quiet_repeats()

@@ -20,7 +20,7 @@ from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.http.access_log import RouteAccessLogger
-from caller_memory.service.http.keys import METRICS
+from caller_memory.service.http.app_keys import METRICS
 from caller_memory.service.http.middleware import Handler
 from caller_memory.service.http.server import ConnectionGuard, ServiceRunner
 from caller_memory.service.logs import MAX_RUN, SEPARATOR, unescaped

@@ -21,9 +21,9 @@ from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.errors import InvalidInput
 from caller_memory.service.domain.projects import Project
 from caller_memory.service.domain.store import CallerRef
-from caller_memory.service.domain.transcript_store import ConversationKey, TranscriptStatus
-from caller_memory.service.http.keys import Services
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.domain.store.transcripts import ConversationKey, TranscriptStatus
+from caller_memory.service.http.app_keys import Services
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 from tests.conftest import CLUSTER, PSEUDONYM_KEY, empty_store_url
 from tests.support.conversations import ended_conversations

@@ -17,7 +17,7 @@ import pytest
 from caller_memory.service.config import Settings, SettingsError
 from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.domain.store import CallerRef
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 from tests.conftest import PSEUDONYM_KEY
 from tests.support.service_process import ServiceProcess, free_port

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from caller_memory.service.domain.webhook_secrets import signature_headers
+from caller_memory.service.domain.webhooks.secrets import signature_headers
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ SERVE_AND_REPORT = """
 import gc, json, os, signal, sys, time
 from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
-from caller_memory.service.http.keys import METRICS
+from caller_memory.service.http.app_keys import METRICS
 from caller_memory.service.http.server import serve
 
 settings = Settings.from_env()

@@ -13,12 +13,12 @@ import pytest
 from caller_memory.service.app import build_services
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
-from caller_memory.service.domain.conversations import Outcome
+from caller_memory.service.domain.conversations.ending import Outcome
 from caller_memory.service.domain.errors import Conflict, Gone
 from caller_memory.service.domain.projects import Project
 from caller_memory.service.domain.store import ListingPage
-from caller_memory.service.domain.transcript_store import ConversationKey, EndClaim
-from caller_memory.service.http.keys import Services
+from caller_memory.service.domain.store.transcripts import ConversationKey, EndClaim
+from caller_memory.service.http.app_keys import Services
 
 from tests.conftest import CLUSTER, PSEUDONYM_KEY, empty_store_url
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from caller_memory.service.domain.identifiers import Pseudonymizer, parse_identifier
-from caller_memory.service.storage import keys
+from caller_memory.service.storage.redis import keys
 
 from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY
 from tests.support.redis_server import RedisServer

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import pytest
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.fields import StoredField, live_fields
-from caller_memory.service.domain.link_store import Link, LinkStatus, ProfileMoved
 from caller_memory.service.domain.store import CallerRef, Store
+from caller_memory.service.domain.store.links import Link, LinkStatus, ProfileMoved
 from caller_memory.service.storage import open_store
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st

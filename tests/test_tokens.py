@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from caller_memory.service.domain.audit import AuditLog
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.errors import Unauthenticated
-from caller_memory.service.domain.retention import AuditLog
 from caller_memory.service.domain.tokens import FailureThrottle, TokenService
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 CACHE_SECONDS = 5.0
 

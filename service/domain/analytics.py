@@ -136,8 +136,8 @@ class AnalyticsService:
         attestation: str | None = None,
     ) -> Recording:
         """What lists and counts a conversation, from what the end of it found (:attr:`EndResult.analytics`),
-        for :meth:`~.store.Store.record_conversation` (which the end's processing calls with its webhook
-        events, :meth:`.conversations.ConversationService.process_end`). Recording it is idempotent: a
+        for :meth:`~caller_memory.service.domain.store.Store.record_conversation` (which the end's processing calls with its webhook
+        events, :meth:`~caller_memory.service.domain.conversations.ending.ConversationService.process_end`). Recording it is idempotent: a
         replay records nothing again, and completes a recording that an earlier attempt could not finish
         (the service died between the two steps). A caller erased at or after ``made_at`` is not listed
         (the store sees to it, whatever ran first)."""

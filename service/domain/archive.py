@@ -32,11 +32,11 @@ from typing import Any, Protocol
 import orjson
 
 from .clock import DAY_MS, Clock, floor_hour_ms, iso_utc
+from .conversations.events import EndedEvent
+from .conversations.messages import MAX_MESSAGES, Message
 from .projects import Project, ProjectConfig, archive_retention_ms
 from .store import CallerRef, Store
-from .transcript_store import Header, TranscriptQuery
-from .transcripts import MAX_MESSAGES, Message
-from .webhooks import EndedEvent
+from .store.transcripts import Header, TranscriptQuery
 
 log = logging.getLogger("caller_memory.archive")
 

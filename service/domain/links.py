@@ -3,7 +3,7 @@
 Linking is opt-in per project (``repeat_caller.identity_linking``) and purpose-bound: the product's rule is
 that memory must not build caller profiles, so a link is made deliberately, by an admin, or by an agent in a
 call whose caller passed a step-up check. The store's side (aliases, the merge rule, its steps) is
-:mod:`.link_store`; here are the rules a request must meet and what it is told.
+:mod:`caller_memory.service.domain.store.links`; here are the rules a request must meet and what it is told.
 
 What a link is shown as: its kind and a random link id, never the identifier or its pseudonym; times are
 rounded to the hour like every time about a caller. A link lives ``retention`` from when it was made (making
@@ -20,14 +20,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .audit import AuditLog
 from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import Conflict, Forbidden, InvalidIdentifier, InvalidInput, NotFound
 from .limits import MAX_ANY_IDENTIFIER_CHARS
-from .link_store import Link, LinkResult, LinkStatus, ProfileMoved
 from .memory import Caller, MemoryService
 from .projects import Project, validation_problem
-from .retention import AuditLog
 from .store import CallerRef, Store
+from .store.links import Link, LinkResult, LinkStatus, ProfileMoved
 from .trust import STEP_UP_HELP
 
 #: Identifiers per profile, its first one included (SPEC section 14).

@@ -17,9 +17,9 @@ from .errors import InvalidInput, PreconditionFailed
 from .fields import StoredField, WriteCondition, compute_etag
 from .identifiers import Pseudonymizer, kind_of, legacy_spelling, parse_identifier
 from .limits import FIELD_NAME_RE, MAX_VALUE_BYTES, RECALL_WINDOW_MS
-from .link_store import ProfileMoved
 from .projects import Project
 from .store import CallerRef, Store
+from .store.links import ProfileMoved
 from .trust import CallTrust, withheld_etag
 
 EMPTY_ETAG = compute_etag({})

@@ -19,6 +19,7 @@ from pydantic import (
     field_validator,
 )
 
+from .conversations.messages import NAME_PATTERN
 from .errors import InvalidConfiguration, InvalidIdentifier, InvalidInput
 from .identifiers import PSEUDONYM_RE, Pseudonymizer, parse_identifier
 from .limits import (
@@ -29,7 +30,6 @@ from .limits import (
     MAX_TTL_SECONDS,
     MIN_TTL_SECONDS,
 )
-from .transcripts import NAME_PATTERN
 from .trust import DEFAULT_CLASS, LEVELS, TrustPolicy
 
 FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]

@@ -11,12 +11,12 @@ from typing import Any
 
 import orjson
 
+from .audit import AuditLog
 from .clock import Clock
 from .errors import InvalidInput, NotFound, StoreCorrupt
 from .identifiers import Pseudonymizer
 from .limits import PROJECT_ID_RE
 from .projects import Project, ProjectConfig, compile_project, parse_config
-from .retention import AuditLog
 from .store import Store
 
 

@@ -19,13 +19,13 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .audit import AuditLog
 from .clock import Clock
+from .conversations.messages import NAME_PATTERN
 from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
 from .id_rules import check_chosen_id
 from .limits import TOKEN_ID_RE
-from .retention import AuditLog
 from .store import Store, TokenRecord
-from .transcripts import NAME_PATTERN
 
 TOKEN_PREFIX = "cm"
 #: Bound on remembered credentials (only ones that authenticated are kept; the table is reset when full).

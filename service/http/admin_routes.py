@@ -12,7 +12,7 @@ from ..domain.retention import SweepReport
 from ..domain.store import AuditEntry
 from ..domain.tokens import Role
 from . import bodies
-from .keys import METRICS
+from .app_keys import METRICS
 from .queries import AuditQuery, SweepsQuery, parse_query
 from .responses import json_response
 from .routes import authorize, project_for

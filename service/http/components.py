@@ -12,15 +12,15 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode
 from pydantic_core import CoreSchema
 
-from ..domain import transcript_views as views
-from ..domain import webhook_views as hooks
+from ..domain.conversations import views
+from ..domain.conversations.messages import DEFAULT_SOURCE, SOURCES
+from ..domain.conversations.requests import AppendBody, StartBody, SummaryBody
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
 from ..domain.links import LinkBody
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
-from ..domain.transcript_bodies import AppendBody, StartBody, SummaryBody
-from ..domain.transcripts import DEFAULT_SOURCE, SOURCES
-from ..domain.webhooks import WebhookCreate, WebhookRotate
+from ..domain.webhooks import views as hooks
+from ..domain.webhooks.service import WebhookCreate, WebhookRotate
 from . import bodies
 from .schemas import EndRequest, MemoryPatch, TokenCreate
 

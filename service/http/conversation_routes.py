@@ -8,12 +8,12 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from ..domain.conversations.requests import EVERYONE, Reader, read_append
+from ..domain.conversations.service import TranscriptService
 from ..domain.fields import entity_tags
 from ..domain.projects import Project
 from ..domain.tokens import Principal, Role
-from ..domain.transcript_bodies import EVERYONE, Reader, read_append
-from ..domain.transcript_service import TranscriptService
-from .keys import SERVICES, Services
+from .app_keys import SERVICES, Services
 from .queries import CallerConversationsQuery, ContextQuery, HistoryQuery, parse_query
 from .responses import json_response
 from .routes import PRINCIPAL, actor, call_for, project_for, read_body, read_json

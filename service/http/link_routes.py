@@ -7,8 +7,8 @@ from typing import Any
 from aiohttp import web
 
 from ..domain.clock import iso_utc
-from ..domain.link_store import Link
 from ..domain.links import link_body
+from ..domain.store.links import Link
 from ..domain.tokens import Role
 from .responses import json_response
 from .routes import PRINCIPAL, actor, project_for, read_json

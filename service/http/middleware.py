@@ -23,7 +23,7 @@ from ..domain.errors import (
     TranscriptsFull,
 )
 from ..domain.limits import MAX_BODY_BYTES
-from .keys import METRICS
+from .app_keys import METRICS
 from .metrics import Metrics
 from .responses import problem_response
 

@@ -18,12 +18,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from ..domain.analytics import MAX_PAGE
 from ..domain.attestation import MAX_ATTESTATION_CHARS
+from ..domain.audit import AUDIT_ID_HELP, is_audit_id
+from ..domain.conversations.messages import MAX_INT
+from ..domain.conversations.service import DEFAULT_PAGE as HISTORY_PAGE
+from ..domain.conversations.service import MAX_PAGE as MAX_HISTORY_PAGE
 from ..domain.errors import InvalidInput
 from ..domain.projects import validation_problem
-from ..domain.retention import AUDIT_ID_HELP, is_audit_id
-from ..domain.transcript_service import DEFAULT_PAGE as HISTORY_PAGE
-from ..domain.transcript_service import MAX_PAGE as MAX_HISTORY_PAGE
-from ..domain.transcripts import MAX_INT
 from ..domain.trust import ATTESTATION_HELP, STEP_UP_HELP
 
 M = TypeVar("M", bound="QueryModel")

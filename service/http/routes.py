@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..domain.attestation import MAX_ATTESTATION_CHARS
 from ..domain.clock import iso_utc
-from ..domain.conversations import Outcome
+from ..domain.conversations.ending import Outcome
 from ..domain.documents import parse_document
 from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable, UnsupportedCharset
 from ..domain.fields import entity_tags
@@ -21,7 +21,7 @@ from ..domain.store import TokenRecord
 from ..domain.tokens import Principal, Role
 from ..domain.trust import CallTrust
 from . import bodies
-from .keys import METRICS, SERVICES, Services
+from .app_keys import METRICS, SERVICES, Services
 from .queries import MemoryQuery, parse_query
 from .responses import json_response
 from .schemas import EndRequest, TokenCreate

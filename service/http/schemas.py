@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..domain.attestation import MAX_ATTESTATION_CHARS
+from ..domain.conversations.messages import NAME_PATTERN
 from ..domain.limits import (
     FIELD_NAME_PATTERN,
     MAX_ANY_IDENTIFIER_CHARS,
@@ -15,7 +16,6 @@ from ..domain.limits import (
     MAX_STATE_ENTRIES,
     MAX_VALUE_BYTES,
 )
-from ..domain.transcripts import NAME_PATTERN
 from ..domain.trust import ATTESTATION_HELP, STEP_UP_HELP
 
 

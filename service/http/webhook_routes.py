@@ -8,9 +8,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..domain.tokens import Role
-from ..domain.webhook_views import delivery_view, webhook_view, with_secret
-from ..domain.webhooks import WebhookCreate, WebhookRotate
-from .keys import WEBHOOKS
+from ..domain.webhooks.service import WebhookCreate, WebhookRotate
+from ..domain.webhooks.views import delivery_view, webhook_view, with_secret
+from .app_keys import WEBHOOKS
 from .queries import DeliveriesQuery, parse_query
 from .responses import json_response
 from .routes import actor, project_for, read_model

@@ -1,8 +1,8 @@
-"""The HTTP side of webhook delivery (service/domain/webhook_delivery.py's :class:`Sender`), with aiohttp's
+"""The HTTP side of webhook delivery (service/domain/webhooks/delivery.py's :class:`Sender`), with aiohttp's
 client.
 
 - The host is resolved by :class:`CheckedResolver`, which refuses the whole name when any address it
-  resolves to is not public (the SSRF policy of service/domain/webhook_policy.py), and hands aiohttp exactly
+  resolves to is not public (the SSRF policy of service/domain/webhooks/policy.py), and hands aiohttp exactly
   the addresses it checked: the connection goes to one of those, never to a second resolution's answer. An
   IP literal (which aiohttp does not resolve) is checked before the request. No DNS cache: every attempt
   checks afresh.
@@ -22,8 +22,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from ..domain.webhook_delivery import SendResult
-from ..domain.webhook_policy import RefusedAddress, WebhookPolicy, address_refusal
+from ..domain.webhooks.delivery import SendResult
+from ..domain.webhooks.policy import RefusedAddress, WebhookPolicy, address_refusal
 
 #: Most bytes of a receiver's answer read before the connection is given up.
 MAX_ANSWER_BYTES = 64 * 1024

@@ -1,4 +1,4 @@
-"""The ``webhook-id`` of a delivery (service/domain/webhooks.py, ``delivery_id_of``): a receiver deduplicates by
+"""The ``webhook-id`` of a delivery (service/domain/webhooks/service.py, ``delivery_id_of``): a receiver deduplicates by
 it, so it must stay what it was for every event, whatever computes it: the lower-case base 32 of the first 20
 bytes of a SHA-256, as the standard library writes it."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from caller_memory.service.domain.webhook_store import WebhookEndpoint
-from caller_memory.service.domain.webhooks import base32_20, delivery_id_of
+from caller_memory.service.domain.store.webhooks import WebhookEndpoint
+from caller_memory.service.domain.webhooks.service import base32_20, delivery_id_of
 from hypothesis import example, given
 from hypothesis import strategies as st
 

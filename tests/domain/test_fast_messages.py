@@ -11,17 +11,17 @@ from typing import Any
 
 import orjson
 import pytest
-from caller_memory.service.domain.documents import parse_document
-from caller_memory.service.domain.errors import InvalidInput, MalformedRequest
-from caller_memory.service.domain.limits import MAX_STATE_ENTRIES
-from caller_memory.service.domain.transcript_bodies import (
+from caller_memory.service.domain.conversations.messages import MAX_BATCH, MAX_INT, SOURCES, incoming
+from caller_memory.service.domain.conversations.requests import (
     AppendBody,
     Batch,
     _fast_batch,
     parse_append,
     read_append,
 )
-from caller_memory.service.domain.transcripts import MAX_BATCH, MAX_INT, SOURCES, incoming
+from caller_memory.service.domain.documents import parse_document
+from caller_memory.service.domain.errors import InvalidInput, MalformedRequest
+from caller_memory.service.domain.limits import MAX_STATE_ENTRIES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError

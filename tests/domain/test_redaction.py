@@ -8,9 +8,9 @@ import asyncio
 import random
 
 import pytest
+from caller_memory.service.domain.conversations.messages import redact, region_of, regions_to_try
 from caller_memory.service.domain.redaction import MAX_DIGITS, PHONE_MASK, Finder, Mask, plans_of
 from caller_memory.service.domain.redaction_batches import CpuBudget, redact_batch, redact_batch_async
-from caller_memory.service.domain.transcripts import redact, region_of, regions_to_try
 
 EVERY = None
 

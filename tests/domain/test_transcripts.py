@@ -9,10 +9,7 @@ from typing import Any
 import orjson
 import phonenumbers
 import pytest
-from caller_memory.service.domain.errors import InvalidConfiguration
-from caller_memory.service.domain.identifiers import Pseudonymizer
-from caller_memory.service.domain.projects import compile_project, parse_config
-from caller_memory.service.domain.transcripts import (
+from caller_memory.service.domain.conversations.messages import (
     PHONE_MASK,
     Message,
     MessageIn,
@@ -24,6 +21,9 @@ from caller_memory.service.domain.transcripts import (
     stored_rows,
     turns_of_rows,
 )
+from caller_memory.service.domain.errors import InvalidConfiguration
+from caller_memory.service.domain.identifiers import Pseudonymizer
+from caller_memory.service.domain.projects import compile_project, parse_config
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from caller_memory.service.domain.audit import AuditLog
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.errors import InvalidConfiguration, InvalidInput, Unauthenticated
 from caller_memory.service.domain.identifiers import Pseudonymizer
 from caller_memory.service.domain.memory import MemoryService
 from caller_memory.service.domain.registry import ProjectRegistry
-from caller_memory.service.domain.retention import AuditLog
 from caller_memory.service.domain.tokens import TokenService
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 from tests.conftest import PSEUDONYM_KEY
 from tests.domain.test_projects import INVALID_CONFIGURATIONS

@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 from caller_memory.service.domain.errors import InvalidInput
-from caller_memory.service.domain.webhook_policy import RefusedAddress, WebhookPolicy, address_refusal
+from caller_memory.service.domain.webhooks.policy import RefusedAddress, WebhookPolicy, address_refusal
 
 REFUSED = [
     ("127.0.0.1", "loopback"),

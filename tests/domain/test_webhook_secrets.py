@@ -8,7 +8,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from caller_memory.service.domain.webhook_secrets import (
+from caller_memory.service.domain.webhooks.secrets import (
     SecretBox,
     SecretKeyError,
     SecretKeyMissing,

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from caller_memory.service.domain.webhook_store import WebhookEndpoint
-from caller_memory.service.domain.webhooks import delivery_id_of
+from caller_memory.service.domain.store.webhooks import WebhookEndpoint
+from caller_memory.service.domain.webhooks.service import delivery_id_of
 from caller_memory.service.http.openapi_parts import BODY_EXAMPLES
 
 from tests.conftest import BACKENDS, OPERATOR_TOKEN

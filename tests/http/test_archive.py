@@ -19,8 +19,8 @@ import obstore
 import orjson
 import pytest
 from caller_memory.service.domain.clock import FakeClock
-from caller_memory.service.domain.transcript_store import ConversationKey
-from caller_memory.service.http.keys import SERVICES
+from caller_memory.service.domain.store.transcripts import ConversationKey
+from caller_memory.service.http.app_keys import SERVICES
 from obstore.store import S3Store
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api

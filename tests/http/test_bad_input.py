@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from caller_memory.service.domain.clock import iso_utc
 from caller_memory.service.http.analytics_routes import _csv_cell, wants_csv
-from caller_memory.service.http.keys import METRICS
+from caller_memory.service.http.app_keys import METRICS
 from caller_memory.service.http.queries import LATEST
 
 from tests.conftest import OPERATOR_TOKEN, Api

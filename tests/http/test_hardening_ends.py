@@ -11,7 +11,7 @@ import pytest
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.identifiers import Pseudonymizer
 from caller_memory.service.domain.store import CallerRef
-from caller_memory.service.http.keys import SERVICES
+from caller_memory.service.http.app_keys import SERVICES
 
 from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY, Api, running_api
 from tests.http.test_api import CALLER, assert_problem, memory_path

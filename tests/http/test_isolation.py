@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from caller_memory.service.domain.tokens import FailureThrottle
-from caller_memory.service.http.keys import SERVICES
+from caller_memory.service.http.app_keys import SERVICES
 
 from tests.conftest import OPERATOR_TOKEN, Api
 from tests.http.test_api import assert_problem

@@ -17,10 +17,10 @@ from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.limits import MAX_BODY_BYTES
 from caller_memory.service.domain.retention import SWEEP_LEASE
+from caller_memory.service.domain.store.webhooks import Delivery, Settlement
 from caller_memory.service.domain.tokens import FailureThrottle
-from caller_memory.service.domain.webhook_store import Delivery, Settlement
 from caller_memory.service.http.access_log import RouteAccessLogger
-from caller_memory.service.http.keys import SERVICES
+from caller_memory.service.http.app_keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate

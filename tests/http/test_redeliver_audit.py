@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from caller_memory.service.domain.clock import FakeClock
-from caller_memory.service.domain.webhook_delivery import MAX_ATTEMPTS
+from caller_memory.service.domain.webhooks.delivery import MAX_ATTEMPTS
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api
 from tests.http.test_api import assert_problem

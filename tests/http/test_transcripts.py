@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from caller_memory.service.domain.transcript_views import ConversationStatus
+from caller_memory.service.domain.conversations.views import ConversationStatus
 
 from tests.conftest import OPERATOR_TOKEN, Api, Reply
 from tests.http.test_api import CALLER, assert_problem, memory_path

@@ -18,9 +18,9 @@ import pytest
 from aiohttp import web
 from caller_memory.service.app import run_deliveries
 from caller_memory.service.domain.clock import FakeClock
-from caller_memory.service.domain.webhook_delivery import JITTER, MAX_ATTEMPTS, RETRY_DELAYS_S
-from caller_memory.service.domain.webhooks import delivery_id_of
-from caller_memory.service.http.keys import SERVICES, WEBHOOKS
+from caller_memory.service.domain.webhooks.delivery import JITTER, MAX_ATTEMPTS, RETRY_DELAYS_S
+from caller_memory.service.domain.webhooks.service import delivery_id_of
+from caller_memory.service.http.app_keys import SERVICES, WEBHOOKS
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from caller_memory.service.storage import keys
+from caller_memory.service.storage.redis import keys
 
 from tests.reliability.crash_load import (
     PROJECT,

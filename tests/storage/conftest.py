@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio
 from caller_memory.service.domain.store import Store
 from caller_memory.service.storage import open_store
-from caller_memory.service.storage.redis import RedisStore
+from caller_memory.service.storage.redis.store import RedisStore
 
 from tests.conftest import CLUSTER, empty_store_url
 

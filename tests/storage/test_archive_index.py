@@ -1,4 +1,4 @@
-"""The archive index (service/domain/archive_store.py) on every backend: a caller's archived objects are
+"""The archive index (service/domain/store/archive.py) on every backend: a caller's archived objects are
 listed before they are written, never for a caller erased since, found until they expire, and unlisted."""
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ from caller_memory.service.domain.store import (
     Store,
     TokenRecord,
 )
-from caller_memory.service.storage import keys
 from caller_memory.service.storage.codec import encode_entry
-from caller_memory.service.storage.redis import RedisStore
+from caller_memory.service.storage.redis import keys
+from caller_memory.service.storage.redis.store import RedisStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot

@@ -1,4 +1,4 @@
-"""The linked-identifier part of the Store contract (service/domain/link_store.py), identical on every backend.
+"""The linked-identifier part of the Store contract (service/domain/store/links.py), identical on every backend.
 
 P is a profile, A (B, C) identifiers linked to it. Times follow test_contract.py: real-clock based, explicit
 ``now_ms``; a link that must be seen expired expires well before Redis's own clock gets there, and is looked
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from caller_memory.service.domain.fields import StoredField
-from caller_memory.service.domain.link_store import Link, LinkResult, LinkStatus, ProfileMoved
 from caller_memory.service.domain.store import (
     CallerRef,
     EndAnalytics,
@@ -25,7 +24,8 @@ from caller_memory.service.domain.store import (
     FirstInteraction,
     Store,
 )
-from caller_memory.service.storage.sqlite import SCHEMA_VERSION, SQLiteStore
+from caller_memory.service.domain.store.links import Link, LinkResult, LinkStatus, ProfileMoved
+from caller_memory.service.storage.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
 from tests.storage.test_contract import PROJECT, TTL, analytics_at, ending, field, new_subject, now_ms, values
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from caller_memory.service.domain.errors import StoreUnavailable
 from caller_memory.service.domain.store import CallerRef, EndStatus
-from caller_memory.service.storage import keys, open_store
-from caller_memory.service.storage.redis import RedisStore
-from caller_memory.service.storage.redis_cluster import parse_cluster_url, slot_of
+from caller_memory.service.storage import open_store
+from caller_memory.service.storage.redis import keys
+from caller_memory.service.storage.redis.cluster import parse_cluster_url, slot_of
+from caller_memory.service.storage.redis.store import RedisStore
 from redis.crc import key_slot
 
 from tests.storage.test_contract import PROJECT, ending, field, new_subject, now_ms, values

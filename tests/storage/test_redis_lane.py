@@ -1,4 +1,4 @@
-"""The standalone Redis transport's shared connection (:class:`~caller_memory.service.storage.redis_transport.Lane`):
+"""The standalone Redis transport's shared connection (:class:`~caller_memory.service.storage.redis.transport.Lane`):
 the calls in flight share one connection and each gets its own replies, whatever else happens on it (error
 replies, calls that give up, a hung or restarted server). A real redis-server each."""
 
@@ -11,7 +11,7 @@ import signal
 
 import pytest
 from caller_memory.service.domain.errors import StoreUnavailable
-from caller_memory.service.storage.redis_transport import (
+from caller_memory.service.storage.redis.transport import (
     Call,
     ConnectionLimits,
     LaneLost,

@@ -1,5 +1,5 @@
 """A merge racing an erasure of its profile, on Redis (issue 27, item 4): a link is made in four steps in two
-slots (service/storage/redis_links.py), and an erasure of the profile may land between them. Whatever the
+slots (service/storage/redis/links.py), and an erasure of the profile may land between them. Whatever the
 clocks say (here the erasure is stamped at the link's own millisecond), nothing of the identifier's memory
 reaches the erased profile after the erasure's receipt, and an identifier the erasure did not reach keeps its
 memory. On a standalone server and on a Redis Cluster."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from caller_memory.service.domain.link_store import LinkResult
-from caller_memory.service.storage.redis import RedisStore
+from caller_memory.service.domain.store.links import LinkResult
+from caller_memory.service.storage.redis.store import RedisStore
 
 from tests.storage.test_contract import TTL, field, new_subject, now_ms, values
 from tests.storage.test_links import MAX, link, link_to, ref, remember

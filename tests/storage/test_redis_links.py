@@ -1,4 +1,4 @@
-"""What only the Redis backend's linked identifiers have (service/storage/redis_links.py), on a standalone
+"""What only the Redis backend's linked identifiers have (service/storage/redis/links.py), on a standalone
 server and on a Redis Cluster: the keys and their slots, a link made in steps (and finished when it is made
 again after a crash between them), expiry by PEXPIREAT, nothing left after erasure, and the round trips of a
 read. The behaviour itself is the contract suite's (test_links.py)."""
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from caller_memory.service.domain.link_store import Link, LinkStatus, ProfileMoved
-from caller_memory.service.storage import keys
-from caller_memory.service.storage.redis import RedisStore
-from caller_memory.service.storage.redis_cluster import slot_of
+from caller_memory.service.domain.store.links import Link, LinkStatus, ProfileMoved
+from caller_memory.service.storage.redis import keys
+from caller_memory.service.storage.redis.cluster import slot_of
+from caller_memory.service.storage.redis.store import RedisStore
 from redis.crc import key_slot
 
 from tests.storage.test_contract import PROJECT, TTL, decimal, ending, field, new_subject, now_ms, values

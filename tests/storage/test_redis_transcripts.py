@@ -1,4 +1,4 @@
-"""What only the Redis backend's conversation memory has (service/storage/redis_transcripts.py), on a standalone
+"""What only the Redis backend's conversation memory has (service/storage/redis/transcripts.py), on a standalone
 server and on a Redis Cluster: the key layout and its slots, the bytes a message costs, expiry by PEXPIREAT,
 the caller's listing written before a creating append (so that an erasure in between wins), and a due index
 that corrects its stale entries as it is read. The behaviour itself is the contract suite's
@@ -13,8 +13,9 @@ import uuid
 import orjson
 import redis.asyncio
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
+from caller_memory.service.domain.conversations.messages import MAX_MESSAGES, MAX_TRANSCRIPT_BYTES
 from caller_memory.service.domain.store import CallerRef, TokenRecord
-from caller_memory.service.domain.transcript_store import (
+from caller_memory.service.domain.store.transcripts import (
     AppendStatus,
     AppendWrite,
     ClaimResult,
@@ -25,11 +26,10 @@ from caller_memory.service.domain.transcript_store import (
     TranscriptQuery,
     TranscriptStatus,
 )
-from caller_memory.service.domain.transcripts import MAX_MESSAGES, MAX_TRANSCRIPT_BYTES
-from caller_memory.service.storage import keys
 from caller_memory.service.storage.codec import decode_entry
-from caller_memory.service.storage.redis import RedisStore
-from caller_memory.service.storage.redis_transcripts import EXPIRED_DUE_GRACE_MS
+from caller_memory.service.storage.redis import keys
+from caller_memory.service.storage.redis.store import RedisStore
+from caller_memory.service.storage.redis.transcripts import EXPIRED_DUE_GRACE_MS
 from redis.crc import key_slot
 
 from tests.storage.test_transcripts import (

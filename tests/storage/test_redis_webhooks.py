@@ -1,4 +1,4 @@
-"""What only the Redis backend's webhook queue has (service/storage/redis_webhooks.py), on a standalone server
+"""What only the Redis backend's webhook queue has (service/storage/redis/webhooks.py), on a standalone server
 and on a Redis Cluster: the key layout and its slots, expiry by PEXPIREAT, the caller's listing that an erasure
 follows (also when it overtakes an enqueue), the round trips of an enqueue and of a settlement, claims racing
 from several stores, and index entries whose delivery Redis expired first. The behaviour itself is the
@@ -14,11 +14,12 @@ from typing import Any
 import redis.asyncio
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
 from caller_memory.service.domain.store import CallerRef, RecordStatus
-from caller_memory.service.domain.webhook_store import Delivery, Settlement
-from caller_memory.service.storage import keys, redis_webhooks
-from caller_memory.service.storage.redis import RedisStore
-from caller_memory.service.storage.redis_transport import Command, RedisTransport
-from caller_memory.service.storage.redis_webhooks import BATCH
+from caller_memory.service.domain.store.webhooks import Delivery, Settlement
+from caller_memory.service.storage.redis import keys
+from caller_memory.service.storage.redis import webhooks as redis_webhooks
+from caller_memory.service.storage.redis.store import RedisStore
+from caller_memory.service.storage.redis.transport import Command, RedisTransport
+from caller_memory.service.storage.redis.webhooks import BATCH
 from redis.crc import key_slot
 
 from tests.storage.test_webhooks import (

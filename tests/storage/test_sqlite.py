@@ -8,7 +8,7 @@ import pytest
 from caller_memory.service.domain.errors import StoreCorrupt
 from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.domain.store import CallerRef, ListingPage
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 
 async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:

@@ -15,13 +15,13 @@ import pytest
 from caller_memory.service.domain.errors import StoreCorrupt
 from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.domain.store import CallerRef, TokenRecord
-from caller_memory.service.domain.transcript_store import (
+from caller_memory.service.domain.store.transcripts import (
     ClaimStatus,
     EndClaim,
     TranscriptQuery,
     TranscriptStatus,
 )
-from caller_memory.service.storage.sqlite import SCHEMA_VERSION, SQLiteStore
+from caller_memory.service.storage.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
 from tests.storage.test_transcripts import (
     INACTIVITY,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from caller_memory.service.domain.webhook_store import Delivery, Settlement
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.domain.store.webhooks import Delivery, Settlement
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 
 def delivery(delivery_id: str, now: int, ttl_ms: int) -> Delivery:

@@ -1,4 +1,4 @@
-"""The conversation-memory part of the Store contract (service/domain/transcript_store.py): appends, reads,
+"""The conversation-memory part of the Store contract (service/domain/store/transcripts.py): appends, reads,
 checkpoints, limits, expiry and summaries, identical on SQLite, Redis and Redis Cluster. The lifecycle (ends,
 the due index, a caller's list, deletion, erasure, a project's bytes) is in test_transcripts_lifecycle.py,
 which shares the helpers defined here.
@@ -19,9 +19,18 @@ from typing import Any, Literal
 
 import orjson
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
+from caller_memory.service.domain.conversations.messages import (
+    MAX_MESSAGES,
+    MAX_TRANSCRIPT_BYTES,
+    MessageIn,
+    MessageMetadata,
+    encode_message,
+    estimate_tokens,
+    incoming,
+)
 from caller_memory.service.domain.fields import StoredField
 from caller_memory.service.domain.store import CallerRef, Store
-from caller_memory.service.domain.transcript_store import (
+from caller_memory.service.domain.store.transcripts import (
     AppendResult,
     AppendStatus,
     AppendWrite,
@@ -33,15 +42,6 @@ from caller_memory.service.domain.transcript_store import (
     StoredMessage,
     TranscriptQuery,
     TranscriptStatus,
-)
-from caller_memory.service.domain.transcripts import (
-    MAX_MESSAGES,
-    MAX_TRANSCRIPT_BYTES,
-    MessageIn,
-    MessageMetadata,
-    encode_message,
-    estimate_tokens,
-    incoming,
 )
 
 PROJECT = "shop"

@@ -24,7 +24,7 @@ from caller_memory.service.domain.store import (
     Store,
     TokenRecord,
 )
-from caller_memory.service.domain.transcript_store import (
+from caller_memory.service.domain.store.transcripts import (
     AppendStatus,
     ClaimResult,
     ClaimStatus,

@@ -1,4 +1,4 @@
-"""The webhook part of the Store contract (service/domain/webhook_store.py): endpoints and the delivery queue,
+"""The webhook part of the Store contract (service/domain/store/webhooks.py): endpoints and the delivery queue,
 identical on every backend that implements it (today SQLite; Redis and Redis Cluster join by themselves once
 their store class is a WebhookStore).
 
@@ -26,7 +26,7 @@ from caller_memory.service.domain.store import (
     RecordStatus,
     Store,
 )
-from caller_memory.service.domain.webhook_store import (
+from caller_memory.service.domain.store.webhooks import (
     Delivery,
     DeliveryStatus,
     QueueStats,
@@ -35,8 +35,8 @@ from caller_memory.service.domain.webhook_store import (
     WebhookStore,
 )
 from caller_memory.service.storage import open_store
-from caller_memory.service.storage.redis import RedisStore
-from caller_memory.service.storage.sqlite import SQLiteStore
+from caller_memory.service.storage.redis.store import RedisStore
+from caller_memory.service.storage.sqlite.store import SQLiteStore
 
 from tests.conftest import empty_store_url
 from tests.storage.conftest import REDIS_BACKENDS

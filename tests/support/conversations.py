@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from caller_memory.service.domain.projects import Project
-from caller_memory.service.domain.transcript_store import ConversationKey, EndClaim
-from caller_memory.service.http.keys import Services
+from caller_memory.service.domain.store.transcripts import ConversationKey, EndClaim
+from caller_memory.service.http.app_keys import Services
 
 
 async def ended_conversations(services: Services, shop: Project, raw: str, count: int, prefix: str) -> None:

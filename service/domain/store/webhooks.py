@@ -1,0 +1,207 @@
+"""The webhook part of the Store interface (SPEC sections 11 and 14): a project's webhook endpoints and the
+durable queue of their deliveries. :class:`~caller_memory.service.domain.store.core.Store` inherits it; every backend implements it with
+identical semantics (tests/storage/test_webhooks.py).
+
+The store keeps what the domain built: an endpoint's signing secrets arrive encrypted (opaque bytes), a
+delivery's payload is the envelope's JSON (opaque bytes, signed afresh by the domain at each attempt). Times
+are epoch milliseconds passed in by the caller, as everywhere in the store.
+
+A delivery's life: ``queued`` (due at ``next_attempt_at``) until an attempt succeeds (then it is deleted) or
+the attempts are exhausted (then ``failed``, kept and listed until redelivered, deleted or expired). It is
+deleted, whatever its state, once ``expires_at`` passed (the conversation's transcript expiry), when its
+endpoint is deleted, and when its caller is erased. While an attempt runs, the delivery is *leased* by one
+worker (``lease_owner`` until ``lease_until``): no other worker claims it until the lease ends, so replicas
+never send one delivery at the same time; a worker that dies leaves a lease that simply runs out.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .refs import CallerRef
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookEndpoint:
+    """One registered receiver of a project's events."""
+
+    project: str
+    #: ``wh_`` and random characters (never derived from anything about a caller).
+    endpoint_id: str
+    url: str
+    #: Event types it receives (``conversation.ended``, ``conversation.updated``, ``caller.erased``).
+    events: tuple[str, ...]
+    #: Whether ``conversation.ended`` payloads carry the summary and history (when the operator allows it).
+    include_history: bool
+    created_at: int
+    #: The signing secret, encrypted by the domain (opaque to the store).
+    secret: bytes
+    #: The secret before the last rotation (encrypted), still signing until ``previous_until``; b"" if none.
+    previous_secret: bytes = b""
+    previous_until: int = 0
+    #: A label for people (may be empty).
+    description: str = ""
+
+
+class DeliveryStatus(enum.Enum):
+    QUEUED = "queued"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One event for one endpoint. ``delivery_id`` is the ``webhook-id`` of every attempt (the receiver's
+    idempotency key) and is unique within its project.
+
+    A value: never changed once made (:func:`dataclasses.replace` makes a changed copy). Not declared frozen
+    only because one is made per endpoint at every end, on the request path, and a frozen dataclass sets each
+    of its 13 fields through ``object.__setattr__``: four times the cost."""
+
+    project: str
+    delivery_id: str
+    endpoint_id: str
+    #: The event type (``conversation.ended`` ...).
+    event: str
+    #: The envelope's JSON, as the receiver gets it.
+    payload: bytes
+    #: The pseudonym of the caller the event is about ("" for none, e.g. ``caller.erased``): an erasure of
+    #: that caller deletes the delivery (:meth:`WebhookStore.delete_caller_deliveries`).
+    subject: str
+    created_at: int
+    #: Deleted once this passed, whatever its state (never claimed, listed or redelivered after it).
+    expires_at: int
+    status: DeliveryStatus = DeliveryStatus.QUEUED
+    #: Attempts made so far.
+    attempts: int = 0
+    #: When the next attempt is due (queued deliveries).
+    next_attempt_at: int = 0
+    last_attempt_at: int = 0
+    #: What the last attempt got: ``HTTP 503``, ``timeout``, ``refused: ...``; never a response body.
+    last_error: str = ""
+
+
+class Settlement(enum.Enum):
+    """How an attempt ended (:meth:`WebhookStore.settle_delivery`)."""
+
+    #: The receiver took it: the delivery is deleted.
+    DELIVERED = "delivered"
+    #: Another attempt at ``next_attempt_at``: queued again, ``attempts`` incremented.
+    RETRY = "retry"
+    #: No more attempts: ``failed``, ``attempts`` incremented.
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """The queue for metrics: queued and failed deliveries (live ones), and the creation time of the oldest
+    queued one (0 when none is queued)."""
+
+    queued: int
+    failed: int
+    oldest_queued_at: int
+
+
+def check_one_project(deliveries: Sequence[Delivery], caller: CallerRef | None) -> None:
+    """The deliveries of one enqueue are all of one project, the caller's (a programming error otherwise)."""
+    projects = {d.project for d in deliveries} | ({caller.project} if caller is not None else set())
+    if len(projects) > 1:
+        raise ValueError(f"deliveries of one project are queued at a time, not of {sorted(projects)}")
+
+
+class WebhookStore(ABC):
+    """Endpoints and the delivery queue."""
+
+    # Endpoints ----------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_endpoint(self, endpoint: WebhookEndpoint) -> None:
+        """Create the endpoint, or replace the one with the same project and ``endpoint_id`` (a rotation)."""
+
+    @abstractmethod
+    async def get_endpoint(self, project: str, endpoint_id: str) -> WebhookEndpoint | None:
+        """The endpoint, or None."""
+
+    @abstractmethod
+    async def list_endpoints(self, project: str | None = None) -> list[WebhookEndpoint]:
+        """The project's endpoints (every project's when ``project`` is None: the delivery worker's list),
+        in ``created_at`` then ``endpoint_id`` order."""
+
+    @abstractmethod
+    async def delete_endpoint(self, project: str, endpoint_id: str) -> bool:
+        """Delete the endpoint and every delivery (queued or failed) for it; False if there was none."""
+
+    # The queue ----------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def enqueue_deliveries(
+        self, deliveries: Sequence[Delivery], caller: CallerRef | None, made_at: int, now_ms: int
+    ) -> bool:
+        """Queue ``deliveries`` (all of one project, durable once this returns). Idempotent: a delivery
+        whose ``delivery_id`` is already queued or failed in the project is left as it is (a retried end
+        queues nothing twice); one that was delivered and deleted may be queued again (at least once).
+
+        With ``caller`` (the caller every delivery is about), nothing is queued and the answer is False when
+        the caller was erased at or after ``made_at`` (their tombstone, as for ends): what was made before an
+        erasure never goes out after it. Otherwise True. Expired deliveries (``expires_at <= now_ms``) are not
+        queued. An empty ``deliveries`` queues nothing (True, or False for an erased caller)."""
+
+    @abstractmethod
+    async def claim_deliveries(
+        self, project: str, endpoint_id: str, now_ms: int, limit: int, owner: str, lease_until: int
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` queued deliveries of the endpoint that are due (``next_attempt_at <=
+        now_ms``) and not leased (no lease, or one that ended: ``lease_until <= now_ms``), earliest due first
+        (then ``delivery_id``), to ``owner`` until ``lease_until``; return them. Expired ones are deleted,
+        not returned. Failed deliveries are never claimed."""
+
+    @abstractmethod
+    async def settle_delivery(
+        self,
+        project: str,
+        delivery_id: str,
+        owner: str,
+        outcome: Settlement,
+        now_ms: int,
+        *,
+        next_attempt_at: int = 0,
+        error: str = "",
+    ) -> bool:
+        """Record an attempt made under ``owner``'s lease (``last_attempt_at`` = ``now_ms``, ``last_error``
+        = ``error``) and end the lease: DELIVERED deletes the delivery; RETRY queues it again due at
+        ``next_attempt_at`` with ``attempts + 1``; FAILED marks it failed with ``attempts + 1``. False, and
+        nothing changed, when the delivery is gone (deleted, erased, expired) or no longer leased by
+        ``owner`` (its lease ran out and another worker claimed it)."""
+
+    @abstractmethod
+    async def failed_deliveries(
+        self, project: str, now_ms: int, endpoint_id: str | None = None, limit: int = 100
+    ) -> list[Delivery]:
+        """The project's live failed deliveries (of one endpoint, or all), most recent attempt first (then
+        ``delivery_id``), at most ``limit``."""
+
+    @abstractmethod
+    async def get_delivery(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
+        """The live delivery (queued or failed), or None."""
+
+    @abstractmethod
+    async def redeliver(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
+        """Queue a failed delivery again, due now, with ``attempts`` 0 and its last error kept; return it.
+        A queued delivery is returned as it is (nothing changes); None if there is no live one."""
+
+    @abstractmethod
+    async def delete_delivery(self, project: str, delivery_id: str) -> bool:
+        """Delete one delivery (queued or failed); False if there was none."""
+
+    @abstractmethod
+    async def delete_caller_deliveries(self, caller: CallerRef) -> int:
+        """Delete every delivery (queued or failed, of any endpoint) whose ``subject`` is the caller's; how
+        many. A delivery leased at that moment is deleted too (its settlement then answers False)."""
+
+    @abstractmethod
+    async def queue_stats(self, now_ms: int) -> QueueStats:
+        """Live queued and failed deliveries over every project, and the oldest queued one's creation time."""

@@ -1,0 +1,88 @@
+"""Typed application state."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from ..config import Settings
+from ..domain.analytics import AnalyticsService
+from ..domain.archive import Archive
+from ..domain.audit import AuditLog
+from ..domain.clock import Clock
+from ..domain.conversations.ending import ConversationService
+from ..domain.conversations.lifecycle import Lifecycle
+from ..domain.conversations.service import TranscriptService
+from ..domain.errors import StoreUnavailable
+from ..domain.links import LinkService
+from ..domain.memory import MemoryService
+from ..domain.registry import ProjectRegistry
+from ..domain.retention import Sweeper
+from ..domain.store import Store
+from ..domain.store.webhooks import Delivery
+from ..domain.tokens import TokenService
+from ..domain.webhooks.delivery import Deliverer
+from ..domain.webhooks.service import WebhookService
+from .metrics import Metrics
+from .webhook_sender import HttpSender
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    clock: Clock
+    store: Store
+    projects: ProjectRegistry
+    tokens: TokenService
+    memory: MemoryService
+    analytics: AnalyticsService
+    audit: AuditLog
+    sweeper: Sweeper
+    conversations: ConversationService
+    transcripts: TranscriptService
+    lifecycle: Lifecycle
+    archive: Archive
+    links: LinkService
+
+    async def ping(self) -> None:
+        try:
+            async with asyncio.timeout(self.settings.store_timeout):
+                await self.store.ping()
+        except TimeoutError as exc:
+            raise StoreUnavailable(
+                f"the store did not answer within {self.settings.store_timeout} s"
+            ) from exc
+
+
+@dataclass(slots=True)
+class Webhooks:
+    """The webhook side of one process: the use cases, the delivery worker and its HTTP client, and the
+    event that wakes the worker when something was queued here."""
+
+    service: WebhookService
+    deliverer: Deliverer
+    sender: HttpSender
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def queued(self, deliveries: Sequence[Delivery]) -> None:
+        """``deliveries`` were queued by this process: wake the worker if it could start one of them now. At
+        peak every slot of an endpoint is taken and an end would wake it for nothing; the attempt that ends
+        and frees a slot wakes it (``observe``), and every worker also looks every interval."""
+        if self.deliverer.could_start(deliveries):
+            self.event.set()
+
+    def changed(self) -> None:
+        """An endpoint was created, rotated or deleted by this process: the worker reads them again."""
+        self.deliverer.forget_endpoints()
+        self.wake()
+
+
+SERVICES = web.AppKey("services", Services)
+WEBHOOKS = web.AppKey("webhooks", Webhooks)
+METRICS = web.AppKey("metrics", Metrics)
