@@ -43,6 +43,9 @@ TOKEN_ID_RE = _whole(TOKEN_ID_PATTERN)
 #: Conversation ids, as voice platforms make them (UUIDs, "conv-123", "CA1234:leg-2").
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 CONVERSATION_ID_RE = _whole(CONVERSATION_ID_PATTERN)
+
+#: Channels, agent names and a message's agent (what tokens, projects and conversations name).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 #: Most keys in the ``state`` of one ended conversation (persisted and ignored together).
 MAX_STATE_ENTRIES = 256
 #: Longest outcome value (qa, handoff_reason, handoff_to) and channel name.

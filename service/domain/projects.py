@@ -19,7 +19,6 @@ from pydantic import (
     field_validator,
 )
 
-from .conversations.messages import NAME_PATTERN
 from .errors import InvalidConfiguration, InvalidIdentifier, InvalidInput
 from .identifiers import PSEUDONYM_RE, Pseudonymizer, parse_identifier
 from .limits import (
@@ -29,6 +28,7 @@ from .limits import (
     MAX_STATE_KEYS,
     MAX_TTL_SECONDS,
     MIN_TTL_SECONDS,
+    NAME_PATTERN,
 )
 from .trust import DEFAULT_CLASS, LEVELS, TrustPolicy
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 from .audit import AuditLog
 from .clock import Clock
-from .conversations.messages import NAME_PATTERN
 from .errors import Forbidden, InvalidInput, NotFound, TooManyRequests, Unauthenticated
 from .id_rules import check_chosen_id
-from .limits import TOKEN_ID_RE
+from .limits import NAME_PATTERN, TOKEN_ID_RE
 from .store import Store, TokenRecord
 
 TOKEN_PREFIX = "cm"

@@ -8,13 +8,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..domain.attestation import MAX_ATTESTATION_CHARS
-from ..domain.conversations.messages import NAME_PATTERN
 from ..domain.limits import (
     FIELD_NAME_PATTERN,
     MAX_ANY_IDENTIFIER_CHARS,
     MAX_OUTCOME_CHARS,
     MAX_STATE_ENTRIES,
     MAX_VALUE_BYTES,
+    NAME_PATTERN,
 )
 from ..domain.trust import ATTESTATION_HELP, STEP_UP_HELP
 

@@ -17,7 +17,7 @@ import orjson
 import phonenumbers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..limits import CONVERSATION_ID_PATTERN
+from ..limits import CONVERSATION_ID_PATTERN, NAME_PATTERN
 from ..redaction import PHONE_MASK as PHONE_MASK
 from ..redaction import Masked, redact_text
 from .views import ChatMessage, MessageMetadataOut, PlatformMessage
@@ -49,7 +49,6 @@ DEFAULT_SOURCE = {"user": "message", "assistant": "llm", "tool": "tool"}
 _ROLE_CODE = {"user": 0, "assistant": 1, "tool": 2}
 _ROLES = ("user", "assistant", "tool")
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 MESSAGE_ID_PATTERN = CONVERSATION_ID_PATTERN
 
 

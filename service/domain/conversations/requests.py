@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..attestation import MAX_ATTESTATION_CHARS
 from ..documents import NOT_READ, load, no_member_lost, parse_document, plain_members
 from ..errors import Conflict, Gone, InvalidInput, NotFound, PayloadTooLarge
-from ..limits import MAX_ANY_IDENTIFIER_CHARS, MAX_STATE_ENTRIES
+from ..limits import MAX_ANY_IDENTIFIER_CHARS, MAX_STATE_ENTRIES, NAME_PATTERN
 from ..projects import Project, validation_problem
 from ..store.transcripts import AppendStatus, Header, TranscriptStatus
 from ..trust import ATTESTATION_HELP, STEP_UP_HELP
@@ -24,7 +24,6 @@ from .messages import (
     MAX_INT,
     MAX_MESSAGES,
     MAX_TRANSCRIPT_BYTES,
-    NAME_PATTERN,
     Incoming,
     MessageIn,
     estimate_tokens,
