@@ -214,10 +214,12 @@ class Side:
 
         if not self.spec["backend"]:  # the side without memory
             return []
-        async with aiohttp.ClientSession() as session:
-            async with session.request(method, self.spec["backend"] + "/_bench/hits") as resp:
-                hits: list[dict[str, Any]] = await resp.json()
-                return hits
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(method, self.spec["backend"] + "/_bench/hits") as resp,
+        ):
+            hits: list[dict[str, Any]] = await resp.json()
+            return hits
 
     async def quiet_backend(self, returned: float, limit: float = 5.0) -> list[dict[str, Any]]:
         """The backend's requests of this call, once none is in flight (or ``limit`` seconds passed), and not

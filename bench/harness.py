@@ -125,10 +125,10 @@ def stop_redis(server: RedisServer) -> None:
 
 
 def stop_all() -> None:
-    for proc in list(_started):
+    for proc in _started:
         with contextlib.suppress(Exception):
             stop(proc)
-    for server in list(_redis):
+    for server in _redis:
         with contextlib.suppress(Exception):
             stop_redis(server)
 

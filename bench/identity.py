@@ -120,7 +120,7 @@ def project_config(kind: str) -> dict[str, Any]:
     if kind == "linking":
         rc["identity_linking"] = True
     if kind == "trust":
-        rc["field_classes"] = {name: "sensitive" for name in SENSITIVE}
+        rc["field_classes"] = dict.fromkeys(SENSITIVE, "sensitive")
         rc["trust"] = {"sensitive": "step_up"}
     return {"memory": {"repeat_caller": rc}}
 
@@ -373,7 +373,7 @@ def prefill(bench: Bench) -> None:
     say(
         f"prefill through the API: {n:,} callers x {len(STORED)} fields in each of {len(PROJECTS)} projects, {n:,} links"
     )
-    document = {name: VALUE for name in STORED}
+    document = dict.fromkeys(STORED, VALUE)
 
     def patch(job: tuple[str, int]) -> None:
         kind, i = job

@@ -154,26 +154,25 @@ async def demo() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         config = {"memory": {**PROJECT_CONFIG["memory"], "conversation": DEMO_CONVERSATION}}
         # Look for silent calls four times a second (every 10 s by default).
-        async with embedded_service(Path(workdir), "cheese-shop", config, inactivity_interval=0.25) as (
-            url,
-            token,
-        ):
-            async with MemoryClient(
+        async with (
+            embedded_service(Path(workdir), "cheese-shop", config, inactivity_interval=0.25) as (url, token),
+            MemoryClient(
                 url, token=token, project="cheese-shop", outbox_path=Path(workdir) / "outbox.db"
-            ) as client:
-                caller = "07700 900123"
-                calls = [
-                    ("call-1", ["My name is Ada.", "Gouda on Friday, please."], False),
-                    ("call-2", ["Yes please!"], False),
-                    ("call-3", ["Actually, I'd like some brie on Saturday as well."], True),
-                    ("call-4", ["Yes, please do."], False),
-                ]
-                for conversation_id, utterances, drops in calls:
-                    print(f"--- {conversation_id}")
-                    for line in await handle_call(client, conversation_id, caller, utterances, drops=drops):
-                        print(line)
-                    if drops:
-                        print(await wait_for_inactivity_end(client, conversation_id, caller))
+            ) as client,
+        ):
+            caller = "07700 900123"
+            calls = [
+                ("call-1", ["My name is Ada.", "Gouda on Friday, please."], False),
+                ("call-2", ["Yes please!"], False),
+                ("call-3", ["Actually, I'd like some brie on Saturday as well."], True),
+                ("call-4", ["Yes, please do."], False),
+            ]
+            for conversation_id, utterances, drops in calls:
+                print(f"--- {conversation_id}")
+                for line in await handle_call(client, conversation_id, caller, utterances, drops=drops):
+                    print(line)
+                if drops:
+                    print(await wait_for_inactivity_end(client, conversation_id, caller))
 
 
 async def read_utterance() -> str | None:

@@ -80,7 +80,7 @@ CALLER = "+14155550100"
 
 
 async def one_call(
-    client: MemoryClient, call_id: str, caller: str, lines: list[str], llm_url: str, model: str
+    client: MemoryClient, call_id: str, caller: str, lines: list[str], *, llm_url: str, model: str
 ) -> None:
     """One call: the greeting, one turn per line the caller says, then the bot hangs up."""
     memory = CallerMemory(client, conversation_id=call_id, caller=caller)  # the one line
@@ -140,13 +140,17 @@ async def one_call(
 
 
 async def two_calls(
-    url: str, token: str, project: str, llm_url: str, model: str, outbox: Path | None
+    url: str, token: str, project: str, *, llm_url: str, model: str, outbox: Path | None
 ) -> None:
     async with MemoryClient(url, token=token, project=project, outbox_path=outbox) as client:
         print("--- call-1")
-        await one_call(client, f"call-{secrets.token_hex(4)}", CALLER, ["My name is Ada."], llm_url, model)
+        await one_call(
+            client, f"call-{secrets.token_hex(4)}", CALLER, ["My name is Ada."], llm_url=llm_url, model=model
+        )
         print("--- call-2")
-        await one_call(client, f"call-{secrets.token_hex(4)}", CALLER, ["Any gouda today?"], llm_url, model)
+        await one_call(
+            client, f"call-{secrets.token_hex(4)}", CALLER, ["Any gouda today?"], llm_url=llm_url, model=model
+        )
 
 
 async def demo() -> None:
@@ -158,7 +162,9 @@ async def demo() -> None:
             fake_model() as model_url,
             embedded_service(Path(workdir), "cheese-shop", PROJECT_CONFIG) as (url, token),
         ):
-            await two_calls(url, token, "cheese-shop", model_url, "demo", Path(workdir) / "outbox.db")
+            await two_calls(
+                url, token, "cheese-shop", llm_url=model_url, model="demo", outbox=Path(workdir) / "outbox.db"
+            )
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -209,7 +215,7 @@ def main() -> None:
     token = getattr(args, "token", None) or os.environ.get("CALLER_MEMORY_TOKEN")
     if not token:
         parser.error("--token (or CALLER_MEMORY_TOKEN) is required unless --demo is given")
-    asyncio.run(two_calls(args.url, token, args.project, args.llm_url, args.model, None))
+    asyncio.run(two_calls(args.url, token, args.project, llm_url=args.llm_url, model=args.model, outbox=None))
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def circles(nodes: set[str], edges: dict[str, set[str]]) -> list[set[str]]:
 
 
 def layer_report(graph: object, layer: str, lines: bool) -> None:
-    nodes = {m for m in graph.find_descendants(layer)} | {layer}  # type: ignore[attr-defined]
+    nodes = set(graph.find_descendants(layer)) | {layer}  # type: ignore[attr-defined]
     edges: dict[str, set[str]] = defaultdict(set)
     for importer in nodes:
         for imported in graph.find_modules_directly_imported_by(importer):  # type: ignore[attr-defined]

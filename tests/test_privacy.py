@@ -66,11 +66,7 @@ NUMBERS = {
 
 def forms(e164: str, written: list[str]) -> set[str]:
     digits = e164[1:]
-    national = (
-        digits[2:]
-        if e164.startswith("+44") or e164.startswith("+33") or e164.startswith("+49")
-        else digits[1:]
-    )
+    national = digits[2:] if e164.startswith(("+44", "+33", "+49")) else digits[1:]
     out = {e164, digits, national, "0" + national, *written}
     out |= {w.replace(" ", "") for w in written}
     out |= {w.replace(" ", "%20").replace("+", "%2B") for w in written}

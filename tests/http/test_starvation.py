@@ -121,11 +121,9 @@ async def test_slow_bodies_of_one_project_do_not_starve_another(backend_url: str
 
         # Beyond the project's share, its requests are refused at once (429): once all of those have
         # come back, the share is held by slow bodies.
-        refused = 0
-        for done in asyncio.as_completed(replies):
+        for refused, done in enumerate(asyncio.as_completed(replies), start=1):
             status, headers, _ = await done
             assert status == 429 and headers["retry-after"] == "1"
-            refused += 1
             if refused == SLOW_BODIES - share:
                 break
 
