@@ -78,3 +78,34 @@ def test_every_setting_the_service_reads_is_in_the_readme_table_once() -> None:
     assert read, "no setting found in service/config.py: the test would prove nothing"
     assert sorted(rows) == sorted(set(rows)), "a setting has two rows"
     assert set(rows) == read
+
+
+ARCHITECTURE = ROOT / "docs/architecture.md"
+#: Rooms part three adds; the notes name them before they exist.
+LATER = ("platforms/", "proxy/", "mcp/")
+
+
+def test_every_path_the_architecture_notes_name_exists() -> None:
+    named = set(re.findall(r"`((?:domain|storage|http|sdk|service)/[\w./<>-]*)`", ARCHITECTURE.read_text()))
+    assert len(named) > 10
+    missing = []
+    for path in sorted(named):
+        if "<" in path or path.startswith(LATER):
+            continue  # a pattern (storage/<backend>/...) or a room of part three
+        where = ROOT / path if path.startswith(("sdk/", "service/")) else ROOT / "service" / path
+        if not where.exists():
+            missing.append(path)
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_domain_floors_in_the_notes_are_the_contract_the_build_checks() -> None:
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (floors,) = [c["layers"] for c in contracts if c["id"] == "domain-floors"]
+    checked = [sorted(room.strip() for room in layer.split("|")) for layer in floors]
+    table = re.findall(r"^\| (\d+) \| (.+) \|$", ARCHITECTURE.read_text(), re.MULTILINE)
+    written = [
+        sorted(room.strip(" `/") for room in re.sub(r" \(.*?\)", "", rooms).split(", ")) for _, rooms in table
+    ]
+    assert written == checked
