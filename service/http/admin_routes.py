@@ -13,6 +13,8 @@ from ..domain.store import AuditEntry
 from ..domain.tokens import Role
 from . import bodies
 from .app_keys import METRICS
+from .openapi_parts import problem, response
+from .operations import documented
 from .queries import AuditQuery, SweepsQuery, parse_query
 from .responses import json_response
 from .routes import authorize, project_for
@@ -21,6 +23,23 @@ routes = web.RouteTableDef()
 
 
 @routes.post("/v1/admin/sweeps")
+@documented(
+    "operator",
+    "Run an expiry sweep now",
+    {
+        "200": response(
+            "What the sweep removed and how long it took, and how many inactivity ends it ran.",
+            "SweepRun",
+        ),
+        "404": None,
+        "409": problem("Another sweep holds the lease (on this or another replica)."),
+        "422": None,
+    },
+    description="Removes expired fields, callers left empty, expired first-interaction records, "
+    "conversation records and analytics entries, in bounded batches, for at most 30 seconds; then "
+    "runs the inactivity ends that are due (conversations nobody ended within "
+    "`end_after_inactivity`), as the scheduler does every CALLER_MEMORY_INACTIVITY_INTERVAL.",
+)
 async def run_sweep(request: web.Request) -> web.Response:
     services, _ = await authorize(request, None)
     metrics = request.app[METRICS]
@@ -60,6 +79,16 @@ def record_sweep_metrics(app: web.Application, removed: dict[str, int], duration
 
 
 @routes.get("/v1/admin/sweeps")
+@documented(
+    "operator",
+    "Recent sweeps",
+    {
+        "200": response("The latest sweeps, newest first (at most 100 are kept).", "SweepList"),
+        "404": None,
+        "422": problem("A malformed `limit`."),
+    },
+    query=SweepsQuery,
+)
 async def list_sweeps(request: web.Request) -> web.Response:
     services, _ = await authorize(request, None)
     query = parse_query(request, SweepsQuery)
@@ -81,6 +110,15 @@ def audit_body(entry: AuditEntry) -> bodies.AuditRecord:
 
 
 @routes.get("/v1/projects/{project}/audit")
+@documented(
+    "admin",
+    "Audit records: erasures, configuration and token changes",
+    {
+        "200": response("Audit records, newest first.", "AuditList"),
+        "422": problem("A malformed `limit` or `before`."),
+    },
+    query=AuditQuery,
+)
 async def list_audit(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     query = parse_query(request, AuditQuery)
@@ -91,5 +129,16 @@ async def list_audit(request: web.Request) -> web.Response:
 
 
 @routes.get("/metrics")
+@documented(
+    None,
+    "Prometheus metrics",
+    {
+        "200": {
+            "description": "Requests by route template, method and status; latency histograms; store "
+            "errors; sweeps and what they removed; erasures. No label holds an identifier.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 async def metrics(request: web.Request) -> web.Response:
     return request.app[METRICS].response()

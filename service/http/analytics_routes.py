@@ -14,6 +14,8 @@ from ..domain.errors import InvalidInput
 from ..domain.store import ConversationEntry
 from ..domain.tokens import Role
 from . import bodies
+from .openapi_parts import JSON, problem, ref, response
+from .operations import documented
 from .queries import EARLIEST, ConversationsQuery, RangeQuery, RepeatCallersQuery, parse_query
 from .responses import json_response
 from .routes import project_for
@@ -118,6 +120,24 @@ def csv_body(rows: list[bodies.ConversationRow]) -> str:
 
 
 @routes.get("/v1/projects/{project}/analytics/conversations")
+@documented(
+    "analytics",
+    "Conversations with their repeat-caller metrics",
+    {
+        "200": {
+            "description": "A page of conversations. With `Accept: text/csv`, the same columns as CSV "
+            "(cells that a spreadsheet would run as formulas are prefixed with `'`); the next page is "
+            "in `X-Next-Cursor` and `Link`.",
+            "headers": {name: ref(name, "headers") for name in ("Cache-Control", "X-Next-Cursor", "Link")},
+            "content": {
+                JSON: {"schema": ref("ConversationList")},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        },
+        "422": problem("A malformed query parameter; `errors` names it."),
+    },
+    query=ConversationsQuery,
+)
 async def list_conversations(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ANALYTICS)
     query = parse_query(request, ConversationsQuery)
@@ -146,6 +166,17 @@ async def list_conversations(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/projects/{project}/analytics/repeat-callers")
+@documented(
+    "analytics",
+    "Repeat-caller rate over time, time to callback, and breakdowns by the first interaction",
+    {
+        "200": response(
+            "The report, computed from per-bucket counters.", "RepeatCallerReport", "Cache-Control"
+        ),
+        "422": problem("A malformed query parameter, or too many buckets; `errors` names it."),
+    },
+    query=RepeatCallersQuery,
+)
 async def repeat_callers(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ANALYTICS)
     query = parse_query(request, RepeatCallersQuery)

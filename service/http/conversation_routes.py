@@ -11,9 +11,22 @@ from aiohttp import web
 from ..domain.conversations.requests import EVERYONE, Reader, read_append
 from ..domain.conversations.service import TranscriptService
 from ..domain.fields import entity_tags
+from ..domain.limits import MAX_BODY_BYTES
 from ..domain.projects import Project
 from ..domain.tokens import Principal, Role
 from .app_keys import SERVICES, Services
+from .openapi_parts import (
+    BAD_CALLER,
+    JSON,
+    NO_STORE_HEADERS,
+    Json,
+    body_errors,
+    problem,
+    ref,
+    request_body,
+    response,
+)
+from .operations import documented
 from .queries import CallerConversationsQuery, ContextQuery, HistoryQuery, parse_query
 from .responses import json_response
 from .routes import PRINCIPAL, actor, call_for, project_for, read_body, read_json
@@ -23,6 +36,32 @@ routes = web.RouteTableDef()
 CONVERSATION = "/v1/projects/{project}/conversations/{conversation_id}"
 #: Transcripts are personal data: no answer about one is kept by a cache.
 NO_STORE = {"Cache-Control": "no-store"}
+
+TRANSCRIPT_404 = (
+    "No such project; or the conversation has no transcript: it never had one, an admin deleted it, or "
+    "the project has conversation memory off (`memory.conversation.enabled`)."
+)
+TRANSCRIPT_410 = (
+    "The transcript expired (`transcript_retention` after its last activity) or its caller was erased; "
+    "said for as long as the service remembers the conversation id."
+)
+BAD_CONVERSATION = "A malformed conversation id"
+TRANSCRIPT_NOT_FOUND, TRANSCRIPT_GONE = problem(TRANSCRIPT_404), problem(TRANSCRIPT_410)
+
+
+def history_answer() -> Json:
+    """The 200 answer of the history: the platform layout or OpenAI's, with a weak ETag."""
+    tag = {
+        "description": "Weak ETag of this answer (it changes with new messages, the summary and the status); "
+        "send it in If-None-Match to poll cheaply.",
+        "schema": {"type": "string", "pattern": '^W/"[0-9a-f]{20}"$'},
+    }
+    return {
+        "description": "The transcript in order, in the platform layout; with `format=openai`, "
+        "`{messages: [{role, content}]}` of the user's and the assistant's messages only.",
+        "headers": {"ETag": tag, "Cache-Control": ref("Cache-Control", "headers")},
+        "content": {JSON: {"schema": {"oneOf": [ref("History"), ref("OpenAIHistory")]}}},
+    }
 
 
 def reader_for(principal: Principal, project: Project) -> Reader:
@@ -65,6 +104,32 @@ async def conversation_for(request: web.Request, role: Role) -> tuple[Services, 
 
 
 @routes.post(CONVERSATION + "/start")
+@documented(
+    "agent",
+    "Start a conversation; offers `resume` after a dropped call",
+    {
+        "200": response(
+            "The conversation (`stored: false`, with a `reason`, when nothing is kept: conversation "
+            "memory off, a blacklisted caller, or a caller erased since), the `resume` offer, and "
+            "the caller's open conversations on this channel that this start ended (`superseded`).",
+            "Started",
+            *NO_STORE_HEADERS,
+        ),
+        "409": problem("The conversation id belongs to another caller."),
+        "410": TRANSCRIPT_GONE,
+        "422": problem(
+            f"{BAD_CONVERSATION}, a caller that is not a possible phone number, a malformed channel "
+            "or agent name, or an unknown member; `errors` names the field."
+        ),
+        **body_errors(),
+    },
+    body=request_body("StartBody", "The caller, the channel, and the agent answering."),
+    description="Starting again is harmless (the same conversation is answered). A conversation "
+    "of the same caller on the same channel (any channel with `cross_channel`) that is still "
+    "open is ended first (`ended_by: superseded`, its last state checkpoint persisted). One that "
+    "ended by inactivity, by supersession or with `end_reason: dropped` within `resume_window` is "
+    "offered as `resume`: its id, summary, last turns and last checkpoint.",
+)
 async def start_conversation(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     document = await read_json(request)
@@ -79,6 +144,49 @@ async def start_conversation(request: web.Request) -> web.Response:
 
 
 @routes.post(CONVERSATION + "/messages")
+@documented(
+    "agent",
+    "Append messages (and a state checkpoint) to the transcript",
+    {
+        "200": response(
+            "The conversation's counts after the append; `stored: false` with a `reason` when "
+            "nothing is kept (conversation memory off, a blacklisted or erased caller).",
+            "Appended",
+            *NO_STORE_HEADERS,
+        ),
+        "404": problem(
+            "No such project; or the conversation has not started: send `caller` and `channel` "
+            "with its first messages, or start it."
+        ),
+        "409": problem(
+            "The conversation has ended, belongs to another caller, or a message id is already in "
+            "it with another body."
+        ),
+        "410": TRANSCRIPT_GONE,
+        "422": problem(
+            f"{BAD_CONVERSATION}; a message that breaks the schema (a `metadata.source` that does "
+            "not fit its role, interruption fields on a message that was not interrupted); turn ids "
+            "that go down; too many messages in the conversation; `caller` without `channel`; a "
+            "bad state key or value. `errors` names the field. Nothing is appended."
+        ),
+        **body_errors(),
+        "413": problem(
+            f"The body is larger than {MAX_BODY_BYTES} bytes, a message is larger than its limit "
+            "once stored, or the transcript would pass its limit; the detail names which. Nothing "
+            "is appended."
+        ),
+        "507": problem(
+            "The project's transcripts are at `memory.conversation.max_transcript_bytes`; ends are "
+            "still taken."
+        ),
+    },
+    body=request_body("AppendBody", "Messages in the platform layout, in order, appended whole."),
+    description="`caller` and `channel` are needed when this starts the conversation. A message "
+    "with a `message_id` already in the conversation with the same body is skipped (a retry is "
+    "harmless); with another body it is a 409. Phone numbers said in `content` and `original` are "
+    "replaced by `[phone]` (the caller's own always) before anything is stored. `state` is the "
+    "state checkpoint an inactivity end persists.",
+)
 async def append_messages(request: web.Request) -> web.Response:
     received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
@@ -90,6 +198,18 @@ async def append_messages(request: web.Request) -> web.Response:
 
 
 @routes.get(CONVERSATION)
+@documented(
+    "agent",
+    "A conversation's status and counters",
+    {
+        "200": response(
+            "Status, times, turns, counts, summary coverage.", "ConversationStatus", *NO_STORE_HEADERS
+        ),
+        "404": TRANSCRIPT_NOT_FOUND,
+        "410": TRANSCRIPT_GONE,
+        "422": problem(f"{BAD_CONVERSATION}."),
+    },
+)
 async def conversation_status(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     status = await services.transcripts.status(project, conversation_id)
@@ -97,6 +217,23 @@ async def conversation_status(request: web.Request) -> web.Response:
 
 
 @routes.get(CONVERSATION + "/history")
+@documented(
+    "agent",
+    "The transcript, in pages of whole turns",
+    {
+        "200": history_answer(),
+        "304": response("Unchanged since the ETag given in If-None-Match.", None, *NO_STORE_HEADERS),
+        "400": problem("`If-None-Match` is not a list of entity tags, or a header is not UTF-8."),
+        "404": TRANSCRIPT_NOT_FOUND,
+        "410": TRANSCRIPT_GONE,
+        "422": problem(f"{BAD_CONVERSATION}, or a malformed query parameter; `errors` names it."),
+    },
+    parameters=("If-None-Match",),
+    query=HistoryQuery,
+    description="While the conversation is open, message times are as sent (epoch ms); once it "
+    "ended, milliseconds from its start (`times`). Under `transcript_scope: agent`, an agent token "
+    "sees the user's messages and its own agent's. Admin reads are audited.",
+)
 async def conversation_history(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     query = parse_query(request, HistoryQuery)
@@ -124,6 +261,27 @@ async def conversation_history(request: web.Request) -> web.Response:
 
 
 @routes.put(CONVERSATION + "/summary")
+@documented(
+    "agent",
+    "Store the agent's summary of the turns so far",
+    {
+        "200": response(
+            "The conversation's status with the new summary coverage.",
+            "ConversationStatus",
+            *NO_STORE_HEADERS,
+        ),
+        "404": TRANSCRIPT_NOT_FOUND,
+        "410": TRANSCRIPT_GONE,
+        "422": problem(
+            f"{BAD_CONVERSATION}, `through_turn` beyond the conversation's latest turn, a text too "
+            "long, or an unknown member; `errors` names the field."
+        ),
+        **body_errors(),
+    },
+    body=request_body("SummaryBody", "The summary text, the last turn it covers, its tokens."),
+    description="The service runs no model: the agent summarises older turns itself (when "
+    "`context` says `needs_summary`). Phone numbers in the text are replaced as in messages.",
+)
 async def put_summary(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     document = await read_json(request)
@@ -134,6 +292,26 @@ async def put_summary(request: web.Request) -> web.Response:
 
 
 @routes.get(CONVERSATION + "/context")
+@documented(
+    "agent",
+    "The context for the next inference, within a token budget",
+    {
+        "200": response(
+            "Sections `profile` (the caller's memory, capped at a quarter of the budget), `summary` "
+            "and `recent_turns` (the latest whole turns after the summary that fit, older ones "
+            "dropped first), each with its provenance and tokens; `needs_summary` once the "
+            "unsummarised turns pass 75% of the budget.",
+            "Context",
+            *NO_STORE_HEADERS,
+        ),
+        "404": TRANSCRIPT_NOT_FOUND,
+        "410": TRANSCRIPT_GONE,
+        "422": problem(f"{BAD_CONVERSATION}, or a malformed `max_tokens`; `errors` names it."),
+    },
+    query=ContextQuery,
+    description="Token counts are the client's where it gave them, otherwise an estimate "
+    "(`token_source`). Admin reads are audited.",
+)
 async def conversation_context(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
     query = parse_query(request, ContextQuery)
@@ -149,6 +327,27 @@ async def conversation_context(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/projects/{project}/callers/{identifier}/conversations")
+@documented(
+    "admin",
+    "A caller's conversations (their transcripts' status), a page at a time",
+    {
+        "200": response(
+            "Newest start first, at most `limit`; the next page's cursor is `next_cursor` (null on "
+            "the last page), also in `X-Next-Cursor` and `Link`. A page may hold fewer than `limit` "
+            "while more follow (expired transcripts are left out).",
+            "CallerConversations",
+            *NO_STORE_HEADERS,
+            "X-Next-Cursor",
+            "Link",
+        ),
+        "422": problem(
+            f"{BAD_CALLER}, or a malformed `limit`, or a `cursor` this listing did not return; "
+            "`errors` names it."
+        ),
+    },
+    query=CallerConversationsQuery,
+    description="Each page costs what it holds, however many conversations the caller has.",
+)
 async def caller_conversations(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     identifier = request.match_info["identifier"]
@@ -169,6 +368,15 @@ async def caller_conversations(request: web.Request) -> web.Response:
 
 
 @routes.delete(CONVERSATION)
+@documented(
+    "admin",
+    "Delete a conversation's transcript (audited)",
+    {
+        "204": response("Deleted: its messages, summary and state checkpoint; reads now answer 404."),
+        "404": TRANSCRIPT_NOT_FOUND,
+        "422": problem(f"{BAD_CONVERSATION}."),
+    },
+)
 async def delete_conversation(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.ADMIN)
     header = await services.transcripts.delete(project, conversation_id)

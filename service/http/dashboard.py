@@ -18,6 +18,8 @@ from importlib import resources
 from aiohttp import web
 
 from ..domain.errors import NotFound
+from .openapi_parts import Json, problem, response
+from .operations import documented
 
 routes = web.RouteTableDef()
 
@@ -39,6 +41,38 @@ HEADERS = {
     # Small files: revalidate every time (the ETag makes that a 304), so an upgrade is seen at once.
     "Cache-Control": "no-cache",
 }
+
+
+def dashboard_file(description: str, *media: str) -> Json:
+    """A file of the dashboard page, with the headers that keep the page to itself."""
+    text = {"type": "string"}
+    return {
+        "description": description,
+        "headers": {
+            "Content-Security-Policy": {
+                "description": "Only this origin's scripts, styles and API; no inline script; no form posts.",
+                "schema": text | {"const": CONTENT_SECURITY_POLICY},
+            },
+            "X-Content-Type-Options": {"schema": text | {"const": "nosniff"}},
+            "Cache-Control": {
+                "description": "Revalidate with the ETag.",
+                "schema": text | {"const": "no-cache"},
+            },
+            "ETag": {"description": "Of the file's content.", "schema": text},
+        },
+        "content": {m: {"schema": text | {"description": "UTF-8."}} for m in media},
+    }
+
+
+def asset_parameter() -> Json:
+    """The ``asset`` path parameter: only the files that exist."""
+    return {
+        "name": "asset",
+        "in": "path",
+        "required": True,
+        "description": "A file of the dashboard page; only these names exist.",
+        "schema": {"type": "string", "enum": sorted(ASSETS)},
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +100,48 @@ def _serve(request: web.Request, name: str) -> web.Response:
 
 
 @routes.get("/favicon.ico")
+@documented(
+    None,
+    "The service's icon (the dashboard's), which browsers ask for by themselves",
+    {
+        "200": dashboard_file("The icon, as SVG.", "image/svg+xml"),
+        "304": response("Unchanged since the ETag given in If-None-Match."),
+    },
+    parameters=("If-None-Match",),
+)
 async def favicon(request: web.Request) -> web.Response:
     """Browsers ask for it by themselves on any page of this origin: the dashboard's icon."""
     return _serve(request, "favicon.svg")
 
 
 @routes.get("/dashboard")
+@documented(
+    None,
+    "The repeat-caller dashboard page",
+    {
+        "200": dashboard_file("The page.", "text/html"),
+        "304": response("Unchanged since the ETag given in If-None-Match."),
+    },
+    parameters=("If-None-Match",),
+    description="Static; it holds no data. The page asks for a project id and a token with the "
+    "`analytics` or `admin` role, keeps the token in the browser tab's session storage, and calls the "
+    "analytics endpoints with it. Nothing is loaded from outside the service.",
+)
 async def dashboard(request: web.Request) -> web.Response:
     return _serve(request, PAGE)
 
 
 @routes.get("/dashboard/{asset}")
+@documented(
+    None,
+    "A script or style sheet of the dashboard page",
+    {
+        "200": dashboard_file("The file.", *sorted(set(ASSETS.values()))),
+        "304": response("Unchanged since the ETag given in If-None-Match."),
+        "404": problem("No such file."),
+    },
+    parameters=("If-None-Match",),
+)
 async def dashboard_asset(request: web.Request) -> web.Response:
     name = request.match_info["asset"]
     if name not in ASSETS:

@@ -10,6 +10,8 @@ from ..domain.clock import iso_utc
 from ..domain.links import link_body
 from ..domain.store.links import Link
 from ..domain.tokens import Role
+from .openapi_parts import BAD_CALLER, NO_STORE_HEADERS, body_errors, problem, request_body, response
+from .operations import documented
 from .responses import json_response
 from .routes import PRINCIPAL, actor, project_for, read_json
 
@@ -24,6 +26,23 @@ def link_view(link: Link) -> dict[str, Any]:
 
 
 @routes.post(LINKS)
+@documented(
+    "agent",
+    "Link another identifier to a caller (merging its memory if asked)",
+    {
+        "200": response("It was linked already: renewed.", "LinkCreated", *NO_STORE_HEADERS),
+        "201": response("Linked.", "LinkCreated", *NO_STORE_HEADERS),
+        "403": problem("The project does not link identifiers, or an agent's request without `step_up`."),
+        "409": problem(
+            "The identifier is linked elsewhere, has links of its own, has memory and `merge` was not "
+            "given, or the caller has five identifiers already. Nothing is changed."
+        ),
+        "422": problem(f"{BAD_CALLER}, a bad body identifier, the same identifier, or a blacklisted one."),
+        **body_errors(),
+    },
+    body=request_body("LinkBody", "The identifier to link."),
+    description="An admin, or an agent in a call whose caller passed a step-up check. Audited.",
+)
 async def create_link(request: web.Request) -> web.Response:
     # An agent may link too, in a call whose caller passed a step-up check (the domain checks the body).
     services, project = await project_for(request, Role.AGENT)
@@ -47,6 +66,14 @@ async def create_link(request: web.Request) -> web.Response:
 
 
 @routes.get(LINKS)
+@documented(
+    "admin",
+    "A caller's linked identifiers",
+    {
+        "200": response("Kind and link id each.", "LinkList", *NO_STORE_HEADERS),
+        "422": problem(f"{BAD_CALLER}."),
+    },
+)
 async def list_links(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     links = await services.links.links(project, request.match_info["identifier"])
@@ -54,6 +81,18 @@ async def list_links(request: web.Request) -> web.Response:
 
 
 @routes.delete(LINKS + "/{other}")
+@documented(
+    "admin",
+    "Unlink an identifier (by the identifier, or by its link id)",
+    {
+        "200": response(
+            "Unlinked; what a merge moved stays with the caller.", "LinkRemoved", *NO_STORE_HEADERS
+        ),
+        "404": problem("No such project, or the caller has no such link."),
+        "422": problem(f"{BAD_CALLER}, or `other` is neither an identifier nor a link id."),
+    },
+    description="Audited.",
+)
 async def delete_link(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     removed = await services.links.unlink(

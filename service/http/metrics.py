@@ -34,7 +34,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 def multiprocess_dir() -> str | None:
     """The directory of prometheus_client's multi-process mode, if this process runs in it (the variables
     prometheus_client itself reads when it is imported)."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+    # prometheus_client still honours the lower-case spelling (deprecated), so this must too.
+    names = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+    return next((value for value in map(os.environ.get, names) if value), None)
 
 
 #: Latency buckets for a service whose reads should take a few milliseconds.

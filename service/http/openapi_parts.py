@@ -14,8 +14,7 @@ from ..domain.limits import (
     PROJECT_ID_PATTERN,
     TOKEN_ID_PATTERN,
 )
-from .dashboard import ASSETS, CONTENT_SECURITY_POLICY
-from .queries import CallerConversationsQuery, ContextQuery, HistoryQuery, QueryModel, query_parameters
+from .queries import QueryModel, query_parameters
 
 Json = dict[str, Any]
 
@@ -119,11 +118,6 @@ def shared_parameters() -> dict[str, Json]:
             "A delivery's id (its webhook-id header).",
             {"type": "string", "minLength": 1, "maxLength": 64},
         ),
-        "asset": path(
-            "asset",
-            "A file of the dashboard page; only these names exist.",
-            {"type": "string", "enum": sorted(ASSETS)},
-        ),
         "If-Match": header(
             "If-Match",
             "Write only if the memory's ETag is one of these (`*`: if it has live fields); else 412.",
@@ -209,27 +203,6 @@ def body_errors() -> dict[str, Json | None]:
         "415": problem(
             f"The Content-Type is neither `{JSON}` nor `{MERGE_PATCH}`, or names a charset other than UTF-8."
         ),
-    }
-
-
-def dashboard_file(description: str, *media: str) -> Json:
-    """A file of the dashboard page, with the headers that keep the page to itself."""
-    text = {"type": "string"}
-    return {
-        "description": description,
-        "headers": {
-            "Content-Security-Policy": {
-                "description": "Only this origin's scripts, styles and API; no inline script; no form posts.",
-                "schema": text | {"const": CONTENT_SECURITY_POLICY},
-            },
-            "X-Content-Type-Options": {"schema": text | {"const": "nosniff"}},
-            "Cache-Control": {
-                "description": "Revalidate with the ETag.",
-                "schema": text | {"const": "no-cache"},
-            },
-            "ETag": {"description": "Of the file's content.", "schema": text},
-        },
-        "content": {m: {"schema": text | {"description": "UTF-8."}} for m in media},
     }
 
 
@@ -324,6 +297,8 @@ def request_body(schema: str, description: str, *media: str) -> Json:
 # Operations -----------------------------------------------------------------------------------------------
 
 MEMORY_HEADERS = ("ETag", "Cache-Control")
+#: The headers of an answer no cache may keep.
+NO_STORE_HEADERS = ("Cache-Control",)
 BAD_CALLER = "The identifier is not a possible phone number (or not a valid `email:` or `account:` one)"
 
 
@@ -352,217 +327,3 @@ def operation(
         op["requestBody"] = body
     op["responses"] = {status: r for status, r in sorted(responses.items()) if r is not None}
     return op
-
-
-# Conversation memory --------------------------------------------------------------------------------------
-# Its operations are written here rather than in openapi.py, which lists the others, to keep each module a
-# readable size; openapi.py merges them in.
-
-TRANSCRIPT_404 = (
-    "No such project; or the conversation has no transcript: it never had one, an admin deleted it, or "
-    "the project has conversation memory off (`memory.conversation.enabled`)."
-)
-TRANSCRIPT_410 = (
-    "The transcript expired (`transcript_retention` after its last activity) or its caller was erased; "
-    "said for as long as the service remembers the conversation id."
-)
-BAD_CONVERSATION = "A malformed conversation id"
-NO_STORE = ("Cache-Control",)
-
-
-def _history_answer() -> Json:
-    tag = {
-        "description": "Weak ETag of this answer (it changes with new messages, the summary and the status); "
-        "send it in If-None-Match to poll cheaply.",
-        "schema": {"type": "string", "pattern": '^W/"[0-9a-f]{20}"$'},
-    }
-    return {
-        "description": "The transcript in order, in the platform layout; with `format=openai`, "
-        "`{messages: [{role, content}]}` of the user's and the assistant's messages only.",
-        "headers": {"ETag": tag, "Cache-Control": ref("Cache-Control", "headers")},
-        "content": {JSON: {"schema": {"oneOf": [ref("History"), ref("OpenAIHistory")]}}},
-    }
-
-
-def conversation_operations() -> dict[tuple[str, str], Json]:
-    conversation = "/v1/projects/{project}/conversations/{conversation_id}"
-    not_found, gone = problem(TRANSCRIPT_404), problem(TRANSCRIPT_410)
-    return {
-        ("post", conversation + "/start"): operation(
-            "start_conversation",
-            "agent",
-            "Start a conversation; offers `resume` after a dropped call",
-            {
-                "200": response(
-                    "The conversation (`stored: false`, with a `reason`, when nothing is kept: conversation "
-                    "memory off, a blacklisted caller, or a caller erased since), the `resume` offer, and "
-                    "the caller's open conversations on this channel that this start ended (`superseded`).",
-                    "Started",
-                    *NO_STORE,
-                ),
-                "409": problem("The conversation id belongs to another caller."),
-                "410": gone,
-                "422": problem(
-                    f"{BAD_CONVERSATION}, a caller that is not a possible phone number, a malformed channel "
-                    "or agent name, or an unknown member; `errors` names the field."
-                ),
-                **body_errors(),
-            },
-            body=request_body("StartBody", "The caller, the channel, and the agent answering."),
-            description="Starting again is harmless (the same conversation is answered). A conversation "
-            "of the same caller on the same channel (any channel with `cross_channel`) that is still "
-            "open is ended first (`ended_by: superseded`, its last state checkpoint persisted). One that "
-            "ended by inactivity, by supersession or with `end_reason: dropped` within `resume_window` is "
-            "offered as `resume`: its id, summary, last turns and last checkpoint.",
-        ),
-        ("post", conversation + "/messages"): operation(
-            "append_messages",
-            "agent",
-            "Append messages (and a state checkpoint) to the transcript",
-            {
-                "200": response(
-                    "The conversation's counts after the append; `stored: false` with a `reason` when "
-                    "nothing is kept (conversation memory off, a blacklisted or erased caller).",
-                    "Appended",
-                    *NO_STORE,
-                ),
-                "404": problem(
-                    "No such project; or the conversation has not started: send `caller` and `channel` "
-                    "with its first messages, or start it."
-                ),
-                "409": problem(
-                    "The conversation has ended, belongs to another caller, or a message id is already in "
-                    "it with another body."
-                ),
-                "410": gone,
-                "422": problem(
-                    f"{BAD_CONVERSATION}; a message that breaks the schema (a `metadata.source` that does "
-                    "not fit its role, interruption fields on a message that was not interrupted); turn ids "
-                    "that go down; too many messages in the conversation; `caller` without `channel`; a "
-                    "bad state key or value. `errors` names the field. Nothing is appended."
-                ),
-                **body_errors(),
-                "413": problem(
-                    f"The body is larger than {MAX_BODY_BYTES} bytes, a message is larger than its limit "
-                    "once stored, or the transcript would pass its limit; the detail names which. Nothing "
-                    "is appended."
-                ),
-                "507": problem(
-                    "The project's transcripts are at `memory.conversation.max_transcript_bytes`; ends are "
-                    "still taken."
-                ),
-            },
-            body=request_body("AppendBody", "Messages in the platform layout, in order, appended whole."),
-            description="`caller` and `channel` are needed when this starts the conversation. A message "
-            "with a `message_id` already in the conversation with the same body is skipped (a retry is "
-            "harmless); with another body it is a 409. Phone numbers said in `content` and `original` are "
-            "replaced by `[phone]` (the caller's own always) before anything is stored. `state` is the "
-            "state checkpoint an inactivity end persists.",
-        ),
-        ("get", conversation): operation(
-            "conversation_status",
-            "agent",
-            "A conversation's status and counters",
-            {
-                "200": response(
-                    "Status, times, turns, counts, summary coverage.", "ConversationStatus", *NO_STORE
-                ),
-                "404": not_found,
-                "410": gone,
-                "422": problem(f"{BAD_CONVERSATION}."),
-            },
-        ),
-        ("delete", conversation): operation(
-            "delete_conversation",
-            "admin",
-            "Delete a conversation's transcript (audited)",
-            {
-                "204": response("Deleted: its messages, summary and state checkpoint; reads now answer 404."),
-                "404": not_found,
-                "422": problem(f"{BAD_CONVERSATION}."),
-            },
-        ),
-        ("get", conversation + "/history"): operation(
-            "conversation_history",
-            "agent",
-            "The transcript, in pages of whole turns",
-            {
-                "200": _history_answer(),
-                "304": response("Unchanged since the ETag given in If-None-Match.", None, *NO_STORE),
-                "400": problem("`If-None-Match` is not a list of entity tags, or a header is not UTF-8."),
-                "404": not_found,
-                "410": gone,
-                "422": problem(f"{BAD_CONVERSATION}, or a malformed query parameter; `errors` names it."),
-            },
-            parameters=("If-None-Match",),
-            query=HistoryQuery,
-            description="While the conversation is open, message times are as sent (epoch ms); once it "
-            "ended, milliseconds from its start (`times`). Under `transcript_scope: agent`, an agent token "
-            "sees the user's messages and its own agent's. Admin reads are audited.",
-        ),
-        ("put", conversation + "/summary"): operation(
-            "put_summary",
-            "agent",
-            "Store the agent's summary of the turns so far",
-            {
-                "200": response(
-                    "The conversation's status with the new summary coverage.",
-                    "ConversationStatus",
-                    *NO_STORE,
-                ),
-                "404": not_found,
-                "410": gone,
-                "422": problem(
-                    f"{BAD_CONVERSATION}, `through_turn` beyond the conversation's latest turn, a text too "
-                    "long, or an unknown member; `errors` names the field."
-                ),
-                **body_errors(),
-            },
-            body=request_body("SummaryBody", "The summary text, the last turn it covers, its tokens."),
-            description="The service runs no model: the agent summarises older turns itself (when "
-            "`context` says `needs_summary`). Phone numbers in the text are replaced as in messages.",
-        ),
-        ("get", conversation + "/context"): operation(
-            "conversation_context",
-            "agent",
-            "The context for the next inference, within a token budget",
-            {
-                "200": response(
-                    "Sections `profile` (the caller's memory, capped at a quarter of the budget), `summary` "
-                    "and `recent_turns` (the latest whole turns after the summary that fit, older ones "
-                    "dropped first), each with its provenance and tokens; `needs_summary` once the "
-                    "unsummarised turns pass 75% of the budget.",
-                    "Context",
-                    *NO_STORE,
-                ),
-                "404": not_found,
-                "410": gone,
-                "422": problem(f"{BAD_CONVERSATION}, or a malformed `max_tokens`; `errors` names it."),
-            },
-            query=ContextQuery,
-            description="Token counts are the client's where it gave them, otherwise an estimate "
-            "(`token_source`). Admin reads are audited.",
-        ),
-        ("get", "/v1/projects/{project}/callers/{identifier}/conversations"): operation(
-            "caller_conversations",
-            "admin",
-            "A caller's conversations (their transcripts' status), a page at a time",
-            {
-                "200": response(
-                    "Newest start first, at most `limit`; the next page's cursor is `next_cursor` (null on "
-                    "the last page), also in `X-Next-Cursor` and `Link`. A page may hold fewer than `limit` "
-                    "while more follow (expired transcripts are left out).",
-                    "CallerConversations",
-                    *NO_STORE,
-                    "X-Next-Cursor",
-                    "Link",
-                ),
-                "422": problem(
-                    f"{BAD_CALLER}, or a malformed `limit`, or a `cursor` this listing did not return; "
-                    "`errors` names it."
-                ),
-            },
-            query=CallerConversationsQuery,
-            description="Each page costs what it holds, however many conversations the caller has.",
-        ),
-    }

@@ -14,6 +14,7 @@ from ..domain.conversations.ending import Outcome
 from ..domain.documents import parse_document
 from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable, UnsupportedCharset
 from ..domain.fields import entity_tags
+from ..domain.limits import MAX_VALUE_BYTES
 from ..domain.memory import ErasureReceipt, MemoryView
 from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
@@ -22,6 +23,17 @@ from ..domain.tokens import Principal, Role
 from ..domain.trust import CallTrust
 from . import bodies
 from .app_keys import METRICS, SERVICES, Services
+from .openapi_parts import (
+    BAD_CALLER,
+    JSON,
+    MEMORY_HEADERS,
+    MERGE_PATCH,
+    body_errors,
+    problem,
+    request_body,
+    response,
+)
+from .operations import documented
 from .queries import MemoryQuery, parse_query
 from .responses import json_response
 from .schemas import EndRequest, TokenCreate
@@ -30,6 +42,7 @@ JSON_TYPES = frozenset({"application/json", "application/merge-patch+json"})
 
 routes = web.RouteTableDef()
 PRINCIPAL = web.RequestKey("principal", Principal)
+PRECONDITION = problem("If-Match did not match; `ETag` holds the current one.", "ETag")
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -192,12 +205,21 @@ def receipt_body(receipt: ErasureReceipt) -> bodies.ErasureReceipt:
 
 
 @routes.get("/healthz")
+@documented(None, "Liveness", {"200": response("Alive: `ok`.", "Health")})
 async def healthz(request: web.Request) -> web.Response:
     body: bodies.Health = {"status": "ok"}
     return json_response(body)
 
 
 @routes.get("/readyz")
+@documented(
+    None,
+    "Readiness: the store answers",
+    {
+        "200": response("Ready.", "Health"),
+        "503": response("Not ready: `unready`, with a `detail` (not a problem document).", "Health"),
+    },
+)
 async def readyz(request: web.Request) -> web.Response:
     try:
         await request.app[SERVICES].ping()
@@ -212,6 +234,18 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 @routes.put("/v1/projects/{project}")
+@documented(
+    "operator",
+    "Create or replace a project's configuration",
+    {
+        "200": response("Replaced; the configuration as stored.", "StoredProjectConfig"),
+        "201": response("Created; the configuration as stored.", "StoredProjectConfig"),
+        "404": None,  # the operator sees every project; a project token gets 403 first
+        "422": problem("Invalid project id or configuration; `errors` names each offending field."),
+        **body_errors(),
+    },
+    body=request_body("ProjectConfig", "The whole configuration document; missing members take defaults."),
+)
 async def put_project(request: web.Request) -> web.Response:
     services, principal = await authorize(request, None)
     document = await read_json(request)
@@ -222,12 +256,27 @@ async def put_project(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/projects/{project}")
+@documented(
+    "admin",
+    "Read a project's configuration",
+    {"200": response("The configuration.", "StoredProjectConfig")},
+)
 async def get_project(request: web.Request) -> web.Response:
     _, project = await project_for(request, Role.ADMIN)
     return json_response(project.stored_document())
 
 
 @routes.post("/v1/projects/{project}/tokens")
+@documented(
+    "admin",
+    "Mint a project token",
+    {
+        "201": response("The new token with its secret, shown once.", "MintedToken", "Cache-Control"),
+        "422": problem("Unknown role or member, or a label too long; `errors` names the field."),
+        **body_errors(),
+    },
+    body=request_body("TokenCreate", "The role of the new token, and a label for people."),
+)
 async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     spec = await read_model(request, TokenCreate, "token request")
@@ -245,6 +294,11 @@ async def create_token(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/projects/{project}/tokens")
+@documented(
+    "admin",
+    "List the project's tokens",
+    {"200": response("No secrets.", "TokenList")},
+)
 async def list_tokens(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     records = await services.tokens.list(project.project_id)
@@ -253,6 +307,14 @@ async def list_tokens(request: web.Request) -> web.Response:
 
 
 @routes.delete("/v1/projects/{project}/tokens/{token_id}")
+@documented(
+    "admin",
+    "Revoke a token",
+    {
+        "204": response("Revoked; other replicas refuse it within their token cache time."),
+        "404": problem("No such project, or no such token in it."),
+    },
+)
 async def revoke_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     await services.tokens.revoke(project.project_id, request.match_info["token_id"], actor=actor(request))
@@ -263,6 +325,20 @@ async def revoke_token(request: web.Request) -> web.Response:
 
 
 @routes.get("/v1/projects/{project}/callers/{identifier}/memory")
+@documented(
+    "agent",
+    "Read a caller's memory",
+    {
+        "200": response("Live memory; empty for unknown or blacklisted callers.", "Memory", *MEMORY_HEADERS),
+        "304": response("Unchanged since an ETag given in If-None-Match.", None, *MEMORY_HEADERS),
+        "422": problem(f"{BAD_CALLER}, or an attestation no provider sends."),
+    },
+    parameters=("If-None-Match",),
+    query=MemoryQuery,
+    description="An agent's read is a call's: the fields the call's caller-ID trust does not qualify "
+    "for are left out and listed in `withheld` (the ETag depends on them). Through a linked "
+    "identifier, the profile's memory.",
+)
 async def read_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.AGENT)
     trust = plain_trust_query(request)
@@ -285,6 +361,23 @@ def none_match(header: str, etag: str) -> bool:
 
 
 @routes.patch("/v1/projects/{project}/callers/{identifier}/memory")
+@documented(
+    "admin",
+    "Merge-patch a caller's fields",
+    {
+        "200": response(
+            "The memory after the write; dropped for blacklisted callers.", "Memory", *MEMORY_HEADERS
+        ),
+        "412": PRECONDITION,
+        "422": problem(
+            f"{BAD_CALLER}, the body is not an object, a name is not a valid field name or not in "
+            f"`state_keys`, or a value is over {MAX_VALUE_BYTES} bytes. Nothing is changed."
+        ),
+        **body_errors(),
+    },
+    parameters=("If-Match",),
+    body=request_body("MemoryPatch", "Fields to set; `null` deletes.", JSON, MERGE_PATCH),
+)
 async def patch_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     identifier = request.match_info["identifier"]
@@ -295,6 +388,18 @@ async def patch_memory(request: web.Request) -> web.Response:
 
 
 @routes.delete("/v1/projects/{project}/callers/{identifier}/memory/{field}")
+@documented(
+    "admin",
+    "Delete one field of a caller's memory",
+    {
+        "200": response(
+            "The memory after the delete (an absent field is no error).", "Memory", *MEMORY_HEADERS
+        ),
+        "412": PRECONDITION,
+        "422": problem(f"{BAD_CALLER}, or the field name is not valid."),
+    },
+    parameters=("If-Match",),
+)
 async def delete_field(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     view = await services.memory.delete_field(
@@ -307,6 +412,14 @@ async def delete_field(request: web.Request) -> web.Response:
 
 
 @routes.delete("/v1/projects/{project}/callers/{identifier}")
+@documented(
+    "admin",
+    "Erase everything about a caller",
+    {
+        "200": response("The erasure receipt; it holds no phone number.", "ErasureReceipt"),
+        "422": problem(f"{BAD_CALLER}."),
+    },
+)
 async def erase_caller(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     receipt = await services.memory.erase(project, request.match_info["identifier"])
@@ -327,6 +440,34 @@ async def erase_caller(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/projects/{project}/conversations/{conversation_id}/end")
+@documented(
+    "agent",
+    "End a conversation: persist its state and record its outcome",
+    {
+        "200": response(
+            "What was persisted and ignored; a retry gets the same answer.",
+            "ConversationEnded",
+            "Idempotent-Replayed",
+        ),
+        "409": problem(
+            "This conversation id was already ended with a different request (or, after the "
+            "service ended it, ended late with a different request)."
+        ),
+        "422": problem(
+            "Malformed conversation id, caller that is not a possible phone number, invalid state key "
+            "or value, unknown `end_reason` or member; `errors` names the field."
+        ),
+        **body_errors(),
+    },
+    body=request_body(
+        "EndRequest",
+        "The caller, the conversation's state (`conv.state`), its outcome and channel.",
+    ),
+    description="Idempotent on the conversation id: a retry with the same body applies nothing twice. "
+    "With conversation memory on, it also ends the transcript; if the service had already ended it "
+    "(by inactivity or supersession), the end is *late*: `late: true`, its state applied as a merge "
+    "patch written at its time, analytics as recorded.",
+)
 async def end_conversation(request: web.Request) -> web.Response:
     received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
     services, project = await project_for(request, Role.AGENT)
@@ -358,6 +499,11 @@ async def end_conversation(request: web.Request) -> web.Response:
 
 
 @routes.get("/openapi.json")
+@documented(
+    None,
+    "This API description",
+    {"200": {"description": "This document.", "content": {JSON: {"schema": {"type": "object"}}}}},
+)
 async def openapi(request: web.Request) -> web.Response:
     from .openapi import build_openapi
 

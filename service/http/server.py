@@ -414,7 +414,17 @@ def serve(
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(_loop_exceptions)
     guard = ConnectionGuard(header_timeout=header_timeout, max_connections=max_connections, metrics=metrics)
-    main = loop.create_task(_run(app, guard, host, port, sockets, on_listening, runner_kwargs))
+    main = loop.create_task(
+        _run(
+            app,
+            guard,
+            host=host,
+            port=port,
+            sockets=sockets,
+            on_listening=on_listening,
+            runner_kwargs=runner_kwargs,
+        )
+    )
     try:
         loop.run_until_complete(main)
     except (web.GracefulExit, KeyboardInterrupt):
@@ -438,6 +448,7 @@ def serve(
 async def _run(
     app: web.Application,
     guard: ConnectionGuard,
+    *,
     host: str | None,
     port: int | None,
     sockets: Sequence[socket.socket],

@@ -11,6 +11,9 @@ from ..domain.tokens import Role
 from ..domain.webhooks.service import WebhookCreate, WebhookRotate
 from ..domain.webhooks.views import delivery_view, webhook_view, with_secret
 from .app_keys import WEBHOOKS
+from .openapi_parts import NO_STORE_HEADERS, body_errors, problem, request_body, response
+from .openapi_webhooks import SIGNING
+from .operations import documented
 from .queries import DeliveriesQuery, parse_query
 from .responses import json_response
 from .routes import actor, project_for, read_model
@@ -20,9 +23,36 @@ routes = web.RouteTableDef()
 WEBHOOKS_PATH = "/v1/projects/{project}/webhooks"
 #: Secrets are in some answers and endpoints' URLs in all: no cache keeps them.
 NO_STORE = {"Cache-Control": "no-store"}
+WEBHOOK_404 = "No such project, or no such webhook in it."
 
 
 @routes.post(WEBHOOKS_PATH)
+@documented(
+    "admin",
+    "Register a webhook endpoint; its signing secret is answered this once",
+    {
+        "201": response(
+            "The endpoint, with its `secret` (`whsec_...`).", "WebhookWithSecret", *NO_STORE_HEADERS
+        ),
+        "409": problem("The project has the most webhooks it may have (10)."),
+        "422": problem(
+            "A URL that is not https:// (plain http:// only to a host the operator allows), that has "
+            "credentials or a fragment, or whose host is or resolves to a loopback, private, "
+            "link-local (cloud metadata), CGNAT, multicast or other special-purpose address; an "
+            "unknown event or member; `errors` names it."
+        ),
+        "503": problem(
+            "The operator has not set `CALLER_MEMORY_SECRET_KEY` (it encrypts signing secrets), or "
+            "the store did not answer."
+        ),
+        **body_errors(),
+    },
+    body=request_body("WebhookCreate", "The receiver's URL, its events, whether it wants history."),
+    description="Events: `conversation.ended` (every end: explicit, inactivity, supersession), "
+    "`conversation.updated` (a late end), `caller.erased` (erase your copies). No payload holds a "
+    "phone number. Summary and history go into `conversation.ended` only with `include_history` and "
+    "where the operator allows it (`CALLER_MEMORY_WEBHOOK_HISTORY=1`). " + SIGNING,
+)
 async def create_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     body = await read_model(request, WebhookCreate, "webhook")
@@ -37,6 +67,11 @@ async def create_webhook(request: web.Request) -> web.Response:
 
 
 @routes.get(WEBHOOKS_PATH)
+@documented(
+    "admin",
+    "The project's webhook endpoints (without secrets)",
+    {"200": response("The endpoints, oldest first.", "WebhookList", *NO_STORE_HEADERS)},
+)
 async def list_webhooks(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     endpoints = await services.store.list_endpoints(project.project_id)
@@ -45,6 +80,22 @@ async def list_webhooks(request: web.Request) -> web.Response:
 
 
 @routes.get(WEBHOOKS_PATH + "/deliveries")
+@documented(
+    "admin",
+    "Deliveries whose every attempt failed",
+    {
+        "200": response(
+            "Failed deliveries, most recent attempt first, with what their last attempt got (never "
+            "a response body); they are deleted when their conversation's transcript expires or its "
+            "caller is erased.",
+            "WebhookDeliveryList",
+            *NO_STORE_HEADERS,
+        ),
+        "404": problem("No such project, or no such webhook (`webhook_id`)."),
+        "422": problem("A malformed `limit`."),
+    },
+    query=DeliveriesQuery,
+)
 async def list_failed_deliveries(request: web.Request) -> web.Response:
     _, project = await project_for(request, Role.ADMIN)
     query = parse_query(request, DeliveriesQuery)
@@ -53,6 +104,16 @@ async def list_failed_deliveries(request: web.Request) -> web.Response:
 
 
 @routes.post(WEBHOOKS_PATH + "/deliveries/{delivery_id}/redeliver")
+@documented(
+    "admin",
+    "Queue a failed delivery again, at once, with a fresh attempt schedule",
+    {
+        "202": response(
+            "The delivery, queued (same id: receivers see a retry).", "WebhookDelivery", *NO_STORE_HEADERS
+        ),
+        "404": problem("No such delivery (delivered, expired, erased, or never made)."),
+    },
+)
 async def redeliver(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     delivery_id = request.match_info["delivery_id"]
@@ -65,6 +126,11 @@ async def redeliver(request: web.Request) -> web.Response:
 
 
 @routes.get(WEBHOOKS_PATH + "/{webhook_id}")
+@documented(
+    "admin",
+    "One webhook endpoint (without its secret)",
+    {"200": response("The endpoint.", "Webhook", *NO_STORE_HEADERS), "404": problem(WEBHOOK_404)},
+)
 async def get_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     endpoint = await request.app[WEBHOOKS].service.get(project, request.match_info["webhook_id"])
@@ -72,6 +138,22 @@ async def get_webhook(request: web.Request) -> web.Response:
 
 
 @routes.post(WEBHOOKS_PATH + "/{webhook_id}/rotate")
+@documented(
+    "admin",
+    "A new signing secret; the old one keeps signing for a grace period",
+    {
+        "200": response(
+            "The endpoint with its new `secret`, shown this once.", "WebhookWithSecret", *NO_STORE_HEADERS
+        ),
+        "404": problem(WEBHOOK_404),
+        "422": problem("A `grace_seconds` that is not 0 to 604800, or an unknown member."),
+        **body_errors(),
+    },
+    body=request_body("WebhookRotate", "How long the old secret keeps signing (default one day).")
+    | {"required": False},
+    description="Every attempt during the grace period carries both signatures, so receivers can "
+    "switch to the new secret at their own pace.",
+)
 async def rotate_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     body = await read_model(request, WebhookRotate, "rotation") if request.can_read_body else WebhookRotate()
@@ -88,6 +170,11 @@ async def rotate_webhook(request: web.Request) -> web.Response:
 
 
 @routes.delete(WEBHOOKS_PATH + "/{webhook_id}")
+@documented(
+    "admin",
+    "Delete a webhook endpoint and every delivery queued or failed for it",
+    {"204": {"description": "Deleted."}, "404": problem(WEBHOOK_404)},
+)
 async def delete_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     webhook_id = request.match_info["webhook_id"]
