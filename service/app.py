@@ -18,7 +18,7 @@ from .domain.archive import Archive
 from .domain.audit import AuditLog
 from .domain.clock import Clock, SystemClock
 from .domain.conversations.ending import ConversationService
-from .domain.conversations.lifecycle import Lifecycle
+from .domain.conversations.lifecycle import Lifecycle, ServiceEnds
 from .domain.conversations.service import TranscriptService
 from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
@@ -29,7 +29,7 @@ from .domain.registry import ProjectRegistry
 from .domain.retention import Sweeper
 from .domain.store import Store
 from .domain.tokens import TokenService
-from .domain.webhooks.delivery import Deliverer
+from .domain.webhooks.delivery import Deliverer, Slots
 from .domain.webhooks.policy import WebhookPolicy
 from .domain.webhooks.secrets import SecretBox
 from .domain.webhooks.service import WebhookService
@@ -55,28 +55,62 @@ log = logging.getLogger("caller_memory")
 READ_CACHE_METRICS_S = 5.0
 
 
-def build_services(settings: Settings, *, clock: Clock | None = None, store: Store | None = None) -> Services:
-    clock = clock or SystemClock()
-    store = store or open_store(
+def store_of(settings: Settings) -> Store:
+    """The store ``settings`` name (opened on the app's startup)."""
+    return open_store(
         settings.store_url,
         timeout=settings.store_timeout,
         cache_seconds=settings.read_cache_seconds,
         cache_entries=settings.read_cache_entries,
         decimal_times=settings.redis_decimal_times,
     )
+
+
+def build_services(
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    store: Store | None = None,
+    webhooks: WebhookService | None = None,
+    audit: AuditLog | None = None,
+) -> Services:
+    """The use cases, each given its listeners at construction: so the listeners come first (the archive,
+    and ``webhooks`` where the app has them: :func:`build_webhook_service`), then the use cases that tell
+    them (memory's erasure, the ends, the transcripts' deletions). ``audit``: the log ``webhooks`` records
+    in, when it is given."""
+    clock = clock or SystemClock()
+    store = store or store_of(settings)
+    audit = audit or AuditLog(store, clock)
     pseudonymizer = Pseudonymizer(settings.pseudonym_key)
-    memory = MemoryService(store, pseudonymizer, clock)
-    audit = AuditLog(store, clock)
-    analytics = AnalyticsService(store)
-    conversations = ConversationService(store, memory, analytics, clock)
-    transcripts = TranscriptService(store, memory, conversations, analytics, clock)
     archive = Archive(
         store, ArchiveObjects(settings.archive_url, timeout=max(5.0, settings.store_timeout)), clock
     )
+    # An erased caller's archived conversations go, then their webhook deliveries.
+    memory = MemoryService(
+        store,
+        pseudonymizer,
+        clock,
+        audit=audit,
+        erasure_listeners=(archive,) if webhooks is None else (archive, webhooks),
+        erased_event=webhooks,
+    )
+    analytics = AnalyticsService(store)
     # Promote, then archive (the end's memory writes are done by then), then queue the webhooks.
-    conversations.end_hooks.append(archive.conversation_ended)
-    memory.erasure_hooks.append(archive.erase_caller)
-    transcripts.deletion_hooks.append(archive.conversation_deleted)
+    conversations = ConversationService(
+        store, memory, analytics, clock, listeners=(archive,), deliveries=webhooks
+    )
+    # The service's ends first: the transcripts tell them of each conversation an append started.
+    ends = ServiceEnds(store, conversations, analytics, clock)
+    transcripts = TranscriptService(
+        store,
+        memory,
+        conversations,
+        analytics,
+        clock,
+        audit=audit,
+        deletion_listeners=(archive,),
+        started=ends,
+    )
     return Services(
         settings=settings,
         clock=clock,
@@ -87,7 +121,7 @@ def build_services(settings: Settings, *, clock: Clock | None = None, store: Sto
         analytics=analytics,
         conversations=conversations,
         transcripts=transcripts,
-        lifecycle=Lifecycle(store, transcripts, conversations, analytics, clock),
+        lifecycle=Lifecycle(store, transcripts, ends, clock),
         audit=audit,
         sweeper=Sweeper(store, clock, batch=settings.sweep_batch, archive=archive),
         archive=archive,
@@ -112,10 +146,18 @@ def create_app(
             )
         ],
     )
-    services = build_services(settings, clock=clock, store=store)
+    clock = clock or SystemClock()
+    store = store or store_of(settings)
+    # The worker's slots first: the use cases that queue wake it through them, and so do its attempts.
+    slots = Slots(settings.webhook_concurrency)
+    audit = AuditLog(store, clock)
+    webhook_service = build_webhook_service(settings, store, clock, slots=slots, audit=audit)
+    services = build_services(settings, clock=clock, store=store, webhooks=webhook_service, audit=audit)
     app[SERVICES] = services
     app[METRICS] = metrics
-    app[WEBHOOKS] = webhooks = build_webhooks(settings, services, metrics)
+    app[WEBHOOKS] = webhooks = build_webhooks(
+        settings, services, metrics, service=webhook_service, slots=slots
+    )
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
@@ -185,42 +227,45 @@ def create_app(
     return app
 
 
-def build_webhooks(settings: Settings, services: Services, metrics: Metrics) -> Webhooks:
-    """The webhook side, hooked into the use cases that make events (ends, erasures)."""
-    policy = WebhookPolicy.allowing(settings.webhook_allow_hosts)
-    service = WebhookService(
-        services.store,
+def build_webhook_service(
+    settings: Settings, store: Store, clock: Clock, *, slots: Slots, audit: AuditLog
+) -> WebhookService:
+    """The webhooks' use cases, which the use cases that make events (ends, erasures) are given; what they
+    queue wakes the delivery worker through ``slots``."""
+    return WebhookService(
+        store,
         SecretBox(settings.secret_key),
-        policy,
-        services.clock,
+        WebhookPolicy.allowing(settings.webhook_allow_hosts),
+        clock,
+        audit=audit,
         history_allowed=settings.webhook_history,
+        listener=slots,
         cache_seconds=settings.config_cache_seconds,
     )
-    sender = HttpSender(policy)
-    holder: list[Webhooks] = []
+
+
+def build_webhooks(
+    settings: Settings, services: Services, metrics: Metrics, *, service: WebhookService, slots: Slots
+) -> Webhooks:
+    """The webhook side of the process: ``service`` (:func:`build_webhook_service`), its delivery worker
+    (on the ``slots`` that ``service`` wakes it through) and its HTTP client."""
+    sender = HttpSender(service.policy)
 
     def observe(event: str, outcome: str, seconds: float) -> None:
         metrics.webhook_attempts.labels(event, outcome).inc()
         metrics.webhook_attempt_seconds.observe(seconds)
-        holder[0].wake()  # a slot is free again
+        slots.wake()  # a slot is free again
 
     deliverer = Deliverer(
         service,
         sender,
         services.clock,
         owner=services.sweeper.holder,
-        concurrency=settings.webhook_concurrency,
+        slots=slots,
         timeout=settings.webhook_timeout,
         observe=observe,
     )
-    webhooks = Webhooks(service, deliverer, sender)
-    holder.append(webhooks)
-    service.wake = webhooks.queued
-    services.conversations.webhooks = service
-    services.memory.erasure_hooks.append(service.erase_caller_deliveries)
-    services.memory.on_erased = service.caller_erased
-    services.memory.wants_erased = service.wants_erased
-    return webhooks
+    return Webhooks(service, deliverer, sender)
 
 
 #: Seconds between refreshes of the queue's gauges.

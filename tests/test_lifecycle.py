@@ -256,7 +256,7 @@ async def test_erasure_removes_transcripts_and_what_was_in_flight(
     made = clock.now_ms()
     await dropped_call(services, shop)
     clock.advance(5)
-    receipt = await services.memory.erase(shop, CALLER)
+    receipt = await services.memory.erase(shop, CALLER, actor="test")
     assert receipt.transcripts_removed == 1
     with pytest.raises(Gone):
         await services.transcripts.history(shop, "call-1")

@@ -34,6 +34,7 @@ import orjson
 from .clock import DAY_MS, Clock, floor_hour_ms, iso_utc
 from .conversations.events import EndedEvent
 from .conversations.messages import MAX_MESSAGES, Message
+from .memory import ErasureCounts
 from .projects import Project, ProjectConfig, archive_retention_ms
 from .store import CallerRef, Store
 from .store.transcripts import Header, TranscriptQuery
@@ -112,14 +113,14 @@ class Archive:
             await self.objects.delete([key])
             await self._store.unlist_archived(caller, [key])
 
-    async def erase_caller(self, caller: CallerRef) -> tuple[str, int]:
-        """Delete the caller's archived conversations; ("archived_conversations", how many)."""
+    async def erase_caller(self, caller: CallerRef) -> ErasureCounts:
+        """Delete the caller's archived conversations; how many (``archives_removed``)."""
         if self.objects is None:
-            return "archived_conversations", 0
+            return ErasureCounts()
         keys = await self._store.archived_objects(caller, self._clock.now_ms())
         await self.objects.delete(keys)
         await self._store.unlist_archived(caller, keys)
-        return "archived_conversations", len(keys)
+        return ErasureCounts(archives_removed=len(keys))
 
     async def sweep(self) -> int:
         """Delete every archived day older than its project's ``archive_retention``; how many objects."""

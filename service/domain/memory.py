@@ -6,12 +6,13 @@ Everything that reaches the store has been validated here first, so that bad inp
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
+from .audit import AuditLog
 from .clock import Clock, ceil_hour_ms, floor_hour_ms
 from .errors import InvalidInput, PreconditionFailed
 from .fields import StoredField, WriteCondition, compute_etag
@@ -62,6 +63,47 @@ class ErasureReceipt:
     #: Links of the profile removed (each linked identifier's own data is erased and counted above).
     links_removed: int = 0
 
+    def removed(self) -> dict[str, int | bool]:
+        """What was removed, as the erasure's answer and its audit record name it."""
+        return {
+            "fields": self.fields_removed,
+            "first_interaction": self.first_interaction_removed,
+            "conversation_links": self.conversations_unlinked,
+            "analytics_conversations": self.analytics_entries_removed,
+            "transcripts": self.transcripts_removed,
+            "webhook_deliveries": self.deliveries_removed,
+            "archived_conversations": self.archives_removed,
+            "links": self.links_removed,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureCounts:
+    """What an erasure listener deleted of one erased caller (each counted in the receipt)."""
+
+    #: Webhook deliveries about the caller (queued or failed).
+    deliveries_removed: int = 0
+    #: Archived conversations of the caller.
+    archives_removed: int = 0
+
+
+class ErasureListener(Protocol):
+    """Deletes what else the service keeps about an erased caller (webhook deliveries queued or failed,
+    archived conversations), told once the erasure's tombstone is down, so that nothing new can be made for
+    them after it; says how many of each it deleted."""
+
+    async def erase_caller(self, caller: CallerRef) -> ErasureCounts: ...
+
+
+class ErasedEventListener(Protocol):
+    """The ``caller.erased`` event (the webhooks)."""
+
+    async def wants_erased(self, project: Project) -> bool:
+        """Whether the project has a receiver of ``caller.erased`` (its conversation ids are read only then)."""
+
+    async def caller_erased(self, project: Project, receipt_id: str, conversation_ids: Sequence[str]) -> None:
+        """Queue ``caller.erased`` (the receipt id and the erased conversations' ids)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -101,18 +143,24 @@ def encode_value(name: str, value: Any) -> bytes:
 
 
 class MemoryService:
-    def __init__(self, store: Store, pseudonymizer: Pseudonymizer, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: Store,
+        pseudonymizer: Pseudonymizer,
+        clock: Clock,
+        *,
+        audit: AuditLog,
+        erasure_listeners: Sequence[ErasureListener] = (),
+        erased_event: ErasedEventListener | None = None,
+    ) -> None:
+        """``erasure_listeners``: each erased caller's other data (:class:`ErasureListener`), in turn;
+        ``erased_event``: queues the ``caller.erased`` event of each erasure."""
         self._store = store
         self._pseudonymizer = pseudonymizer
         self._clock = clock
-        #: Set by service/app.py. Each of ``erasure_hooks`` deletes what else the service keeps about the
-        #: caller (webhook deliveries queued or failed, archived conversations) once the erasure's tombstone
-        #: is down, so that nothing new can be made for them after it, and says what and how many;
-        #: ``on_erased(project, receipt_id, conversation_ids)`` queues the ``caller.erased`` event.
-        self.erasure_hooks: list[Callable[[CallerRef], Awaitable[tuple[str, int]]]] = []
-        self.on_erased: Callable[[Project, str, list[str]], Awaitable[None]] | None = None
-        #: Whether the project has a receiver of ``caller.erased`` (its conversation ids are read only then).
-        self.wants_erased: Callable[[Project], Awaitable[bool]] | None = None
+        self._audit = audit
+        self._erasure_listeners = tuple(erasure_listeners)
+        self._erased_event = erased_event
 
     def caller(self, project: Project, raw_identifier: str) -> Caller:
         identifier = parse_identifier(raw_identifier, project.default_region)
@@ -243,8 +291,8 @@ class MemoryService:
             )
         return view
 
-    async def erase(self, project: Project, raw_identifier: str) -> ErasureReceipt:
-        """Erase everything about a caller: through any of their identifiers, the whole profile, every link
+    async def erase(self, project: Project, raw_identifier: str, *, actor: str) -> ErasureReceipt:
+        """Erase everything about a caller (audited as done by ``actor``, with the receipt's id): through any of their identifiers, the whole profile, every link
         and every linked identifier's own data. A tombstone blocks, for the idempotency window, any
         end-of-call write made before the erasure that arrives after it (an in-flight request, an SDK outbox
         entry).
@@ -259,9 +307,7 @@ class MemoryService:
         conversation_ids: list[str] = []
         # The caller.erased event names the erased conversations: read them first, only when it will be sent
         # (the erasure's tombstone then goes down one read later: the sooner it does, the less it races).
-        wanted = (
-            self.on_erased is not None and self.wants_erased is not None and await self.wants_erased(project)
-        )
+        wanted = self._erased_event is not None and await self._erased_event.wants_erased(project)
         totals: dict[str, int] = {}
         todo: list[tuple[CallerRef, str]] = [(first, "")]  # (whom, the profile it must still be linked to)
         legacy = legacy_spelling(raw_identifier)
@@ -296,9 +342,10 @@ class MemoryService:
                 ("transcripts", removed.transcripts),
             ):
                 totals[name] = totals.get(name, 0) + count
-            for hook in self.erasure_hooks:
-                what, count = await hook(ref)
-                totals[what] = totals.get(what, 0) + count
+            for listener in self._erasure_listeners:
+                counts = await listener.erase_caller(ref)
+                totals["deliveries"] = totals.get("deliveries", 0) + counts.deliveries_removed
+                totals["archives"] = totals.get("archives", 0) + counts.archives_removed
         receipt = ErasureReceipt(
             receipt_id=uuid.uuid4().hex,
             project=project.project_id,
@@ -309,10 +356,18 @@ class MemoryService:
             analytics_entries_removed=totals["listed"],
             blacklisted=caller.blacklisted,
             transcripts_removed=totals["transcripts"],
-            deliveries_removed=totals.get("webhook_deliveries", 0),
-            archives_removed=totals.get("archived_conversations", 0),
+            deliveries_removed=totals.get("deliveries", 0),
+            archives_removed=totals.get("archives", 0),
             links_removed=erased - 1,  # every identifier erased but one was linked to the profile
         )
-        if self.on_erased is not None:
-            await self.on_erased(project, receipt.receipt_id, conversation_ids)
+        if self._erased_event is not None:
+            await self._erased_event.caller_erased(project, receipt.receipt_id, conversation_ids)
+        await self._audit.record(
+            project.project_id,
+            actor,
+            "caller.erased",
+            {"removed": receipt.removed(), "blacklisted": receipt.blacklisted},
+            receipt_id=receipt.receipt_id,
+            at=receipt.erased_at,  # hour-rounded, like every time about a caller
+        )
         return receipt

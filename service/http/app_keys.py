@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -22,7 +21,6 @@ from ..domain.memory import MemoryService
 from ..domain.registry import ProjectRegistry
 from ..domain.retention import Sweeper
 from ..domain.store import Store
-from ..domain.store.webhooks import Delivery
 from ..domain.tokens import TokenService
 from ..domain.webhooks.delivery import Deliverer
 from ..domain.webhooks.service import WebhookService
@@ -57,25 +55,22 @@ class Services:
             ) from exc
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Webhooks:
-    """The webhook side of one process: the use cases, the delivery worker and its HTTP client, and the
-    event that wakes the worker when something was queued here."""
+    """The webhook side of one process: the use cases, the delivery worker and its HTTP client. The event
+    that wakes the worker is its :class:`~caller_memory.service.domain.webhooks.delivery.Slots`' (set when
+    something queued here could start now, or an attempt ended)."""
 
     service: WebhookService
     deliverer: Deliverer
     sender: HttpSender
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def event(self) -> asyncio.Event:
+        return self.deliverer.slots.event
 
     def wake(self) -> None:
         self.event.set()
-
-    def queued(self, deliveries: Sequence[Delivery]) -> None:
-        """``deliveries`` were queued by this process: wake the worker if it could start one of them now. At
-        peak every slot of an endpoint is taken and an end would wake it for nothing; the attempt that ends
-        and frees a slot wakes it (``observe``), and every worker also looks every interval."""
-        if self.deliverer.could_start(deliveries):
-            self.event.set()
 
     def changed(self) -> None:
         """An endpoint was created, rotated or deleted by this process: the worker reads them again."""

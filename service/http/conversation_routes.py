@@ -86,18 +86,6 @@ def audited(principal: Principal) -> bool:
     return principal.operator or principal.role is Role.ADMIN
 
 
-async def record_read(
-    request: web.Request, services: Services, project: Project, conversation_id: str, what: str
-) -> None:
-    if audited(request[PRINCIPAL]):
-        await services.audit.record(
-            project.project_id,
-            actor(request),
-            "transcript.read",
-            {"conversation_id": conversation_id, "read": what},
-        )
-
-
 async def conversation_for(request: web.Request, role: Role) -> tuple[Services, Project, str]:
     services, project = await project_for(request, role)
     return services, project, request.match_info["conversation_id"]
@@ -249,8 +237,8 @@ async def conversation_history(request: web.Request) -> web.Response:
         limit=query.limit,
         openai=query.format == "openai",
         call=call_for(request, query.attestation, query.step_up),
+        audited_as=actor(request) if audited(request[PRINCIPAL]) else None,
     )
-    await record_read(request, services, project, conversation_id, "history")
     # The status the platform layout shows (active or idle) follows the clock, not only the header.
     shown = body.get("status")
     etag = TranscriptService.etag(header, reader, query.format, query.after_turn, query.limit, shown)
@@ -321,8 +309,8 @@ async def conversation_context(request: web.Request) -> web.Response:
         query.max_tokens,
         reader=reader_for(request[PRINCIPAL], project),
         call=call_for(request, query.attestation, query.step_up),
+        audited_as=actor(request) if audited(request[PRINCIPAL]) else None,
     )
-    await record_read(request, services, project, conversation_id, "context")
     return json_response(context, headers=NO_STORE)
 
 
@@ -379,11 +367,5 @@ async def caller_conversations(request: web.Request) -> web.Response:
 )
 async def delete_conversation(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.ADMIN)
-    header = await services.transcripts.delete(project, conversation_id)
-    await services.audit.record(
-        project.project_id,
-        actor(request),
-        "transcript.deleted",
-        {"conversation_id": conversation_id, "messages": header.messages},
-    )
+    await services.transcripts.delete(project, conversation_id, actor=actor(request))
     return web.Response(status=204)

@@ -422,16 +422,8 @@ async def delete_field(request: web.Request) -> web.Response:
 )
 async def erase_caller(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
-    receipt = await services.memory.erase(project, request.match_info["identifier"])
+    receipt = await services.memory.erase(project, request.match_info["identifier"], actor=actor(request))
     body = receipt_body(receipt)
-    await services.audit.record(
-        project.project_id,
-        actor(request),
-        "caller.erased",
-        {"removed": body["removed"], "blacklisted": receipt.blacklisted},
-        receipt_id=receipt.receipt_id,
-        at=receipt.erased_at,  # hour-rounded, like every time about a caller
-    )
     request.app[METRICS].erasures.inc()
     return json_response(body)
 

@@ -83,7 +83,7 @@ async def test_a_refused_patch_changes_nothing(
     store: SQLiteStore, clock: FakeClock, caller: str, patch: Any, field: str, mentions: str
 ) -> None:
     project, _ = await registry(store, clock).apply("shop", CONFIG, actor="test")
-    memory = MemoryService(store, Pseudonymizer(PSEUDONYM_KEY), clock)
+    memory = MemoryService(store, Pseudonymizer(PSEUDONYM_KEY), clock, audit=AuditLog(store, clock))
     before = await memory.patch(project, CALLER, {"booking_day": "Monday"})
     with pytest.raises(InvalidInput) as refused:
         await memory.patch(project, caller, patch, if_match=before.etag)
@@ -95,7 +95,7 @@ async def test_a_refused_patch_changes_nothing(
 
 async def test_a_refused_field_deletion_changes_nothing(store: SQLiteStore, clock: FakeClock) -> None:
     project, _ = await registry(store, clock).apply("shop", CONFIG, actor="test")
-    memory = MemoryService(store, Pseudonymizer(PSEUDONYM_KEY), clock)
+    memory = MemoryService(store, Pseudonymizer(PSEUDONYM_KEY), clock, audit=AuditLog(store, clock))
     before = await memory.patch(project, CALLER, {"caller_name": "Ada"})
     with pytest.raises(InvalidInput, match="field names") as refused:
         await memory.delete_field(project, CALLER, "caller-name")

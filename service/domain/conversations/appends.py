@@ -6,7 +6,7 @@ project's bound on its transcripts' bytes are here.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -29,6 +29,7 @@ from ..store.transcripts import (
 )
 from ..trust import CallTrust
 from .ending import check_conversation_id, split_state
+from .events import StartListener
 from .messages import MAX_MESSAGES, MAX_TRANSCRIPT_BYTES, Incoming, check_batch_order
 from .redaction import TranscriptRedaction, caller_region, check_ids, regions_of
 from .requests import (
@@ -74,7 +75,10 @@ class TranscriptAppends:
         *,
         max_messages: int = MAX_MESSAGES,
         max_bytes: int = MAX_TRANSCRIPT_BYTES,
+        started: StartListener | None = None,
     ) -> None:
+        """``started``: told when an append started a conversation (the lifecycle supersedes the caller's
+        open ones)."""
         self._store = store
         self._memory = memory
         self._clock = clock
@@ -86,8 +90,7 @@ class TranscriptAppends:
         #: a context reads with its transcript. Only a hint: the store and the domain check it against the
         #: header. Bounded; the oldest entry goes first.
         self.subjects: dict[ConversationKey, str] = {}
-        #: Called when an append started a conversation (the lifecycle supersedes the caller's open ones).
-        self.on_started: Callable[[Project, Header], Awaitable[None]] | None = None
+        self._started = started
 
     def remember(self, key: ConversationKey, subject: str) -> None:
         """Keep ``subject`` as the caller of ``key`` (see ``subjects``)."""
@@ -233,8 +236,8 @@ class TranscriptAppends:
         if caller is None and header.subject:
             self.remember(key, header.subject)
         created = caller is not None and header.started_at == now and header.messages == result.added
-        if created and not result.alone and self.on_started is not None:
-            await self.on_started(project, header)
+        if created and not result.alone and self._started is not None:
+            await self._started.conversation_started(project, header)
         if result.added:
             self._count_added(project, encoded)
         return {

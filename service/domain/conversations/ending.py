@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,8 +25,7 @@ from ..store.links import ProfileMoved
 from ..store.transcripts import ClaimStatus, ConversationKey, EndClaim, TranscriptStatus
 from ..store.webhooks import Delivery
 from ..trust import CallTrust
-from ..webhooks.service import WebhookService
-from .events import EndedEvent
+from .events import EndDeliveries, EndedEvent, EndListener
 from .redaction import regions_of
 
 
@@ -166,24 +165,31 @@ class _Verdict:
 
 class ConversationService:
     def __init__(
-        self, store: Store, memory: MemoryService, analytics: AnalyticsService, clock: Clock
+        self,
+        store: Store,
+        memory: MemoryService,
+        analytics: AnalyticsService,
+        clock: Clock,
+        *,
+        listeners: Sequence[EndListener] = (),
+        deliveries: EndDeliveries | None = None,
     ) -> None:
+        """``listeners``: told in turn by every end's processing before its webhook events are made (the
+        archive writes the conversation): explicit ends here, the service's ends from
+        :class:`~caller_memory.service.domain.conversations.lifecycle.Lifecycle`. One that fails fails the
+        end, which is then redone whole. ``deliveries``: the webhooks, where they are on: the events of each
+        end (:meth:`process_end`)."""
         self._store = store
         self._memory = memory
         self._analytics = analytics
         self._clock = clock
-        #: Called in turn by every end's processing before it reports success, once its analytics and
-        #: webhook events are stored (the archive writes the conversation): explicit ends here, the
-        #: service's ends from :class:`~caller_memory.service.domain.conversations.lifecycle.Lifecycle`. A hook that fails fails the end, which is
-        #: then redone whole.
-        self.end_hooks: list[Callable[[Project, EndedEvent], Awaitable[None]]] = []
-        #: The webhooks, where they are on: the events of each end (:meth:`process_end`).
-        self.webhooks: WebhookService | None = None
+        self._listeners = tuple(listeners)
+        self._deliveries = deliveries
 
     async def process_end(
         self, project: Project, event: EndedEvent | None, recording: Recording | None, now: int
     ) -> None:
-        """What every end does once its state is persisted, in this order: run the end hooks (the archive
+        """What every end does once its state is persisted, in this order: tell the end's listeners (the archive
         writes the conversation), then record the conversation in analytics (``recording``, when they were
         on at its end) and queue the webhook events of ``event`` (none for a retry of a completed end), in
         one store call (on one Redis server, one round trip). Memory, archive, webhooks: a receiver is told
@@ -191,11 +197,11 @@ class ConversationService:
         is redone whole: each part is idempotent, the same object, delivery ids and recording). Durable once
         this returns."""
         if event is not None:
-            for hook in self.end_hooks:
-                await hook(project, event)
+            for listener in self._listeners:
+                await listener.conversation_ended(project, event)
         deliveries: list[Delivery] = []
-        if event is not None and self.webhooks is not None:
-            deliveries = await self.webhooks.ended_deliveries(project, event)
+        if event is not None and self._deliveries is not None:
+            deliveries = await self._deliveries.ended_deliveries(project, event)
         together = event is not None and recording is not None and recording.caller.subject == event.subject
         if recording is not None:
             await self._store.record_conversation(recording, now, deliveries if together else ())
@@ -203,8 +209,8 @@ class ConversationService:
             await self._store.enqueue_deliveries(
                 deliveries, CallerRef(project.project_id, event.subject), event.made_at, now
             )
-        if deliveries and self.webhooks is not None:
-            self.webhooks.queued(deliveries)
+        if deliveries and self._deliveries is not None:
+            self._deliveries.queued(deliveries)
 
     async def end(
         self,

@@ -1,11 +1,18 @@
-"""What the end of a conversation tells those who listen to it (the archive, the webhooks)."""
+"""What the end of a conversation tells those who listen to it (the archive, the webhooks), and what those
+listeners are: one protocol per event, passed to the use cases that make the event at their construction
+(service/app.py builds the listeners first), never set afterwards."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..store.transcripts import ConversationKey
+from ..store.transcripts import ConversationKey, Header
+
+if TYPE_CHECKING:
+    from ..projects import Project
+    from ..store.webhooks import Delivery
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +34,32 @@ class EndedEvent:
     started_at: int = 0
     expires_at: int = 0
     late: bool = False
+
+
+class EndListener(Protocol):
+    """Told of every end by its processing, before the end's webhook events are made (the archive writes
+    the conversation). One that fails fails the end, which is then redone whole."""
+
+    async def conversation_ended(self, project: Project, event: EndedEvent) -> None: ...
+
+
+class EndDeliveries(Protocol):
+    """The webhook side of an end: the deliveries it makes (queued with the end's analytics, in one store
+    call), then told they are queued (the delivery worker looks at once)."""
+
+    async def ended_deliveries(self, project: Project, event: EndedEvent) -> list[Delivery]: ...
+
+    def queued(self, deliveries: Sequence[Delivery]) -> None: ...
+
+
+class DeletionListener(Protocol):
+    """Told of a transcript an admin deleted (the archive deletes its copy)."""
+
+    async def conversation_deleted(self, project: Project, header: Header) -> None: ...
+
+
+class StartListener(Protocol):
+    """Told of a conversation an append started (no start came first: the lifecycle supersedes the caller's
+    open ones, as a start does)."""
+
+    async def conversation_started(self, project: Project, header: Header) -> None: ...

@@ -62,77 +62,18 @@ TAKEOVER_SUFFIX = "#takeover"
 INACTIVITY_LEASE = "inactivity"
 
 
-class Lifecycle:
+class ServiceEnds:
+    """The ends the service makes: supersession (by a start, or by an append that started a conversation:
+    the transcripts' :class:`~caller_memory.service.domain.conversations.events.StartListener`) and
+    inactivity. Built before the transcripts' use cases, which tell it of the conversations appends start."""
+
     def __init__(
-        self,
-        store: Store,
-        transcripts: TranscriptService,
-        conversations: ConversationService,
-        analytics: AnalyticsService,
-        clock: Clock,
+        self, store: Store, conversations: ConversationService, analytics: AnalyticsService, clock: Clock
     ) -> None:
         self._store = store
-        self._transcripts = transcripts
         self._conversations = conversations
         self._analytics = analytics
         self._clock = clock
-        transcripts.on_started = self._started_by_append
-
-    # Start, supersession, resume ---------------------------------------------------------------------------
-
-    async def start(
-        self,
-        project: Project,
-        conversation_id: str,
-        document: Any,
-        *,
-        reader: Reader = EVERYONE,
-        writer: str | None = None,
-    ) -> Started:
-        """``writer``: the agent the token acts as; the conversation's agent is then that one."""
-        check_conversation_id(conversation_id)
-        body: StartBody = parse_body(StartBody, document, "start")
-        if writer is not None:
-            check_agent(body.agent, writer, "agent")
-            body = body.model_copy(update={"agent": writer})
-        caller = self._transcripts.caller(project, body.caller)
-        # Ids that hold a phone number are refused here, at the first request that names them.
-        regions = regions_of(project, caller)
-        check_chosen_id(conversation_id, "conversation_id", "conversation id", regions)
-        check_chosen_id(body.channel, "channel", "channel", regions)
-        check_chosen_id(body.agent, "agent", "agent name", regions)
-        if not project.conversation.enabled or caller.blacklisted:
-            reason: Any = "disabled" if not project.conversation.enabled else "blacklisted"
-            return {"conversation": None, "stored": False, "reason": reason, "resume": None, "superseded": []}
-        call = CallTrust.of(body.attestation, body.step_up)
-        now = self._clock.now_ms()
-        ref = CallerRef(project.project_id, caller.subject)
-        if project.identity_linking:  # the conversation is the profile's, whichever identifier called
-            ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
-        superseded, candidates = await self.supersede(project, ref, body.channel, conversation_id, now)
-        key = ConversationKey(project.project_id, conversation_id)
-        write = self._transcripts.appends.write(
-            project, key, caller, ref.subject, body.channel, body.agent or "", [], None, now, now
-        )
-        result = await self._store.append_messages(write, now)
-        if result.status is AppendStatus.ERASED:
-            return {
-                "conversation": None,
-                "stored": False,
-                "reason": "erased",
-                "resume": None,
-                "superseded": [],
-            }
-        if result.status not in (AppendStatus.APPENDED, AppendStatus.ENDED):
-            refuse(result.status, conversation_id, result.detail)
-        assert result.header is not None
-        resume = await self._resume(project, candidates, now, reader, call)
-        return {
-            "conversation": self._transcripts.status_view(result.header, project, now),
-            "stored": True,
-            "resume": resume,
-            "superseded": superseded,
-        }
 
     async def supersede(
         self,
@@ -170,62 +111,12 @@ class Lifecycle:
             candidates.append(header)
         return superseded, candidates
 
-    async def _started_by_append(self, project: Project, header: Header) -> None:
+    async def conversation_started(self, project: Project, header: Header) -> None:
         """A conversation started by its first append (no start: the SDK's start failed, or a client that
         does not use it) supersedes like a start (and offers no resume: nobody would read it)."""
         ref = CallerRef(project.project_id, header.subject)
         now = self._clock.now_ms()
         await self.supersede(project, ref, header.channel, header.key.conversation_id, now, resume=False)
-
-    async def _resume(
-        self, project: Project, candidates: list[Header], now: int, reader: Reader, call: CallTrust | None
-    ) -> Resume | None:
-        window = project.conversation.resume_window_ms
-        resumable = [
-            h
-            for h in candidates
-            if h.last_activity >= now - window
-            and (h.ended_by in ("inactivity", "superseded") or h.end_reason == "dropped")
-        ]
-        if not resumable:
-            return None
-        chosen = max(resumable, key=lambda h: (h.last_activity, h.started_at))
-        header, stored = await self._store.read_conversation(
-            chosen.key, now, TranscriptQuery(last=RESUME_MESSAGES)
-        )
-        if (
-            header is None
-            or header.expired(now)
-            or header.status
-            in (
-                TranscriptStatus.ERASED,
-                TranscriptStatus.DELETED,
-            )
-        ):
-            return None
-        messages = [Message(m.body) for m in stored]
-        turns = sorted({m.turn_id for m in messages})[-RESUME_TURNS:]
-        transcript = project.trust.may_resume_transcript(call)
-        last: list[PlatformMessage] = [
-            m.platform(header.started_at)
-            for m in messages
-            if transcript and m.turn_id in turns and m.visible_to(reader.agent)
-        ]
-        withheld = project.trust.withheld(call)
-        state = orjson.loads(header.checkpoint) if header.checkpoint else None
-        if state is not None and withheld:
-            state = {name: value for name, value in state.items() if name not in withheld}
-        return {
-            "conversation_id": header.key.conversation_id,
-            "channel": header.channel,
-            "ended_by": ended_by_of(header),
-            "end_reason": header.end_reason or None,
-            "last_activity_at": iso_utc(floor_hour_ms(header.last_activity)),
-            "summary": summary_section(summary_of(header, reader)) if transcript else None,
-            "last_turns": last,
-            "state": state,
-            "withheld": list(withheld),
-        }
 
     # Ends the service makes -------------------------------------------------------------------------------
 
@@ -357,3 +248,145 @@ class Lifecycle:
             if await self.end_by_service(project, header, "inactivity") is not None:
                 ended += 1
         return ended
+
+
+class Lifecycle:
+    def __init__(self, store: Store, transcripts: TranscriptService, ends: ServiceEnds, clock: Clock) -> None:
+        """``ends``: the same the transcripts' use cases were given (their appends start conversations)."""
+        self._store = store
+        self._transcripts = transcripts
+        self.ends = ends
+        self._clock = clock
+
+    async def supersede(
+        self,
+        project: Project,
+        ref: CallerRef,
+        channel: str,
+        conversation_id: str,
+        now: int,
+        *,
+        resume: bool = True,
+    ) -> tuple[list[str], list[Header]]:
+        """:meth:`ServiceEnds.supersede`."""
+        return await self.ends.supersede(project, ref, channel, conversation_id, now, resume=resume)
+
+    async def end_by_service(self, project: Project, header: Header, ended_by: str) -> Header | None:
+        """:meth:`ServiceEnds.end_by_service`."""
+        return await self.ends.end_by_service(project, header, ended_by)
+
+    async def run_due(self, projects: ProjectRegistry, holder: str, *, lease_ms: int = 60_000) -> int | None:
+        """:meth:`ServiceEnds.run_due`."""
+        return await self.ends.run_due(projects, holder, lease_ms=lease_ms)
+
+    async def run_inactivity_ends(
+        self, projects: ProjectRegistry, *, limit: int = 500, budget_s: float = 5.0
+    ) -> int:
+        """:meth:`ServiceEnds.run_inactivity_ends`."""
+        return await self.ends.run_inactivity_ends(projects, limit=limit, budget_s=budget_s)
+
+    # Start, supersession, resume ---------------------------------------------------------------------------
+
+    async def start(
+        self,
+        project: Project,
+        conversation_id: str,
+        document: Any,
+        *,
+        reader: Reader = EVERYONE,
+        writer: str | None = None,
+    ) -> Started:
+        """``writer``: the agent the token acts as; the conversation's agent is then that one."""
+        check_conversation_id(conversation_id)
+        body: StartBody = parse_body(StartBody, document, "start")
+        if writer is not None:
+            check_agent(body.agent, writer, "agent")
+            body = body.model_copy(update={"agent": writer})
+        caller = self._transcripts.caller(project, body.caller)
+        # Ids that hold a phone number are refused here, at the first request that names them.
+        regions = regions_of(project, caller)
+        check_chosen_id(conversation_id, "conversation_id", "conversation id", regions)
+        check_chosen_id(body.channel, "channel", "channel", regions)
+        check_chosen_id(body.agent, "agent", "agent name", regions)
+        if not project.conversation.enabled or caller.blacklisted:
+            reason: Any = "disabled" if not project.conversation.enabled else "blacklisted"
+            return {"conversation": None, "stored": False, "reason": reason, "resume": None, "superseded": []}
+        call = CallTrust.of(body.attestation, body.step_up)
+        now = self._clock.now_ms()
+        ref = CallerRef(project.project_id, caller.subject)
+        if project.identity_linking:  # the conversation is the profile's, whichever identifier called
+            ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
+        superseded, candidates = await self.supersede(project, ref, body.channel, conversation_id, now)
+        key = ConversationKey(project.project_id, conversation_id)
+        write = self._transcripts.appends.write(
+            project, key, caller, ref.subject, body.channel, body.agent or "", [], None, now, now
+        )
+        result = await self._store.append_messages(write, now)
+        if result.status is AppendStatus.ERASED:
+            return {
+                "conversation": None,
+                "stored": False,
+                "reason": "erased",
+                "resume": None,
+                "superseded": [],
+            }
+        if result.status not in (AppendStatus.APPENDED, AppendStatus.ENDED):
+            refuse(result.status, conversation_id, result.detail)
+        assert result.header is not None
+        resume = await self._resume(project, candidates, now, reader, call)
+        return {
+            "conversation": self._transcripts.status_view(result.header, project, now),
+            "stored": True,
+            "resume": resume,
+            "superseded": superseded,
+        }
+
+    async def _resume(
+        self, project: Project, candidates: list[Header], now: int, reader: Reader, call: CallTrust | None
+    ) -> Resume | None:
+        window = project.conversation.resume_window_ms
+        resumable = [
+            h
+            for h in candidates
+            if h.last_activity >= now - window
+            and (h.ended_by in ("inactivity", "superseded") or h.end_reason == "dropped")
+        ]
+        if not resumable:
+            return None
+        chosen = max(resumable, key=lambda h: (h.last_activity, h.started_at))
+        header, stored = await self._store.read_conversation(
+            chosen.key, now, TranscriptQuery(last=RESUME_MESSAGES)
+        )
+        if (
+            header is None
+            or header.expired(now)
+            or header.status
+            in (
+                TranscriptStatus.ERASED,
+                TranscriptStatus.DELETED,
+            )
+        ):
+            return None
+        messages = [Message(m.body) for m in stored]
+        turns = sorted({m.turn_id for m in messages})[-RESUME_TURNS:]
+        transcript = project.trust.may_resume_transcript(call)
+        last: list[PlatformMessage] = [
+            m.platform(header.started_at)
+            for m in messages
+            if transcript and m.turn_id in turns and m.visible_to(reader.agent)
+        ]
+        withheld = project.trust.withheld(call)
+        state = orjson.loads(header.checkpoint) if header.checkpoint else None
+        if state is not None and withheld:
+            state = {name: value for name, value in state.items() if name not in withheld}
+        return {
+            "conversation_id": header.key.conversation_id,
+            "channel": header.channel,
+            "ended_by": ended_by_of(header),
+            "end_reason": header.end_reason or None,
+            "last_activity_at": iso_utc(floor_hour_ms(header.last_activity)),
+            "summary": summary_section(summary_of(header, reader)) if transcript else None,
+            "last_turns": last,
+            "state": state,
+            "withheld": list(withheld),
+        }

@@ -12,12 +12,13 @@ state and its time as the write time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from ..analytics import AnalyticsService
+from ..audit import AuditLog
 from ..clock import Clock, ceil_hour_ms, floor_hour_ms, iso_utc
 from ..errors import (
     Conflict,
@@ -43,6 +44,7 @@ from .ending import (
     check_conversation_id,
     fingerprint,
 )
+from .events import DeletionListener, StartListener
 from .messages import (
     MAX_MESSAGES,
     MAX_TRANSCRIPT_BYTES,
@@ -99,24 +101,35 @@ class TranscriptService:
         analytics: AnalyticsService,
         clock: Clock,
         *,
+        audit: AuditLog,
         max_messages: int = MAX_MESSAGES,
         max_bytes: int = MAX_TRANSCRIPT_BYTES,
+        deletion_listeners: Sequence[DeletionListener] = (),
+        started: StartListener | None = None,
     ) -> None:
+        """``deletion_listeners``: told of a transcript an admin deleted (the archive deletes its copy);
+        ``started``: of a conversation an append started (the lifecycle supersedes the caller's open ones)."""
         self._store = store
         self._memory = memory
         self._conversations = conversations
         self._analytics = analytics
         self._clock = clock
+        self._audit = audit
         #: What a transcript loses before it is stored (phone numbers, the caller's identifiers).
         self.redaction = TranscriptRedaction(store, memory)
         #: Appends and the start's write (:mod:`caller_memory.service.domain.conversations.appends`).
         self.appends = TranscriptAppends(
-            store, memory, clock, self.redaction, max_messages=max_messages, max_bytes=max_bytes
+            store,
+            memory,
+            clock,
+            self.redaction,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            started=started,
         )
         #: Conversation -> its caller's pseudonym as last seen (``TranscriptAppends.subjects``: a hint).
         self._subjects = self.appends.subjects
-        #: Called with the header of a transcript an admin deleted (the archive deletes its copy).
-        self.deletion_hooks: list[Callable[[Project, Header], Awaitable[None]]] = []
+        self._deletion_listeners = tuple(deletion_listeners)
 
     # Views ------------------------------------------------------------------------------------------------
 
@@ -211,6 +224,18 @@ class TranscriptService:
         header, _, now = await self._live(project, conversation_id)
         return self.status_view(header, project, now)
 
+    async def _audit_read(
+        self, project: Project, conversation_id: str, what: str, reader: str | None
+    ) -> None:
+        """Reads of transcripts by an admin (or the operator) are audited; the agent in the call is not."""
+        if reader is not None:
+            await self._audit.record(
+                project.project_id,
+                reader,
+                "transcript.read",
+                {"conversation_id": conversation_id, "read": what},
+            )
+
     async def history(
         self,
         project: Project,
@@ -221,9 +246,34 @@ class TranscriptService:
         limit: int = DEFAULT_PAGE,
         openai: bool = False,
         call: CallTrust | None = None,
+        audited_as: str | None = None,
     ) -> tuple[History | OpenAIHistory, Header]:
         """``call``: the reading call's trust. The transcript of a conversation that has ended (an earlier
-        call, not this one) needs the level of the ``sensitive`` class, as its resume does."""
+        call, not this one) needs the level of the ``sensitive`` class, as its resume does. ``audited_as``:
+        the reader, when the read is audited (an admin or the operator; None: the agent in the call)."""
+        read = await self._history(
+            project,
+            conversation_id,
+            reader=reader,
+            after_turn=after_turn,
+            limit=limit,
+            openai=openai,
+            call=call,
+        )
+        await self._audit_read(project, conversation_id, "history", audited_as)
+        return read
+
+    async def _history(
+        self,
+        project: Project,
+        conversation_id: str,
+        *,
+        reader: Reader,
+        after_turn: int | None,
+        limit: int,
+        openai: bool,
+        call: CallTrust | None,
+    ) -> tuple[History | OpenAIHistory, Header]:
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be 1 to {MAX_PAGE}", field="limit")
         header, messages, now = await self._live(
@@ -285,6 +335,22 @@ class TranscriptService:
         *,
         reader: Reader = EVERYONE,
         call: CallTrust | None = None,
+        audited_as: str | None = None,
+    ) -> ContextView:
+        """``audited_as``: the reader, when the read is audited (an admin or the operator; None: the agent
+        in the call)."""
+        context = await self._context(project, conversation_id, max_tokens, reader=reader, call=call)
+        await self._audit_read(project, conversation_id, "context", audited_as)
+        return context
+
+    async def _context(
+        self,
+        project: Project,
+        conversation_id: str,
+        max_tokens: int,
+        *,
+        reader: Reader,
+        call: CallTrust | None,
     ) -> ContextView:
         self._readable(project, conversation_id)
         now = self._clock.now_ms()
@@ -393,15 +459,6 @@ class TranscriptService:
 
     # Writing (:mod:`caller_memory.service.domain.conversations.appends`) -----------------------------------------------------------------
 
-    @property
-    def on_started(self) -> Callable[[Project, Header], Awaitable[None]] | None:
-        """Called when an append started a conversation (the lifecycle supersedes the caller's open ones)."""
-        return self.appends.on_started
-
-    @on_started.setter
-    def on_started(self, hook: Callable[[Project, Header], Awaitable[None]] | None) -> None:
-        self.appends.on_started = hook
-
     def caller(self, project: Project, raw: str) -> Caller:
         """The caller a request names (422 naming ``caller`` when it is no identifier)."""
         return self.appends.caller(project, raw)
@@ -480,7 +537,9 @@ class TranscriptService:
             "next_cursor": None if page.next is None else page.next.token(),
         }
 
-    async def delete(self, project: Project, conversation_id: str) -> Header:
+    async def delete(self, project: Project, conversation_id: str, *, actor: str | None = None) -> Header:
+        """Delete a conversation's transcript (and its archived copy), audited as done by ``actor`` (None:
+        not audited, for a caller that has no actor to name)."""
         check_conversation_id(conversation_id)
         now = self._clock.now_ms()
         header = await self._store.delete_conversation(
@@ -488,6 +547,13 @@ class TranscriptService:
         )
         if header is None:
             raise NotFound(f"conversation '{conversation_id}' has no transcript")
-        for hook in self.deletion_hooks:  # its archived copy goes too
-            await hook(project, header)
+        for listener in self._deletion_listeners:  # its archived copy goes too
+            await listener.conversation_deleted(project, header)
+        if actor is not None:
+            await self._audit.record(
+                project.project_id,
+                actor,
+                "transcript.deleted",
+                {"conversation_id": conversation_id, "messages": header.messages},
+            )
         return header

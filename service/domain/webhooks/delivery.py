@@ -66,6 +66,39 @@ class Sender(Protocol):
 Observe = Callable[[str, str, float], None]
 
 
+class Slots:
+    """The attempts in flight in this process, per endpoint (at most ``concurrency`` each), and the event that
+    wakes its delivery worker: set when something queued here could start now (:meth:`queued`, the use
+    cases' :class:`~caller_memory.service.domain.webhooks.service.QueueListener`) and when an attempt ends
+    (:meth:`wake`: a slot is free again). Made before both the use cases that queue and the
+    :class:`Deliverer` whose attempts take the slots, so that neither is set up after construction."""
+
+    def __init__(self, concurrency: int = 4) -> None:
+        self.concurrency = concurrency
+        self.event = asyncio.Event()
+        #: (project, endpoint id) -> attempts in flight; no entry when none is.
+        self.in_flight: dict[tuple[str, str], int] = {}
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def could_start(self, deliveries: Sequence[Delivery]) -> bool:
+        """Whether a round now could start an attempt of one of ``deliveries`` (just queued): one of their
+        endpoints has a free slot here (an endpoint this process has not seen yet has every slot free)."""
+        in_flight, concurrency = self.in_flight, self.concurrency
+        for d in deliveries:  # noqa: SIM110 - a loop, not any() over a generator: this runs at every end
+            if in_flight.get((d.project, d.endpoint_id), 0) < concurrency:
+                return True
+        return False
+
+    def queued(self, deliveries: Sequence[Delivery]) -> None:
+        """``deliveries`` were queued by this process: wake the worker if it could start one of them now. At
+        peak every slot of an endpoint is taken and an end would wake it for nothing; the attempt that ends
+        and frees a slot wakes it, and every worker also looks every interval."""
+        if self.could_start(deliveries):
+            self.event.set()
+
+
 def retry_delay_ms(attempts: int, rng: random.Random) -> int:
     """The delay before the attempt after ``attempts`` ones (1-based count of those made)."""
     nominal = RETRY_DELAYS_S[min(attempts, len(RETRY_DELAYS_S)) - 1]
@@ -80,7 +113,7 @@ class Deliverer:
         clock: Clock,
         *,
         owner: str,
-        concurrency: int = 4,
+        slots: Slots | None = None,
         timeout: float = 10.0,
         observe: Observe | None = None,
         rng: random.Random | None = None,
@@ -90,11 +123,12 @@ class Deliverer:
         self._sender = sender
         self._clock = clock
         self.owner = owner
-        self.concurrency = concurrency
+        #: Shared with the use cases that queue (:meth:`Slots.queued`); its ``concurrency`` bounds each endpoint.
+        self.slots = slots or Slots()
         self.timeout = timeout
         self._observe = observe
         self._rng = rng or random.Random()
-        self._in_flight: dict[tuple[str, str], int] = {}
+        self._in_flight = self.slots.in_flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._endpoints: list[WebhookEndpoint] = []
         self._endpoints_at = float("-inf")
@@ -114,14 +148,14 @@ class Deliverer:
         """Read the endpoints again at the next round (one was created, rotated or deleted here)."""
         self._endpoints_at = float("-inf")
 
+    @property
+    def concurrency(self) -> int:
+        """Attempts in flight at most per endpoint, in this process."""
+        return self.slots.concurrency
+
     def could_start(self, deliveries: Sequence[Delivery]) -> bool:
-        """Whether a round now could start an attempt of one of ``deliveries`` (just queued): one of their
-        endpoints has a free slot here (an endpoint this process has not seen yet has every slot free)."""
-        in_flight, concurrency = self._in_flight, self.concurrency
-        for d in deliveries:  # a loop, not any() over a generator: this runs at every end
-            if in_flight.get((d.project, d.endpoint_id), 0) < concurrency:
-                return True
-        return False
+        """:meth:`Slots.could_start`."""
+        return self.slots.could_start(deliveries)
 
     async def run_once(self) -> int:
         """Claim what is due for every endpoint with a free slot and start those attempts; how many."""

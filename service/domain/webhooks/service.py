@@ -24,16 +24,18 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import InitVar, dataclass, field, replace
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..audit import AuditLog
 from ..clock import Clock, floor_hour_ms, iso_utc
 from ..conversations.events import EndedEvent
 from ..conversations.messages import MAX_MESSAGES, Message
 from ..errors import Conflict, InvalidInput, NotFound
+from ..memory import ErasureCounts
 from ..projects import Project
 from ..store import CallerRef, Store
 from ..store.transcripts import TranscriptQuery
@@ -71,6 +73,13 @@ async def resolve_host(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+class QueueListener(Protocol):
+    """Told of what this process queued (the delivery worker wakes up at once if it can send any of it now:
+    :class:`~caller_memory.service.domain.webhooks.delivery.Slots`)."""
+
+    def queued(self, deliveries: Sequence[Delivery]) -> None: ...
+
+
 class WebhookCreate(BaseModel):
     """``POST /v1/projects/{project}/webhooks``."""
 
@@ -98,17 +107,23 @@ class WebhookService:
     box: SecretBox
     policy: WebhookPolicy
     clock: Clock
+    #: Where every change of an endpoint (and every redelivery) is recorded, with who made it.
+    audit: AuditLog = field(kw_only=True)
     #: ``CALLER_MEMORY_WEBHOOK_HISTORY``: history may go into payloads at all.
     history_allowed: bool = False
     resolve: Resolve = resolve_host
-    #: Called with what was queued (the delivery worker wakes up at once if it can send any of it now).
-    wake: Callable[[Sequence[Delivery]], None] | None = None
+    #: Told of what was queued (the delivery worker wakes up at once if it can send any of it now).
+    listener: InitVar[QueueListener | None] = None
     _ids: Callable[[], str] = field(default=lambda: "wh_" + secrets.token_hex(8))
     #: Seconds a project's endpoints are kept in memory for the events (every end looks them up): a change
     #: made through another process is seen within this (CALLER_MEMORY_CONFIG_CACHE_SECONDS), one made
     #: through this process at once.
     cache_seconds: float = 2.0
     _cached: dict[str, tuple[float, list[WebhookEndpoint]]] = field(default_factory=dict)
+    _listener: QueueListener | None = field(default=None, init=False)
+
+    def __post_init__(self, listener: QueueListener | None) -> None:
+        self._listener = listener
 
     async def endpoints_of(self, project_id: str) -> list[WebhookEndpoint]:
         """The project's endpoints, from the cache when it is fresh enough."""
@@ -144,7 +159,10 @@ class WebhookService:
         except (OSError, TimeoutError):
             raise InvalidInput(f"url cannot be used: its host {host} does not resolve", field="url") from None
 
-    async def create(self, project: Project, body: WebhookCreate) -> tuple[WebhookEndpoint, str]:
+    async def create(
+        self, project: Project, body: WebhookCreate, *, actor: str
+    ) -> tuple[WebhookEndpoint, str]:
+        """Register an endpoint (audited as done by ``actor``); it and its signing secret (shown once)."""
         if len(set(body.events)) != len(body.events):
             raise InvalidInput("events: each event type once", field="events")
         self.box.seal("", project.project_id, "-")  # 503 before anything else when no key is configured
@@ -168,6 +186,7 @@ class WebhookService:
         )
         await self.store.put_endpoint(endpoint)
         self.forget(project.project_id)
+        await self.audit.record(project.project_id, actor, "webhook.created", {"webhook_id": endpoint_id})
         return endpoint, secret
 
     async def get(self, project: Project, endpoint_id: str) -> WebhookEndpoint:
@@ -177,8 +196,9 @@ class WebhookService:
         return endpoint
 
     async def rotate(
-        self, project: Project, endpoint_id: str, body: WebhookRotate
+        self, project: Project, endpoint_id: str, body: WebhookRotate, *, actor: str
     ) -> tuple[WebhookEndpoint, str]:
+        """A new signing secret (audited as done by ``actor``); the endpoint and the secret (shown once)."""
         endpoint = await self.get(project, endpoint_id)
         now = self.clock.now_ms()
         secret = new_secret()
@@ -191,13 +211,21 @@ class WebhookService:
         )
         await self.store.put_endpoint(rotated)
         self.forget(project.project_id)
+        await self.audit.record(
+            project.project_id,
+            actor,
+            "webhook.rotated",
+            {"webhook_id": rotated.endpoint_id, "grace_seconds": body.grace_seconds},
+        )
         return rotated, secret
 
-    async def delete(self, project: Project, endpoint_id: str) -> None:
+    async def delete(self, project: Project, endpoint_id: str, *, actor: str) -> None:
+        """Delete an endpoint (audited as done by ``actor``)."""
         deleted = await self.store.delete_endpoint(project.project_id, endpoint_id)
         self.forget(project.project_id)
         if not deleted:
             raise NotFound(f"webhook '{endpoint_id[:40]}' does not exist")
+        await self.audit.record(project.project_id, actor, "webhook.deleted", {"webhook_id": endpoint_id})
 
     def _opens(self, endpoint: WebhookEndpoint) -> bool:
         """Whether the endpoint's current secret opens with the key (after a change of
@@ -228,10 +256,10 @@ class WebhookService:
             await self.get(project, endpoint_id)
         return await self.store.failed_deliveries(project.project_id, self.clock.now_ms(), endpoint_id, limit)
 
-    async def redeliver(self, project: Project, delivery_id: str) -> tuple[Delivery, bool]:
-        """Queue a failed delivery again; the delivery, and whether this call changed anything (False for
-        one that is queued already: its next attempt is coming, and a repeated click is no new act to audit).
-        :class:`NotFound` when there is no live one."""
+    async def redeliver(self, project: Project, delivery_id: str, *, actor: str) -> tuple[Delivery, bool]:
+        """Queue a failed delivery again (audited as done by ``actor``); the delivery, and whether this call
+        changed anything (False for one that is queued already: its next attempt is coming, and a repeated
+        click is no new act to audit). :class:`NotFound` when there is no live one."""
         now = self.clock.now_ms()
         current = await self.store.get_delivery(project.project_id, delivery_id, now)
         if current is not None and current.status is not DeliveryStatus.FAILED:
@@ -242,6 +270,9 @@ class WebhookService:
         if delivery is None:
             raise NotFound(f"delivery '{delivery_id[:40]}' does not exist (delivered, expired or erased?)")
         self.queued([delivery])
+        await self.audit.record(
+            project.project_id, actor, "webhook.redelivered", {"delivery_id": delivery.delivery_id}
+        )
         return delivery, True
 
     # Events -------------------------------------------------------------------------------------------------
@@ -289,14 +320,15 @@ class WebhookService:
         """Whether an endpoint of the project takes ``caller.erased``."""
         return any(ERASED in e.events for e in await self.endpoints_of(project.project_id))
 
-    async def erase_caller_deliveries(self, caller: CallerRef) -> tuple[str, int]:
-        return "webhook_deliveries", await self.store.delete_caller_deliveries(caller)
+    async def erase_caller(self, caller: CallerRef) -> ErasureCounts:
+        """Delete the erased caller's deliveries, queued or failed (none of them is sent)."""
+        return ErasureCounts(deliveries_removed=await self.store.delete_caller_deliveries(caller))
 
     def queued(self, deliveries: Sequence[Delivery]) -> None:
         """``deliveries`` were queued (here, or by the end's processing): the delivery worker looks at once,
         unless every slot of their endpoints is taken (an attempt that ends wakes it then)."""
-        if self.wake is not None:
-            self.wake(deliveries)
+        if self._listener is not None:
+            self._listener.queued(deliveries)
 
     def _delivery(
         self,
