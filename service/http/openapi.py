@@ -24,7 +24,7 @@ from . import (
 )
 from .components import component_schemas
 from .openapi_parts import AUTH_TEXT, Json, ref, shared_headers, shared_parameters, version
-from .openapi_webhooks import webhook_events
+from .openapi_webhooks import events_text, webhook_events
 from .operations import documented_operations
 
 #: The route tables, in the order the app registers them (app.py).
@@ -174,8 +174,8 @@ def build_openapi() -> dict[str, Any]:
             {"name": "analytics", "description": "Repeat-caller analytics: conversations and the report."},
             {
                 "name": "webhook",
-                "description": "Webhook endpoints (signed deliveries of conversation.ended, "
-                "conversation.updated and caller.erased; see `webhooks`) and their failed deliveries.",
+                "description": f"Webhook endpoints (signed deliveries of {events_text()}; see `webhooks`) and "
+                "their failed deliveries.",
             },
             {"name": "operator", "description": "Expiry sweeps; the operator token only."},
             {"name": "audit", "description": "The project's audit log."},

@@ -14,6 +14,7 @@ from ..domain.limits import (
     PROJECT_ID_PATTERN,
     TOKEN_ID_PATTERN,
 )
+from ..domain.webhooks.service import ENDED, ERASED
 from .queries import QueryModel, query_parameters
 
 Json = dict[str, Any]
@@ -210,7 +211,7 @@ def body_errors() -> dict[str, Json | None]:
 BODY_EXAMPLES: dict[str, Json] = {
     "WebhookCreate": {
         "url": "https://crm.example.com/hooks/caller-memory",
-        "events": ["conversation.ended", "caller.erased"],
+        "events": [ENDED, ERASED],
         "include_history": False,
         "description": "CRM",
     },

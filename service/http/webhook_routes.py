@@ -8,11 +8,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..domain.tokens import Role
-from ..domain.webhooks.service import WebhookCreate, WebhookRotate
+from ..domain.webhooks.service import ENDED, WebhookCreate, WebhookRotate
 from ..domain.webhooks.views import delivery_view, webhook_view, with_secret
 from .app_keys import WEBHOOKS
 from .openapi_parts import NO_STORE_HEADERS, body_errors, problem, request_body, response
-from .openapi_webhooks import SIGNING
+from .openapi_webhooks import SIGNING, events_by_case
 from .operations import documented
 from .queries import DeliveriesQuery, parse_query
 from .responses import json_response
@@ -48,17 +48,19 @@ WEBHOOK_404 = "No such project, or no such webhook in it."
         **body_errors(),
     },
     body=request_body("WebhookCreate", "The receiver's URL, its events, whether it wants history."),
-    description="Events: `conversation.ended` (every end: explicit, inactivity, supersession), "
-    "`conversation.updated` (a late end), `caller.erased` (erase your copies). No payload holds a "
-    "phone number. Summary and history go into `conversation.ended` only with `include_history` and "
-    "where the operator allows it (`CALLER_MEMORY_WEBHOOK_HISTORY=1`). " + SIGNING,
+    description=f"Events: {events_by_case()}. No payload holds a phone number. Summary and history go into "
+    f"`{ENDED}` only with `include_history` and where the operator allows it "
+    "(`CALLER_MEMORY_WEBHOOK_HISTORY=1`). " + SIGNING,
 )
 async def create_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     body = await read_model(request, WebhookCreate, "webhook")
     webhooks = request.app[WEBHOOKS]
-    endpoint, secret = await webhooks.service.create(project, body, actor=actor(request))
+    endpoint, secret = await webhooks.service.create(project, body)
     webhooks.changed()
+    await services.audit.record(
+        project.project_id, actor(request), "webhook.created", {"webhook_id": endpoint.endpoint_id}
+    )
     now = services.clock.now_ms()
     return json_response(with_secret(endpoint, secret, now), status=201, headers=NO_STORE)
 
@@ -112,9 +114,13 @@ async def list_failed_deliveries(request: web.Request) -> web.Response:
     },
 )
 async def redeliver(request: web.Request) -> web.Response:
-    _, project = await project_for(request, Role.ADMIN)
+    services, project = await project_for(request, Role.ADMIN)
     delivery_id = request.match_info["delivery_id"]
-    delivery, _ = await request.app[WEBHOOKS].service.redeliver(project, delivery_id, actor=actor(request))
+    delivery, queued_again = await request.app[WEBHOOKS].service.redeliver(project, delivery_id)
+    if queued_again:  # a delivery queued already is left as it is: nothing happened, nothing to audit
+        await services.audit.record(
+            project.project_id, actor(request), "webhook.redelivered", {"delivery_id": delivery.delivery_id}
+        )
     return json_response(delivery_view(delivery), status=202, headers=NO_STORE)
 
 
@@ -151,10 +157,14 @@ async def rotate_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     body = await read_model(request, WebhookRotate, "rotation") if request.can_read_body else WebhookRotate()
     webhooks = request.app[WEBHOOKS]
-    endpoint, secret = await webhooks.service.rotate(
-        project, request.match_info["webhook_id"], body, actor=actor(request)
-    )
+    endpoint, secret = await webhooks.service.rotate(project, request.match_info["webhook_id"], body)
     webhooks.changed()
+    await services.audit.record(
+        project.project_id,
+        actor(request),
+        "webhook.rotated",
+        {"webhook_id": endpoint.endpoint_id, "grace_seconds": body.grace_seconds},
+    )
     return json_response(with_secret(endpoint, secret, services.clock.now_ms()), headers=NO_STORE)
 
 
@@ -165,9 +175,12 @@ async def rotate_webhook(request: web.Request) -> web.Response:
     {"204": {"description": "Deleted."}, "404": problem(WEBHOOK_404)},
 )
 async def delete_webhook(request: web.Request) -> web.Response:
-    _, project = await project_for(request, Role.ADMIN)
+    services, project = await project_for(request, Role.ADMIN)
     webhook_id = request.match_info["webhook_id"]
     webhooks = request.app[WEBHOOKS]
-    await webhooks.service.delete(project, webhook_id, actor=actor(request))
+    await webhooks.service.delete(project, webhook_id)
     webhooks.changed()
+    await services.audit.record(
+        project.project_id, actor(request), "webhook.deleted", {"webhook_id": webhook_id}
+    )
     return web.Response(status=204)

@@ -19,9 +19,11 @@ from caller_memory.service.domain.limits import MAX_BODY_BYTES
 from caller_memory.service.domain.retention import SWEEP_LEASE
 from caller_memory.service.domain.store.webhooks import Delivery, Settlement
 from caller_memory.service.domain.tokens import FailureThrottle
+from caller_memory.service.domain.webhooks.service import EVENTS
 from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.app_keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
+from caller_memory.service.http.operations import documented_operations
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
@@ -735,3 +737,20 @@ def test_response_headers_and_tags_are_declared(doc: dict[str, Any]) -> None:
     assert doc["paths"]["/v1/admin/sweeps"]["get"]["tags"] == ["operator"]
     entry = doc["components"]["schemas"]["ConversationRow"]["properties"]["REPEAT_CALLER_DATETIME"]
     assert [kind.get("format") for kind in entry["anyOf"]] == ["date-time", None]
+
+
+def test_every_webhook_event_type_is_documented_once(doc: dict[str, Any]) -> None:
+    assert list(doc["webhooks"]) == list(EVENTS)
+    registration = doc["paths"]["/v1/projects/{project}/webhooks"]["post"]
+    assert all(f"`{event}`" in registration["description"] for event in EVENTS)
+
+
+def test_a_route_without_its_description_is_refused() -> None:
+    table = web.RouteTableDef()
+
+    @table.get("/undocumented")
+    async def undocumented(request: web.Request) -> web.Response:
+        raise AssertionError("never called")
+
+    with pytest.raises(LookupError, match="GET /undocumented"):
+        list(documented_operations([table]))
