@@ -56,11 +56,8 @@ async def create_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     body = await read_model(request, WebhookCreate, "webhook")
     webhooks = request.app[WEBHOOKS]
-    endpoint, secret = await webhooks.service.create(project, body)
+    endpoint, secret = await webhooks.service.create(project, body, actor=actor(request))
     webhooks.changed()
-    await services.audit.record(
-        project.project_id, actor(request), "webhook.created", {"webhook_id": endpoint.endpoint_id}
-    )
     now = services.clock.now_ms()
     return json_response(with_secret(endpoint, secret, now), status=201, headers=NO_STORE)
 
@@ -114,13 +111,9 @@ async def list_failed_deliveries(request: web.Request) -> web.Response:
     },
 )
 async def redeliver(request: web.Request) -> web.Response:
-    services, project = await project_for(request, Role.ADMIN)
+    _, project = await project_for(request, Role.ADMIN)
     delivery_id = request.match_info["delivery_id"]
-    delivery, queued_again = await request.app[WEBHOOKS].service.redeliver(project, delivery_id)
-    if queued_again:  # a delivery queued already is left as it is: nothing happened, nothing to audit
-        await services.audit.record(
-            project.project_id, actor(request), "webhook.redelivered", {"delivery_id": delivery.delivery_id}
-        )
+    delivery, _ = await request.app[WEBHOOKS].service.redeliver(project, delivery_id, actor=actor(request))
     return json_response(delivery_view(delivery), status=202, headers=NO_STORE)
 
 
@@ -157,14 +150,10 @@ async def rotate_webhook(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
     body = await read_model(request, WebhookRotate, "rotation") if request.can_read_body else WebhookRotate()
     webhooks = request.app[WEBHOOKS]
-    endpoint, secret = await webhooks.service.rotate(project, request.match_info["webhook_id"], body)
-    webhooks.changed()
-    await services.audit.record(
-        project.project_id,
-        actor(request),
-        "webhook.rotated",
-        {"webhook_id": endpoint.endpoint_id, "grace_seconds": body.grace_seconds},
+    endpoint, secret = await webhooks.service.rotate(
+        project, request.match_info["webhook_id"], body, actor=actor(request)
     )
+    webhooks.changed()
     return json_response(with_secret(endpoint, secret, services.clock.now_ms()), headers=NO_STORE)
 
 
@@ -175,12 +164,9 @@ async def rotate_webhook(request: web.Request) -> web.Response:
     {"204": {"description": "Deleted."}, "404": problem(WEBHOOK_404)},
 )
 async def delete_webhook(request: web.Request) -> web.Response:
-    services, project = await project_for(request, Role.ADMIN)
+    _, project = await project_for(request, Role.ADMIN)
     webhook_id = request.match_info["webhook_id"]
     webhooks = request.app[WEBHOOKS]
-    await webhooks.service.delete(project, webhook_id)
+    await webhooks.service.delete(project, webhook_id, actor=actor(request))
     webhooks.changed()
-    await services.audit.record(
-        project.project_id, actor(request), "webhook.deleted", {"webhook_id": webhook_id}
-    )
     return web.Response(status=204)
