@@ -105,6 +105,12 @@ async def backend(
         await built.store.close()
 
 
+def advance(services: Services, seconds: float) -> None:
+    """The services run on the fixture's fake clock, which the tests move on."""
+    assert isinstance(services.clock, FakeClock)
+    services.clock.advance(seconds)
+
+
 async def project(services: Services, config: dict[str, Any] | None = None) -> Project:
     applied, _ = await services.projects.apply("shop", config or CONFIG, actor="test")
     return applied
@@ -119,7 +125,7 @@ async def measured_start(
         f"{tag}-live",
         {"caller": raw, "channel": "phone", "messages": [{"role": "user", "content": "Hi", "turn_id": 0}]},
     )
-    services.clock.advance(60)
+    advance(services, 60)
     work.reset()
     started = await services.lifecycle.start(shop, f"{tag}-back", {"caller": raw, "channel": "phone"})
     return work.count(), started
@@ -157,13 +163,15 @@ async def test_an_erased_or_deleted_conversation_is_neither_superseded_nor_resum
     started = await services.lifecycle.start(shop, "next", {"caller": CALLER, "channel": "phone"})
     assert started["superseded"] == [] and started["resume"] is None
     # A dropped call ended, then deleted: no resume of it either.
-    services.clock.advance(60)
+    advance(services, 60)
     again = await services.lifecycle.start(shop, "third", {"caller": CALLER, "channel": "phone"})
-    assert again["superseded"] == ["next"] and again["resume"]["conversation_id"] == "next"
+    assert again["superseded"] == ["next"]
+    assert again["resume"] is not None and again["resume"]["conversation_id"] == "next"
     await services.transcripts.delete(shop, "next")
-    services.clock.advance(60)
+    advance(services, 60)
     last = await services.lifecycle.start(shop, "fourth", {"caller": CALLER, "channel": "phone"})
-    assert last["superseded"] == ["third"] and last["resume"]["conversation_id"] == "third"
+    assert last["superseded"] == ["third"]
+    assert last["resume"] is not None and last["resume"]["conversation_id"] == "third"
     # What the store hands a start: the open one and the resumable one, no deleted one.
     subject = services.transcripts.caller(shop, CALLER).subject
     now = services.clock.now_ms()
@@ -179,7 +187,7 @@ async def test_the_listing_pages_every_conversation_once(backend: tuple[Services
     shop = await project(services)
     await ended_conversations(services, shop, CALLER, 23, "old")
     for i in range(4):  # starts of distinct milliseconds too, one of them still live
-        services.clock.advance(1)
+        advance(services, 1)
         await services.lifecycle.start(shop, f"new-{i}", {"caller": CALLER, "channel": "phone"})
     seen: list[str] = []
     cursor = None

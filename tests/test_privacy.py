@@ -130,7 +130,11 @@ async def calls_through_other_identifiers(api: Api, agent: str, admin: str) -> N
         await api.call("GET", f"{base}/{form}/memory?attestation=TN-Validation-Passed-A", token=agent)
         await api.call("PATCH", f"{base}/{form}/memory", token=admin, json={"caller_name": "Ada"})
     for i, identifier in enumerate([f"email:{grace}", f"account:{ACCOUNTS[1]}", f"email:{EMAILS[2]}"]):
-        body = {"caller": identifier, "state": {"booking_day": "Monday"}, "outcome": {"qa": "resolved"}}
+        body: dict[str, object] = {
+            "caller": identifier,
+            "state": {"booking_day": "Monday"},
+            "outcome": {"qa": "resolved"},
+        }
         await api.call("POST", f"{conversations}/x{i}/end", token=agent, json=body)
     # A call through an email in which the caller spells out their email and account id.
     start = {"caller": f"email:{ada}", "channel": "chat"}

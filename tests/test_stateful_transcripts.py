@@ -107,7 +107,7 @@ class TranscriptMachine(ApiMachine):
     def say(self, caller: str, n: int, next_turn: bool) -> None:
         call = self._open_call(caller)
         turn = max(call.turn + (1 if next_turn else 0), 0)
-        batch = [
+        batch: list[dict[str, Any]] = [
             {
                 "message_id": f"{call.conversation_id}-{len(call.messages) + i}",
                 "role": "user" if i % 2 == 0 else "assistant",

@@ -105,9 +105,9 @@ def check_probes(d: Deploy) -> list[str]:
         if port_number(container, get.get("port")) != SERVICE_PORT:
             problems.append(f"{probe}: port {get.get('port')} is not the service's port")
     [health] = [a for k, a in final_stage(d.dockerfile) if k == "HEALTHCHECK"]
-    path = re.search(r"http://127\.0\.0\.1:\d+(/\w*)", health)
-    if path is None or "get" not in d.api_paths.get(path.group(1), ()):
-        problems.append(f"HEALTHCHECK: the service serves no GET {path and path.group(1)}")
+    served = re.search(r"http://127\.0\.0\.1:\d+(/\w*)", health)
+    if served is None or "get" not in d.api_paths.get(served.group(1), ()):
+        problems.append(f"HEALTHCHECK: the service serves no GET {served and served.group(1)}")
     return problems
 
 
@@ -388,7 +388,9 @@ def check_images(d: Deploy) -> list[str]:
     """Pinned base and Redis images; both stages on one Python, so the copied virtualenv finds its interpreter."""
     problems = []
     bases = {a.split()[0] for k, a in d.dockerfile if k == "FROM"}
-    if len(bases) != 1 or not re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", *bases):
+    if len(bases) != 1 or not re.fullmatch(
+        r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", min(bases)
+    ):
         problems.append(
             f"Dockerfile stages on {sorted(bases)}: one pinned python:3.11.N-slim-<debian> expected"
         )

@@ -268,11 +268,12 @@ def service(store: str, tmp_path: Path) -> Iterator[ServiceProcess]:
                 {**example, "caller": TRANSCRIPT_CALLER},
             )
         # A webhook, and a delivery queued for it (no worker sends it), for the operations that name them.
-        hook = {"url": "http://127.0.0.1:9/hook", "events": ["conversation.ended", "caller.erased"]}
+        receiver = "http://127.0.0.1:9/hook"
+        hook = {"url": receiver, "events": ["conversation.ended", "caller.erased"]}
         endpoint = _operator_call(process.url, "POST", f"/v1/projects/{PROJECT}/webhooks", hook)
         end = {"caller": TRANSCRIPT_CALLER, "state": {}}
         _operator_call(process.url, "POST", f"/v1/projects/{PROJECT}/conversations/fuzz-ended/end", end)
-        made = WebhookEndpoint(PROJECT, endpoint["webhook_id"], hook["url"], (), False, 0, b"")
+        made = WebhookEndpoint(PROJECT, endpoint["webhook_id"], receiver, (), False, 0, b"")
         SEEDED["webhooks"] = [endpoint["webhook_id"]]
         SEEDED["deliveries"] = [delivery_id_of(made, "conversation.ended", "fuzz-ended")]
         redeliver = f"/v1/projects/{PROJECT}/webhooks/deliveries/{SEEDED['deliveries'][0]}/redeliver"

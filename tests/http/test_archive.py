@@ -89,10 +89,12 @@ async def test_an_ended_conversation_is_archived_once_and_duckdb_reads_it(api: A
     header, _ = await services.store.read_conversation(ConversationKey(PROJECT, "call-1"), api.clock.now_ms())
     assert header is not None and header.subject and header.subject not in text  # no pseudonym either
     # The DuckDB one-liner of docs/conversations.md, over the whole archive.
-    rows = duckdb.sql(
+    relation = duckdb.sql(
         f"SELECT project, conversation_id, len(messages) FROM read_json('{root}/project=*/date=*/*.jsonl', "
         "hive_partitioning = true)"
-    ).fetchall()
+    )
+    assert relation is not None  # a SELECT has a relation
+    rows = relation.fetchall()
     assert rows == [(PROJECT, "call-1", 3)]
     written = path.stat().st_mtime_ns
     await call(api, "call-1", messages=False)  # a replay of the same end: nothing written again
@@ -155,7 +157,7 @@ async def test_a_project_without_archive_writes_nothing(
     store_url: str, clock: FakeClock, tmp_path: Path
 ) -> None:
     async with running_api(store_url, clock, archive_url=f"file://{tmp_path}/archive") as api:
-        config = {"memory": {**CONFIG["memory"], "conversation": {"enabled": True}}}  # type: ignore[dict-item]
+        config = {"memory": {**CONFIG["memory"], "conversation": {"enabled": True}}}
         assert (
             await api.call("PUT", f"/v1/projects/{PROJECT}", token=OPERATOR_TOKEN, json=config)
         ).status == 201

@@ -97,7 +97,7 @@ async def test_a_withheld_view_is_not_a_304_for_the_whole_memorys_etag(
 
 
 async def test_an_end_cannot_overwrite_or_delete_a_withheld_field(api: Api, bank: dict[str, str]) -> None:
-    body = {
+    body: dict[str, Any] = {
         "caller": CALLER,
         "attestation": "TN-Validation-Passed-C",
         "state": {"caller_name": "Eve", "verified": False, "balance": None, "booking_day": "Monday"},

@@ -40,13 +40,12 @@ from tests.reliability.crash_load import (
     create_project,
     end_body,
     end_call,
-    http,
     retry_all,
     stored_values,
     value,
 )
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer
-from tests.support.service_process import ServiceProcess, free_port
+from tests.support.service_process import ServiceProcess, free_port, http
 
 #: Writes acknowledged before the kill, and again after the restart, before the load stops.
 ACKED_BEFORE_KILL = 150

@@ -81,7 +81,7 @@ async def test_one_lookup_per_turn_and_a_read_only_mapping(
         with pytest.raises(AttributeError):
             conv.memory = Memory({})  # type: ignore[misc]
         with pytest.raises(AttributeError):
-            conv.memory.available = False  # type: ignore[misc]
+            conv.memory.available = False
         assert api.count("GET", MEMORY_ROUTE) == before  # any number of reads: no request
 
 

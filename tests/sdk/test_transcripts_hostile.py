@@ -553,7 +553,7 @@ async def test_a_batch_refused_for_the_token_is_set_aside(serve: Serve, tmp_path
 
 
 async def test_refusals_echoing_the_number_are_masked(serve: Serve, tmp_path: Path) -> None:
-    async def echo(request: web.Request) -> web.Response:
+    async def echo(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         detail = f"no such caller {orjson.loads(body).get('caller')} ({request.raw_path})"
         return await problem(422, detail, errors=[{"field": "messages", "message": detail}])(request)
@@ -574,7 +574,7 @@ async def test_a_refused_checkpoint_is_sent_without_its_state_by_the_outbox_too(
 ) -> None:
     refuse_state = True
 
-    async def messages(request: web.Request) -> web.Response:
+    async def messages(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         if "state" in body and refuse_state:
             return await problem(

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import redis
-from redis.cluster import key_slot
+from redis.crc import key_slot
 
 from tests.support.redis_server import SHIPPED_CONFIG, RedisServer, _free_port
 

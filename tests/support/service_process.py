@@ -179,7 +179,7 @@ class ServiceProcess:
                 if self._output.ended
                 else f"logged no {text!r} within {timeout} s"
             )
-            raise RuntimeError(f"{self.proc.args} {why}:\n{self.log[-3000:]}")
+            raise RuntimeError(f"{self.proc.args!r} {why}:\n{self.log[-3000:]}")
 
     def pause(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)
