@@ -23,7 +23,7 @@ def open_store(
     to a few seconds). A URL that names no store (an unknown scheme, a malformed cluster URL, a database
     other than 0 on a cluster) raises :class:`InvalidInput` (a ``ValueError``), which the command line
     prints as an error rather than a traceback. ``cache_seconds`` (with ``cache_entries``) turns on the read
-    cache of one Redis server (:class:`~caller_memory.service.storage.redis.transport.ReadCache`); SQLite reads a local file and needs
+    cache of one Redis server (:class:`~caller_memory.service.storage.redis.read_cache.ReadCache`); SQLite reads a local file and needs
     none, and a Redis Cluster has none (refused). ``decimal_times``: Redis writes memory fields in the form
     earlier releases read (:class:`~caller_memory.service.storage.redis.store.RedisStore`; SQLite has no such form).
     """

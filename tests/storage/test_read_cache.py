@@ -17,8 +17,9 @@ from caller_memory.service.domain.errors import InvalidInput
 from caller_memory.service.domain.store import CallerRef
 from caller_memory.service.storage import open_store
 from caller_memory.service.storage.redis import keys
+from caller_memory.service.storage.redis.lane import _Waiting
+from caller_memory.service.storage.redis.read_cache import ReadCache
 from caller_memory.service.storage.redis.store import RedisStore
-from caller_memory.service.storage.redis.transport import ReadCache, _Waiting
 
 from tests.storage.test_contract import PROJECT, field, new_subject, now_ms, values
 from tests.support.redis_server import RedisServer

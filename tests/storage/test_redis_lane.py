@@ -1,4 +1,4 @@
-"""The standalone Redis transport's shared connection (:class:`~caller_memory.service.storage.redis.transport.Lane`):
+"""The standalone Redis transport's shared connection (:class:`~caller_memory.service.storage.redis.lane.Lane`):
 the calls in flight share one connection and each gets its own replies, whatever else happens on it (error
 replies, calls that give up, a hung or restarted server). A real redis-server each."""
 
@@ -11,12 +11,8 @@ import signal
 
 import pytest
 from caller_memory.service.domain.errors import StoreUnavailable
-from caller_memory.service.storage.redis.transport import (
-    Call,
-    ConnectionLimits,
-    LaneLost,
-    StandaloneTransport,
-)
+from caller_memory.service.storage.redis.lane import LaneLost
+from caller_memory.service.storage.redis.transport import Call, ConnectionLimits, StandaloneTransport
 from redis.exceptions import NoScriptError, ResponseError
 
 from tests.support.redis_server import RedisServer

@@ -15,8 +15,7 @@ import redis.asyncio
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
 from caller_memory.service.domain.store import CallerRef, RecordStatus
 from caller_memory.service.domain.store.webhooks import Delivery, Settlement
-from caller_memory.service.storage.redis import keys
-from caller_memory.service.storage.redis import webhooks as redis_webhooks
+from caller_memory.service.storage.redis import keys, webhook_enqueue
 from caller_memory.service.storage.redis.store import RedisStore
 from caller_memory.service.storage.redis.transport import Command, RedisTransport
 from caller_memory.service.storage.redis.webhooks import BATCH
@@ -506,7 +505,7 @@ async def test_an_ends_compact_enqueue_writes_what_the_parts_one_by_one_write(re
             delivery(t, "wh_b", delivery_id="msg_b", **mine),
             delivery(t, "wh_a", delivery_id="msg_taken", **mine),
         ]
-        fresh = redis_webhooks._ends_call(P, [(batch, caller, t)], t)
+        fresh = webhook_enqueue._ends_call(P, [(batch, caller, t)], t)
         parts = store._parts_call(P, batch, caller, t, t)
         assert len(fresh[1]) * 2 < len(parts[1]) and sorted(fresh[0]) == sorted(parts[0])
         for erased in (False, True):
@@ -564,17 +563,17 @@ async def test_an_end_that_gives_up_leaves_the_enqueue_of_its_turn_to_the_others
             # The one that gave up before the call was sent is left out of it (it is redone whole).
             assert kept == (None if i == 1 else about[c.subject])
         # A call that fails (here the script refuses its arguments) fails every end of its turn.
-        broken = redis_webhooks._ends_call
+        broken = webhook_enqueue._ends_call
 
         def refused(project: str, *rest: Any) -> Any:
             script_keys, args = broken(project, *rest)
             return script_keys, [*args, "junk"]
 
-        redis_webhooks._ends_call = refused  # type: ignore[assignment]
+        webhook_enqueue._ends_call = refused  # type: ignore[assignment]
         try:
             results = await asyncio.gather(*ends(), return_exceptions=True)
         finally:
-            redis_webhooks._ends_call = broken  # type: ignore[assignment]
+            webhook_enqueue._ends_call = broken  # type: ignore[assignment]
         assert all(isinstance(r, Exception) and "webhook_enqueue" in str(r) for r in results), results
     finally:
         await store.close()
@@ -595,7 +594,7 @@ async def test_the_ends_of_a_turn_are_sent_in_calls_of_bounded_size_that_purge_f
         old = [delivery(t, "wh_x", delivery_id=f"msg_old{n}", expires_at=t + 1000) for n in range(600)]
         assert await store.enqueue_deliveries(old, None, t, t)
         later = t + 2000
-        big = b"x" * (redis_webhooks.MAX_BYTES_TOGETHER * 2 // 3)
+        big = b"x" * (webhook_enqueue.MAX_BYTES_TOGETHER * 2 // 3)
         made = [new_caller() for _ in range(3)]
         ends = {
             c.subject: delivery(later, "wh_a", delivery_id=f"msg_{n}", subject=c.subject, payload=big)

@@ -5,7 +5,9 @@ keys or operations. :class:`StandaloneTransport` (here) talks to one server; :cl
 to a Redis Cluster. Both send a call's commands themselves, packed by hiredis (:func:`pack`), in one write on
 one connection, and read the raw replies (RESP3, as hiredis parses them: an HGETALL is a dict).
 
-The standalone hot path shares one connection among the calls in flight (:class:`Lane`): the commands of the
+The standalone hot path shares one connection among the calls in flight (a lane,
+:class:`~caller_memory.service.storage.redis.lane.Lane`, with its read cache in
+:mod:`caller_memory.service.storage.redis.read_cache`): the commands of the
 calls made in one turn of the event loop go out in one write, and one reader task hands out the replies.
 redis-py's client adds, per command, a retry wrapper, response callbacks and observability hooks, and its
 pool an asyncio lock and a socket probe per checkout: measured on this machine with 32 concurrent HGETALLs,
@@ -21,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import re
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -35,7 +36,6 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
-    InvalidResponse,
     NoScriptError,
     RedisClusterException,
     RedisError,
@@ -43,6 +43,8 @@ from redis.exceptions import (
 )
 
 from ...domain.errors import StoreCorrupt, StoreUnavailable
+from .lane import Lane, LaneNotSent
+from .read_cache import ReadCache
 
 SCHEMES = ("redis", "rediss", "unix")
 MIN_SERVER_VERSION = (7, 0)
@@ -267,281 +269,6 @@ class RedisTransport(ABC):
         except NoScriptError:
             script = cast("str", self.scripts[name].script)
             return (await self.run(("EVAL", script, len(script_keys), *script_keys, *args)))[0]
-
-
-class _Waiting:
-    """A call's place in a :class:`Lane`: the replies it expects, its future, when it was sent, and the keys
-    of a cached read (its replies go into the read cache as they are read)."""
-
-    __slots__ = ("count", "future", "replies", "sent", "track")
-
-    def __init__(
-        self, future: asyncio.Future[list[Any]], count: int, sent: float, track: tuple[str, ...] | None
-    ) -> None:
-        self.future = future
-        self.count = count
-        self.replies: list[Any] = []
-        self.sent = sent
-        self.track = track
-
-
-#: What :meth:`ReadCache.get` gives for a key it does not hold (a cached GET may be None).
-_MISSING = object()
-
-
-class ReadCache:
-    """Replies of reads kept by one :class:`Lane`, dropped when Redis says their key changed: client-side
-    caching with server-assisted invalidation (RESP3 ``CLIENT TRACKING ON OPTIN``; each cached read is sent
-    after ``CLIENT CACHING YES``, so Redis tracks only those keys for this connection).
-
-    Redis writes a key's invalidation into this connection's stream when the key changes (whoever changed
-    it: another replica, a sweep, an expiry), so every reply read after it is of a command that ran after
-    the change. Two rules follow, and they are the whole consistency argument:
-
-    - a write acknowledged by this process may still have its invalidation on its way (behind the write's
-      own reply on this lane, or in flight from another connection), so once any call that is not a cached
-      read ended (``dirty``, when it did), nothing is served until the reply of a command sent after that
-      was read: a caller always reads this process's writes;
-    - a write through *another* connection is seen once its invalidation is read; the cache serves only while
-      the lane has read the reply of a command sent less than ``bound`` seconds ago (``synced``), so a hit
-      is never staler than ``bound``: a quiet lane's next read goes to Redis, and refreshes it.
-
-    Values are the raw replies, and beside them (``derived``) what a reader made of one, such as a memory
-    hash decoded into its fields, dropped with it: a hit does not decode the same reply again. A memory read
-    still drops the fields whose own expiry has passed, at every read (an expired field is never served). The
-    cache dies with its lane (a new connection starts empty).
-    """
-
-    __slots__ = ("bound", "derived", "dirty", "entries", "hits", "limit", "misses", "synced")
-
-    def __init__(self, bound: float, limit: int) -> None:
-        self.bound = bound
-        self.limit = limit
-        self.entries: dict[str, Any] = {}
-        #: key -> (its entry, what :meth:`derive` made of it); never outlives the entry.
-        self.derived: dict[str, tuple[Any, Any]] = {}
-        self.synced = float("-inf")  # when the command of the last reply read was sent (loop time)
-        self.dirty = float("-inf")  # when the last call that may have written ended (loop time)
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, keys: Sequence[str], now: float) -> list[Any] | None:
-        if self.synced <= self.dirty or now - self.synced > self.bound:
-            return None
-        entries = self.entries
-        values = [entries.get(key, _MISSING) for key in keys]
-        if _MISSING in values:
-            return None
-        self.hits += 1
-        return values
-
-    def derive(self, key: str, value: Any, make: Callable[[Any], Any]) -> Any:
-        """``make(value)``, made once while ``value`` (what :meth:`get` just gave for ``key``) is the entry:
-        kept beside it until the entry goes. One ``make`` per key (the memory hash's decoding)."""
-        found = self.derived.get(key)
-        if found is not None and found[0] is value:
-            return found[1]
-        made = make(value)
-        if self.entries.get(key, _MISSING) is value:
-            self.derived[key] = (value, made)
-        return made
-
-    def ended(self, call: _Waiting, loop: asyncio.AbstractEventLoop) -> None:
-        """``call``'s last reply was just read (by the lane's reader, before what follows it in the stream)."""
-        self.synced = call.sent
-        if call.track is None:
-            self.dirty = loop.time()
-        else:
-            self.fill(call.track, call.replies[1::2])
-
-    def fill(self, keys: Sequence[str], values: Sequence[Any]) -> None:
-        entries, derived = self.entries, self.derived
-        for key, value in zip(keys, values, strict=True):
-            if isinstance(value, ResponseError):
-                continue
-            if key not in entries and len(entries) >= self.limit:
-                oldest = next(iter(entries))  # the oldest filled
-                del entries[oldest]
-                derived.pop(oldest, None)
-            entries[key] = value
-            derived.pop(key, None)
-
-    def invalidate(self, message: Any) -> None:
-        """An ``invalidate`` push: its keys changed (None: the database was flushed)."""
-        if len(message) < 2 or message[0] != b"invalidate":
-            return
-        if message[1] is None:
-            self.entries.clear()
-            self.derived.clear()
-            return
-        for key in message[1]:
-            name = key.decode()
-            self.entries.pop(name, None)
-            self.derived.pop(name, None)
-
-
-class LaneNotSent(RedisConnectionError):
-    """The lane failed before this call's commands were written: nothing of them ran, so it may be sent
-    again on another lane (the one failure :meth:`StandaloneTransport.run` retries)."""
-
-
-class LaneLost(RedisConnectionError):
-    """The lane failed after this call's commands were written: they may have run (or be running), so the
-    call fails; it is never sent again (a write retried after it landed would apply twice)."""
-
-
-#: What a lane's reader gets when the replies read so far are incomplete (a RESP3 reply may be ``False``).
-_INCOMPLETE = object()
-#: Bytes written to a lane and not yet taken by the server beyond which it takes no new call (a hung server
-#: must not make the process buffer every request's commands).
-MAX_UNSENT_BYTES = 16 << 20
-
-
-def _reply_error(message: str) -> ResponseError:
-    """An error reply as the exception redis-py raises for it (the scripts' NOSCRIPT is told apart)."""
-    if message.startswith("NOSCRIPT "):
-        return NoScriptError(message[len("NOSCRIPT ") :])
-    return ResponseError(message)
-
-
-class Lane:
-    """One connection that the calls in flight share (auto-pipelining, as Redis clients in other languages do).
-
-    A call's commands are packed into the lane's next write; every call queued before the event loop runs
-    again goes out in that one write, and Redis reads them in one go. One reader task takes the replies as
-    they come, many per read, and hands each call its own: calls are answered in the order they were written,
-    so a reply is matched by its place (out-of-band RESP3 pushes are not replies: they are skipped), and a
-    call that gave up (its store call timed out) leaves its replies to be dropped. Per call this saves a
-    connection checkout, a send and a receive system call and a wakeup of the reading coroutine: under load
-    most of a call's own cost in the transport.
-
-    A lane on which a call was cancelled (its store call timed out) is *retired*: the next calls open a new
-    one, and it is closed once no call waits on it any more (each waits at most its own store call's time),
-    so a hung server cannot grow an unbounded queue on one connection. If the connection fails, the calls
-    whose commands were not written yet fail with :class:`LaneNotSent` (safe to send again), the others with
-    :class:`LaneLost` (never sent again). The connection itself is made by redis-py (address, TLS, AUTH,
-    HELLO 3, SELECT, all as the URL says); the lane then reads and writes its stream.
-    """
-
-    __slots__ = ("cache", "connection", "failure", "loop", "out", "reader", "retired", "waiting", "writer")
-
-    def __init__(
-        self, connection: Any, loop: asyncio.AbstractEventLoop, cache: ReadCache | None = None
-    ) -> None:
-        self.connection = connection
-        self.cache = cache
-        self.loop = loop
-        # redis-py's connected stream (the private attributes of its asyncio Connection since 4.2).
-        self.writer: asyncio.StreamWriter = connection._writer
-        self.waiting: deque[_Waiting] = deque()
-        self.out: list[bytes] = []
-        self.failure: BaseException | None = None
-        self.retired = False
-        self.reader = loop.create_task(self._read(connection._reader))
-
-    def send(
-        self, packed: bytes, count: int, track: tuple[str, ...] | None = None
-    ) -> asyncio.Future[list[Any]]:
-        if self.failure is not None:
-            raise LaneNotSent(f"the connection to Redis was lost: {self.failure}")
-        if self.writer.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
-            self.retired = True  # the server takes nothing: the next calls try a new connection
-            raise LaneNotSent(f"Redis has not taken the last {MAX_UNSENT_BYTES >> 20} MiB written to it")
-        future: asyncio.Future[list[Any]] = self.loop.create_future()
-        # The send time matters to the read cache only: no clock read per call without one.
-        sent = self.loop.time() if self.cache is not None else 0.0
-        self.waiting.append(_Waiting(future, count, sent, track))
-        if not self.out:
-            self.loop.call_soon(self._flush)
-        self.out.append(packed)
-        return future
-
-    def _flush(self) -> None:
-        out, self.out = self.out, []
-        if self.failure is None and out:
-            self.writer.write(out[0] if len(out) == 1 else b"".join(out))
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            await self._take_replies(reader)
-        except asyncio.CancelledError:
-            self._fail(RedisConnectionError("the Redis store was closed"))
-            raise
-        except (OSError, RedisError) as exc:
-            self._fail(exc if isinstance(exc, RedisError) else RedisConnectionError(str(exc)))
-        except Exception as exc:  # a reply hiredis cannot parse
-            self._fail(RedisConnectionError(f"unreadable reply from Redis: {exc!r}"))
-        else:
-            self._fail(RedisConnectionError("the connection to Redis was retired"))
-        finally:
-            await self.disconnect()
-
-    async def _take_replies(self, reader: asyncio.StreamReader) -> None:
-        """Read replies and hand them out until the lane is retired and idle (or the connection fails)."""
-        parser = hiredis.Reader(
-            protocolError=InvalidResponse, replyError=_reply_error, notEnoughData=_INCOMPLETE
-        )
-        waiting = self.waiting
-        push = hiredis.PushNotification
-        cache = self.cache
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                raise RedisConnectionError("Redis closed the connection")
-            parser.feed(data)
-            while (reply := parser.gets()) is not _INCOMPLETE:
-                if type(reply) is push:
-                    # Out of band (maintenance notices, invalidations): no call's reply.
-                    if cache is not None:
-                        cache.invalidate(reply)
-                    continue
-                if not waiting:
-                    raise InvalidResponse("Redis sent a reply that no command asked for")
-                call = waiting[0]
-                call.replies.append(reply)
-                if len(call.replies) == call.count:
-                    waiting.popleft()
-                    if cache is not None:  # here, in stream order: a later invalidation must find it
-                        cache.ended(call, self.loop)
-                    if not call.future.done():
-                        call.future.set_result(call.replies)
-            if self.retired and self.idle():
-                return
-
-    async def disconnect(self) -> None:
-        """Let redis-py close its connection (and forget its stream)."""
-        await self.connection.disconnect(nowait=True)
-
-    def idle(self) -> bool:
-        """No call waits for a reply on this lane."""
-        return all(call.future.done() for call in self.waiting)
-
-    def _fail(self, failure: BaseException) -> None:
-        if self.failure is None:
-            self.failure = failure
-        unsent = len(self.out)  # the last calls queued, whose commands were not written yet
-        self.out = []
-        written = len(self.waiting) - unsent
-        for index, call in enumerate(self.waiting):
-            if not call.future.done():
-                kind = LaneLost if index < written else LaneNotSent
-                call.future.set_exception(kind(f"the connection to Redis was lost: {failure}"))
-        self.waiting.clear()
-        self.writer.transport.abort()  # nothing queued to send goes out after this
-
-    def retire(self) -> None:
-        """No new calls; closed as soon as no call waits any more (see :meth:`release`)."""
-        self.retired = True
-        self.release()
-
-    def release(self) -> None:
-        """After a call on a retired lane ended (answered, failed or cancelled): close it if it was the last."""
-        if self.retired and self.failure is None and self.idle():
-            self.close()
-
-    def close(self) -> None:
-        self._fail(RedisConnectionError("the connection to Redis was closed"))
-        self.reader.cancel()
 
 
 class StandaloneTransport(RedisTransport):
