@@ -53,7 +53,9 @@ class Shopkeeper(MemoryAgent):
 
 
 def sip_participant(
-    number: str | None, call_id: str | None, kind: int = participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP
+    number: str | None,
+    call_id: str | None,
+    kind: participant_pb2.ParticipantKind.ValueType = participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP,
 ) -> rtc.RemoteParticipant:
     """A real ``rtc.RemoteParticipant`` without a server (handle 0 makes no FFI call), as LiveKit builds
     one for a SIP caller."""

@@ -32,7 +32,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_context import LLMContext, LLMStandardMessage
 from pipecat.processors.aggregators.llm_response_universal import (
     LLMContextAggregatorPair,
     LLMUserAggregatorParams,
@@ -205,7 +205,7 @@ class Call:
         return result
 
     @property
-    def developer_messages(self) -> list[dict[str, Any]]:
+    def developer_messages(self) -> list[LLMStandardMessage]:
         return [m for m in self.context.messages if isinstance(m, dict) and m.get("role") == "developer"]
 
 

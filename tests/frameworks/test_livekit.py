@@ -25,7 +25,7 @@ from caller_memory.sdk.livekit import (
 )
 from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
 from livekit import rtc
-from livekit.agents import CloseReason, UserStateChangedEvent
+from livekit.agents import CloseReason, RunResult, UserStateChangedEvent
 from livekit.agents.testing import fake_job_context
 from livekit.rtc._proto import handle_pb2, participant_pb2
 
@@ -85,7 +85,7 @@ async def test_two_calls_from_one_number_the_second_greeted_welcome_back(
         session = sessions.new()
         call = remember_caller(session, client, participant=sip_participant(NUMBER, "SCL_call1"))
         await session.start(Shopkeeper(instructions=INSTRUCTIONS))
-        run = await session.run(user_input="hi")
+        run: RunResult[None] = await session.run(user_input="hi")
         run.expect.next_event().is_message(role="assistant")
         assert last_text(session) == "Hello! What's your name?"
         run = await session.run(user_input="my name is Ada")
@@ -288,7 +288,7 @@ async def test_an_interrupted_answer_goes_to_the_transcript_as_spoken_marked_int
         session = sessions.new()
         call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_story")
         await session.start(Shopkeeper(instructions=INSTRUCTIONS))
-        run = session.run(user_input="tell me a story")
+        run: RunResult[None] = session.run(user_input="tell me a story")
         await asyncio.sleep(0.5)  # 40 words 50 ms apart: the caller interrupts about a quarter in
         await session.interrupt()
         await run
@@ -551,7 +551,8 @@ TELNYX_PAI = f'"Ada" <sip:{NUMBER};verstat=TN-Validation-Passed@sip.telnyx.com;u
 
 
 def sip_caller(
-    attributes: dict[str, str], kind: int = participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP
+    attributes: dict[str, str],
+    kind: participant_pb2.ParticipantKind.ValueType = participant_pb2.ParticipantKind.PARTICIPANT_KIND_SIP,
 ) -> rtc.RemoteParticipant:
     """A real SIP participant (no server: handle 0) with the attributes LiveKit would map from the INVITE."""
     info = participant_pb2.ParticipantInfo(
@@ -646,8 +647,9 @@ async def test_a_call_gets_what_its_sip_attestation_qualifies_for_and_more_after
         assert last_text(session) == "Welcome back, Ada!"
         greeting = memory_text(fake_llm.requests[-1])
         assert '"caller_name":"Ada"' in greeting and "verified" not in greeting
-        assert call.memory is not None and call.memory.withheld == ("verified",)
-        assert call.memory.attestation == "C"
+        before = call.memory
+        assert before is not None and before.withheld == ("verified",)
+        assert before.attestation == "C"
         call.step_up_passed()  # the app's own tool checked the caller's PIN
         await session.run(user_input="my PIN is 1234")
         assert '"verified":"yes"' in memory_text(fake_llm.requests[-1])
