@@ -13,7 +13,7 @@ from ..domain.store import AuditEntry
 from ..domain.tokens import Role
 from . import bodies
 from .app_keys import METRICS
-from .openapi_parts import problem, response
+from .openapi_parts import THIS_PROJECT, link, problem, response
 from .operations import documented
 from .queries import AuditQuery, SweepsQuery, parse_query
 from .responses import json_response
@@ -118,6 +118,11 @@ def audit_body(entry: AuditEntry) -> bodies.AuditRecord:
         "422": problem("A malformed `limit` or `before`."),
     },
     query=AuditQuery,
+    links={
+        "200": {
+            "NextPage": link("list_audit", THIS_PROJECT | {"query.before": "$response.body#/next_cursor"})
+        }
+    },
 )
 async def list_audit(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)

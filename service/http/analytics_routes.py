@@ -14,7 +14,7 @@ from ..domain.errors import InvalidInput
 from ..domain.store import ConversationEntry
 from ..domain.tokens import Role
 from . import bodies
-from .openapi_parts import JSON, problem, ref, response
+from .openapi_parts import JSON, THIS_PROJECT, link, problem, ref, response
 from .operations import documented
 from .queries import EARLIEST, ConversationsQuery, RangeQuery, RepeatCallersQuery, parse_query
 from .responses import json_response
@@ -137,6 +137,13 @@ def csv_body(rows: list[bodies.ConversationRow]) -> str:
         "422": problem("A malformed query parameter; `errors` names it."),
     },
     query=ConversationsQuery,
+    links={
+        "200": {
+            "NextPage": link(
+                "list_conversations", THIS_PROJECT | {"query.cursor": "$response.body#/next_cursor"}
+            )
+        }
+    },
 )
 async def list_conversations(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ANALYTICS)

@@ -19,8 +19,11 @@ from .openapi_parts import (
     BAD_CALLER,
     JSON,
     NO_STORE_HEADERS,
+    THIS_CALLER,
+    THIS_CONVERSATION,
     Json,
     body_errors,
+    link,
     problem,
     ref,
     request_body,
@@ -46,6 +49,14 @@ TRANSCRIPT_410 = (
     "said for as long as the service remembers the conversation id."
 )
 BAD_CONVERSATION = "A malformed conversation id"
+#: What an answer about a transcript lets a client do next.
+TRANSCRIPT_LINKS = {
+    "ConversationStatus": link("conversation_status", THIS_CONVERSATION),
+    "History": link("conversation_history", THIS_CONVERSATION),
+    "Context": link("conversation_context", THIS_CONVERSATION),
+    "PutSummary": link("put_summary", THIS_CONVERSATION),
+    "AppendMessages": link("append_messages", THIS_CONVERSATION),
+}
 TRANSCRIPT_NOT_FOUND, TRANSCRIPT_GONE = problem(TRANSCRIPT_404), problem(TRANSCRIPT_410)
 
 
@@ -117,6 +128,7 @@ async def conversation_for(request: web.Request, role: Role) -> tuple[Services, 
     "open is ended first (`ended_by: superseded`, its last state checkpoint persisted). One that "
     "ended by inactivity, by supersession or with `end_reason: dropped` within `resume_window` is "
     "offered as `resume`: its id, summary, last turns and last checkpoint.",
+    links={"200": TRANSCRIPT_LINKS | {"Delete": link("delete_conversation", THIS_CONVERSATION)}},
 )
 async def start_conversation(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
@@ -174,6 +186,13 @@ async def start_conversation(request: web.Request) -> web.Response:
     "harmless); with another body it is a 409. Phone numbers said in `content` and `original` are "
     "replaced by `[phone]` (the caller's own always) before anything is stored. `state` is the "
     "state checkpoint an inactivity end persists.",
+    links={
+        "200": TRANSCRIPT_LINKS
+        | {
+            "Retry": link("append_messages", THIS_CONVERSATION, requestBody="$request.body"),
+            "End": link("end_conversation", THIS_CONVERSATION),
+        }
+    },
 )
 async def append_messages(request: web.Request) -> web.Response:
     received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
@@ -221,6 +240,13 @@ async def conversation_status(request: web.Request) -> web.Response:
     description="While the conversation is open, message times are as sent (epoch ms); once it "
     "ended, milliseconds from its start (`times`). Under `transcript_scope: agent`, an agent token "
     "sees the user's messages and its own agent's. Admin reads are audited.",
+    links={
+        "200": {
+            "HistoryIfChanged": link(
+                "conversation_history", THIS_CONVERSATION | {"header.If-None-Match": "$response.header.ETag"}
+            )
+        }
+    },
 )
 async def conversation_history(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
@@ -269,6 +295,7 @@ async def conversation_history(request: web.Request) -> web.Response:
     body=request_body("SummaryBody", "The summary text, the last turn it covers, its tokens."),
     description="The service runs no model: the agent summarises older turns itself (when "
     "`context` says `needs_summary`). Phone numbers in the text are replaced as in messages.",
+    links={"200": {"Context": TRANSCRIPT_LINKS["Context"]}},
 )
 async def put_summary(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.AGENT)
@@ -335,6 +362,13 @@ async def conversation_context(request: web.Request) -> web.Response:
     },
     query=CallerConversationsQuery,
     description="Each page costs what it holds, however many conversations the caller has.",
+    links={
+        "200": {
+            "NextPage": link(
+                "caller_conversations", THIS_CALLER | {"query.cursor": "$response.body#/next_cursor"}
+            )
+        }
+    },
 )
 async def caller_conversations(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
@@ -364,6 +398,7 @@ async def caller_conversations(request: web.Request) -> web.Response:
         "404": TRANSCRIPT_NOT_FOUND,
         "422": problem(f"{BAD_CONVERSATION}."),
     },
+    links={"204": {"ConversationStatus": TRANSCRIPT_LINKS["ConversationStatus"]}},
 )
 async def delete_conversation(request: web.Request) -> web.Response:
     services, project, conversation_id = await conversation_for(request, Role.ADMIN)

@@ -10,7 +10,16 @@ from ..domain.clock import iso_utc
 from ..domain.links import link_body
 from ..domain.store.links import Link
 from ..domain.tokens import Role
-from .openapi_parts import BAD_CALLER, NO_STORE_HEADERS, body_errors, problem, request_body, response
+from .openapi_parts import (
+    BAD_CALLER,
+    NO_STORE_HEADERS,
+    THIS_CALLER,
+    body_errors,
+    link,
+    problem,
+    request_body,
+    response,
+)
 from .operations import documented
 from .responses import json_response
 from .routes import PRINCIPAL, actor, project_for, read_json
@@ -42,6 +51,12 @@ def link_view(link: Link) -> dict[str, Any]:
     },
     body=request_body("LinkBody", "The identifier to link."),
     description="An admin, or an agent in a call whose caller passed a step-up check. Audited.",
+    links={
+        "201": {
+            "ListLinks": link("list_links", THIS_CALLER),
+            "Unlink": link("delete_link", THIS_CALLER | {"other": "$response.body#/link/link_id"}),
+        }
+    },
 )
 async def create_link(request: web.Request) -> web.Response:
     # An agent may link too, in a call whose caller passed a step-up check (the domain checks the body).

@@ -5,7 +5,7 @@ assembled from the route tables the app registers, so a path is written once, in
 body's shape is written here: ``components.schemas`` is generated from the typed bodies (components.py), and
 the query parameters from the query models (queries.py). The shared parameters, headers, responses and
 request bodies are in openapi_parts.py; the ``webhooks`` section in openapi_webhooks.py. This module adds the
-tags, the links between operations, and the document's frame.
+tags and the document's frame.
 """
 
 from __future__ import annotations
@@ -57,92 +57,10 @@ def _tag(path: str) -> str:
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"
 
 
-def _links() -> dict[tuple[str, str], Json]:
-    """What a response lets a client do next, as OpenAPI links by (operationId, status); schemathesis follows
-    them in its stateful tests."""
-    project = {"project": "$request.path.project"}
-    caller = project | {"identifier": "$request.path.identifier"}
-
-    def to(operation_id: str, parameters: Json, **extra: Any) -> Json:
-        return {"operationId": operation_id, "parameters": parameters} | extra
-
-    configured = {
-        "GetProject": to("get_project", project),
-        "CreateToken": to("create_token", project),
-        "ListTokens": to("list_tokens", project),
-    }
-    conversation = project | {"conversation_id": "$request.path.conversation_id"}
-    transcript = {
-        "ConversationStatus": to("conversation_status", conversation),
-        "History": to("conversation_history", conversation),
-        "Context": to("conversation_context", conversation),
-        "PutSummary": to("put_summary", conversation),
-        "AppendMessages": to("append_messages", conversation),
-    }
-    memory = {
-        "ReadMemory": to("read_memory", caller),
-        "ReadMemoryIfChanged": to("read_memory", caller | {"header.If-None-Match": "$response.header.ETag"}),
-        "PatchMemoryIfUnchanged": to("patch_memory", caller | {"header.If-Match": "$response.header.ETag"}),
-        "EraseCaller": to("erase_caller", caller),
-    }
-    return {
-        ("put_project", "200"): configured,
-        ("put_project", "201"): configured,
-        ("create_token", "201"): {
-            "RevokeToken": to("revoke_token", project | {"token_id": "$response.body#/token_id"}),
-        },
-        ("create_link", "201"): {
-            "ListLinks": to("list_links", caller),
-            "Unlink": to("delete_link", caller | {"other": "$response.body#/link/link_id"}),
-        },
-        ("read_memory", "200"): memory,
-        ("patch_memory", "200"): memory,
-        ("delete_field", "200"): memory,
-        ("erase_caller", "200"): {"ReadMemory": memory["ReadMemory"], "ListAudit": to("list_audit", project)},
-        ("end_conversation", "200"): {
-            "ReadCallerMemory": to("read_memory", project | {"identifier": "$request.body#/caller"}),
-            "ConversationStatus": to("conversation_status", conversation),
-            "Retry": to(
-                "end_conversation",
-                project | {"conversation_id": "$response.body#/conversation_id"},
-                requestBody="$request.body",
-            ),
-            "ListConversations": to("list_conversations", project),
-            "RepeatCallers": to("repeat_callers", project),
-        },
-        ("start_conversation", "200"): transcript | {"Delete": to("delete_conversation", conversation)},
-        ("append_messages", "200"): transcript
-        | {
-            "Retry": to("append_messages", conversation, requestBody="$request.body"),
-            "End": to("end_conversation", conversation),
-        },
-        ("conversation_history", "200"): {
-            "HistoryIfChanged": to(
-                "conversation_history", conversation | {"header.If-None-Match": "$response.header.ETag"}
-            ),
-        },
-        ("put_summary", "200"): {"Context": transcript["Context"]},
-        ("delete_conversation", "204"): {"ConversationStatus": transcript["ConversationStatus"]},
-        ("list_conversations", "200"): {
-            "NextPage": to("list_conversations", project | {"query.cursor": "$response.body#/next_cursor"}),
-        },
-        ("caller_conversations", "200"): {
-            "NextPage": to("caller_conversations", caller | {"query.cursor": "$response.body#/next_cursor"}),
-        },
-        ("list_audit", "200"): {
-            "NextPage": to("list_audit", project | {"query.before": "$response.body#/next_cursor"}),
-        },
-    }
-
-
 def _paths() -> dict[str, Json]:
     paths: dict[str, Json] = {}
-    links = _links()
     for method, path, op in documented_operations(ROUTE_TABLES):
         op["tags"] = [_tag(path)]
-        for status, answer in op["responses"].items():
-            if (op["operationId"], status) in links:
-                op["responses"][status] = answer | {"links": links[op["operationId"], status]}
         item = paths.setdefault(path, {})
         if "{" in path and "parameters" not in item:
             item["parameters"] = [ref(name, "parameters") for name in re.findall(r"\{(\w+)\}", path)]
@@ -151,7 +69,7 @@ def _paths() -> dict[str, Json]:
 
 
 def build_openapi() -> dict[str, Any]:
-    """The OpenAPI 3.1.0 document of every route in ``routes.py`` (a new dict on each call)."""
+    """The OpenAPI 3.1.0 document of every route of ``ROUTE_TABLES`` (a new dict on each call)."""
     description = (
         "Key-value memory attached to a caller's phone number, kept for a bounded retention period. Errors "
         "are RFC 9457 problem details (`application/problem+json`); unknown paths answer 404, and methods a "

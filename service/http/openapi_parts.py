@@ -295,6 +295,18 @@ def request_body(schema: str, description: str, *media: str) -> Json:
     return {"required": True, "description": description, "content": content}
 
 
+# Links: what a response lets a client do next -------------------------------------------------------------
+
+THIS_PROJECT = {"project": "$request.path.project"}
+THIS_CALLER = THIS_PROJECT | {"identifier": "$request.path.identifier"}
+THIS_CONVERSATION = THIS_PROJECT | {"conversation_id": "$request.path.conversation_id"}
+
+
+def link(operation_id: str, parameters: Json, **extra: Any) -> Json:
+    """An OpenAPI link to ``operation_id`` with these parameters (runtime expressions)."""
+    return {"operationId": operation_id, "parameters": parameters} | extra
+
+
 # Operations -----------------------------------------------------------------------------------------------
 
 MEMORY_HEADERS = ("ETag", "Cache-Control")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
@@ -32,7 +32,7 @@ _ATTRIBUTE = "__openapi_operation__"
 class Operation:
     """One operation's description: its role (``None``: public), summary, responses by status (``None``
     drops a status every authenticated operation may answer), shared parameters by name, query model,
-    request body and description."""
+    request body, description, and links by status."""
 
     role: RoleName | None
     summary: str
@@ -41,10 +41,11 @@ class Operation:
     query: type[QueryModel] | None = None
     body: Json | None = None
     description: str = ""
+    links: Mapping[str, Mapping[str, Json]] = field(default_factory=dict)
 
     def render(self, operation_id: str) -> Json:
         """The OpenAPI operation object (a new one on each call)."""
-        return copy.deepcopy(
+        rendered = copy.deepcopy(
             operation(
                 operation_id,
                 self.role,
@@ -56,6 +57,9 @@ class Operation:
                 description=self.description,
             )
         )
+        for status, named in self.links.items():
+            rendered["responses"][status] |= {"links": copy.deepcopy(dict(named))}
+        return rendered
 
 
 def documented(
@@ -67,9 +71,11 @@ def documented(
     query: type[QueryModel] | None = None,
     body: Json | None = None,
     description: str = "",
+    links: Mapping[str, Mapping[str, Json]] | None = None,
 ) -> Callable[[Handler], Handler]:
-    """Attach the operation's description to its handler (put it under the route decorator)."""
-    described = Operation(role, summary, responses, parameters, query, body, description)
+    """Attach the operation's description to its handler (put it under the route decorator). ``links`` are
+    what a response lets a client do next, by status (OpenAPI links; schemathesis follows them)."""
+    described = Operation(role, summary, responses, parameters, query, body, description, links or {})
 
     def attach(handler: Handler) -> Handler:
         setattr(handler, _ATTRIBUTE, described)

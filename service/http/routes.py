@@ -28,7 +28,11 @@ from .openapi_parts import (
     JSON,
     MEMORY_HEADERS,
     MERGE_PATCH,
+    THIS_CALLER,
+    THIS_CONVERSATION,
+    THIS_PROJECT,
     body_errors,
+    link,
     problem,
     request_body,
     response,
@@ -42,6 +46,21 @@ JSON_TYPES = frozenset({"application/json", "application/merge-patch+json"})
 
 routes = web.RouteTableDef()
 PRINCIPAL = web.RequestKey("principal", Principal)
+PROJECT_LINKS = {
+    "GetProject": link("get_project", THIS_PROJECT),
+    "CreateToken": link("create_token", THIS_PROJECT),
+    "ListTokens": link("list_tokens", THIS_PROJECT),
+}
+MEMORY_LINKS = {
+    "ReadMemory": link("read_memory", THIS_CALLER),
+    "ReadMemoryIfChanged": link(
+        "read_memory", THIS_CALLER | {"header.If-None-Match": "$response.header.ETag"}
+    ),
+    "PatchMemoryIfUnchanged": link(
+        "patch_memory", THIS_CALLER | {"header.If-Match": "$response.header.ETag"}
+    ),
+    "EraseCaller": link("erase_caller", THIS_CALLER),
+}
 PRECONDITION = problem("If-Match did not match; `ETag` holds the current one.", "ETag")
 M = TypeVar("M", bound=BaseModel)
 
@@ -245,6 +264,7 @@ async def readyz(request: web.Request) -> web.Response:
         **body_errors(),
     },
     body=request_body("ProjectConfig", "The whole configuration document; missing members take defaults."),
+    links={"200": PROJECT_LINKS, "201": PROJECT_LINKS},
 )
 async def put_project(request: web.Request) -> web.Response:
     services, principal = await authorize(request, None)
@@ -276,6 +296,9 @@ async def get_project(request: web.Request) -> web.Response:
         **body_errors(),
     },
     body=request_body("TokenCreate", "The role of the new token, and a label for people."),
+    links={
+        "201": {"RevokeToken": link("revoke_token", THIS_PROJECT | {"token_id": "$response.body#/token_id"})}
+    },
 )
 async def create_token(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
@@ -338,6 +361,7 @@ async def revoke_token(request: web.Request) -> web.Response:
     description="An agent's read is a call's: the fields the call's caller-ID trust does not qualify "
     "for are left out and listed in `withheld` (the ETag depends on them). Through a linked "
     "identifier, the profile's memory.",
+    links={"200": MEMORY_LINKS},
 )
 async def read_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.AGENT)
@@ -377,6 +401,7 @@ def none_match(header: str, etag: str) -> bool:
     },
     parameters=("If-Match",),
     body=request_body("MemoryPatch", "Fields to set; `null` deletes.", JSON, MERGE_PATCH),
+    links={"200": MEMORY_LINKS},
 )
 async def patch_memory(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
@@ -399,6 +424,7 @@ async def patch_memory(request: web.Request) -> web.Response:
         "422": problem(f"{BAD_CALLER}, or the field name is not valid."),
     },
     parameters=("If-Match",),
+    links={"200": MEMORY_LINKS},
 )
 async def delete_field(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
@@ -419,6 +445,7 @@ async def delete_field(request: web.Request) -> web.Response:
         "200": response("The erasure receipt; it holds no phone number.", "ErasureReceipt"),
         "422": problem(f"{BAD_CALLER}."),
     },
+    links={"200": {"ReadMemory": MEMORY_LINKS["ReadMemory"], "ListAudit": link("list_audit", THIS_PROJECT)}},
 )
 async def erase_caller(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.ADMIN)
@@ -459,6 +486,19 @@ async def erase_caller(request: web.Request) -> web.Response:
     "With conversation memory on, it also ends the transcript; if the service had already ended it "
     "(by inactivity or supersession), the end is *late*: `late: true`, its state applied as a merge "
     "patch written at its time, analytics as recorded.",
+    links={
+        "200": {
+            "ReadCallerMemory": link("read_memory", THIS_PROJECT | {"identifier": "$request.body#/caller"}),
+            "ConversationStatus": link("conversation_status", THIS_CONVERSATION),
+            "Retry": link(
+                "end_conversation",
+                THIS_PROJECT | {"conversation_id": "$response.body#/conversation_id"},
+                requestBody="$request.body",
+            ),
+            "ListConversations": link("list_conversations", THIS_PROJECT),
+            "RepeatCallers": link("repeat_callers", THIS_PROJECT),
+        }
+    },
 )
 async def end_conversation(request: web.Request) -> web.Response:
     received_at = request.app[SERVICES].clock.now_ms()  # before anything else: an erasure after this wins
