@@ -316,12 +316,16 @@ def _settings(args: argparse.Namespace) -> Settings:
         port=getattr(args, "port", None),
         workers=getattr(args, "workers", None),
     )
-    if args.command == "serve" and args.worker_control is None and settings.workers > 1:
-        if settings.store_url.split(":", 1)[0].lower() == "sqlite":
-            raise SettingsError(
-                f"{settings.workers} workers (--workers, CALLER_MEMORY_WORKERS) need a Redis store: "
-                + SQLITE_IS_ONE_PROCESS
-            )
+    if (
+        args.command == "serve"
+        and args.worker_control is None
+        and settings.workers > 1
+        and settings.store_url.split(":", 1)[0].lower() == "sqlite"
+    ):
+        raise SettingsError(
+            f"{settings.workers} workers (--workers, CALLER_MEMORY_WORKERS) need a Redis store: "
+            + SQLITE_IS_ONE_PROCESS
+        )
     return settings
 
 

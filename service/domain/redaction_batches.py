@@ -150,7 +150,7 @@ async def redact_batch_async(
     if budget is None or total <= SMALL_INPUT:
         return redact_batch(texts, regions, masked)
     batch = _joined(texts)
-    if not enough_digits(batch.joined):  # nothing to search (64 KiB of words: a few µs, not a search)
+    if not enough_digits(batch.joined):  # nothing to search (64 KiB of words: microseconds, not a search)
         return list(texts)
     finder = Finder(batch.joined, plans_of(regions), Mask.of(masked))
     out: list[str] = []

@@ -131,6 +131,7 @@ class TokenService:
         operator_token: str | None,
         cache_seconds: float,
         audit: AuditLog,
+        *,
         throttle: FailureThrottle | None = None,
     ) -> None:
         self._store = store

@@ -122,12 +122,12 @@ def fingerprint(*parts: Any) -> str:
 def explicit_event(
     key: ConversationKey,
     subject: str,
+    *,
     channel: str | None,
     end_reason: str | None,
     outcome: Outcome,
     changes: StateChanges,
     made_at: int,
-    *,
     repeat_caller: dict[str, Any] | None = None,
     started_at: int = 0,
     expires_at: int = 0,
@@ -273,10 +273,20 @@ class ConversationService:
         if not project.conversation.enabled:
             check_ids()
         else:
-            verdict, ref = await self._judge(project, key, ref, end_reason, outcome, now, check_ids)
+            verdict, ref = await self._judge(
+                project, key, ref, end_reason=end_reason, outcome=outcome, now=now, check_ids=check_ids
+            )
             if verdict.late:
                 return await self._late_end(
-                    project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
+                    project,
+                    ref,
+                    conversation_id,
+                    changes=changes,
+                    made_at=made_at,
+                    digest=digest,
+                    channel=channel,
+                    end_reason=end_reason,
+                    outcome=outcome,
                 )
         result, ref = await self.persist(
             project,
@@ -294,7 +304,15 @@ class ConversationService:
             # end keeps the record longer than the transcript). Never a 409 for that: a late end, which is
             # itself a 409 if a different late end came first.
             return await self._late_end(
-                project, ref, conversation_id, changes, made_at, digest, channel, end_reason, outcome
+                project,
+                ref,
+                conversation_id,
+                changes=changes,
+                made_at=made_at,
+                digest=digest,
+                channel=channel,
+                end_reason=end_reason,
+                outcome=outcome,
             )
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
@@ -310,9 +328,9 @@ class ConversationService:
                 project,
                 ref,
                 conversation_id,
-                channel,
-                outcome,
-                result.analytics,
+                channel=channel,
+                outcome=outcome,
+                found=result.analytics,
                 made_at=made_at,
                 now=now,
                 ended_by="explicit",
@@ -325,11 +343,11 @@ class ConversationService:
             event = explicit_event(
                 key,
                 ref.subject,
-                channel,
-                end_reason,
-                outcome,
-                changes,
-                made_at,
+                channel=channel,
+                end_reason=end_reason,
+                outcome=outcome,
+                changes=changes,
+                made_at=made_at,
                 repeat_caller=dict(repeat_caller),
                 started_at=verdict.started_at,
                 expires_at=verdict.expires_at,
@@ -352,6 +370,7 @@ class ConversationService:
         project: Project,
         key: ConversationKey,
         ref: CallerRef,
+        *,
         end_reason: str | None,
         outcome: Outcome,
         now: int,
@@ -361,13 +380,17 @@ class ConversationService:
         started through any identifier); returns it with the verdict."""
         if project.identity_linking:
             ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
-        return await self._judged(project, key, ref.subject, end_reason, outcome, now, check_ids), ref
+        verdict = await self._judged(
+            project, key, ref.subject, end_reason=end_reason, outcome=outcome, now=now, check_ids=check_ids
+        )
+        return verdict, ref
 
     async def _judged(
         self,
         project: Project,
         key: ConversationKey,
         subject: str,
+        *,
         end_reason: str | None,
         outcome: Outcome,
         now: int,
@@ -421,6 +444,7 @@ class ConversationService:
         project: Project,
         ref: CallerRef,
         conversation_id: str,
+        *,
         changes: StateChanges,
         made_at: int,
         digest: str,
@@ -449,7 +473,16 @@ class ConversationService:
             ignored = sorted([*changes.persisted, *changes.ignored])
             return ConversationEnd(conversation_id, [], ignored, False, {}, False, erased=True, late=True)
         key = ConversationKey(project.project_id, conversation_id)
-        event = explicit_event(key, ref.subject, channel, end_reason, outcome, changes, made_at, late=True)
+        event = explicit_event(
+            key,
+            ref.subject,
+            channel=channel,
+            end_reason=end_reason,
+            outcome=outcome,
+            changes=changes,
+            made_at=made_at,
+            late=True,
+        )
         await self.process_end(project, event, None, now)
         return ConversationEnd(
             conversation_id=conversation_id,

@@ -225,9 +225,13 @@ def summary_of(header: Header, reader: Reader | None = None) -> dict[str, Any] |
     with an ``agent``), only a summary that agent wrote (written before summaries kept their author, or by
     an admin: no agent's, so none)."""
     summary: dict[str, Any] | None = orjson.loads(header.summary) if header.summary else None
-    if summary is not None and reader is not None and reader.agent is not None:
-        if summary.get("agent") != reader.agent:
-            return None
+    if (
+        summary is not None
+        and reader is not None
+        and reader.agent is not None
+        and summary.get("agent") != reader.agent
+    ):
+        return None
     return summary
 
 

@@ -374,7 +374,12 @@ class TranscriptService:
         summary = summary_of(header, reader)
         through = summary["through_turn"] if summary else -1
         profile = await self._profile(
-            project, header, int(max_tokens * PROFILE_SHARE), now, fields, project.trust.withheld(call)
+            project,
+            header,
+            int(max_tokens * PROFILE_SHARE),
+            now,
+            read=fields,
+            withheld=project.trust.withheld(call),
         )
         summarised = summary_section(summary)
         if summarised is not None and summarised["tokens"] > max_tokens - profile["tokens"]:
@@ -421,6 +426,7 @@ class TranscriptService:
         header: Header,
         cap: int,
         now: int,
+        *,
         read: dict[str, StoredField] | None = None,
         withheld: tuple[str, ...] = (),
     ) -> ProfileSection:

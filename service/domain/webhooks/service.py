@@ -297,7 +297,13 @@ class WebhookService:
             payload = data if history is None or not endpoint.include_history else {**data, **history}
             deliveries.append(
                 self._delivery(
-                    endpoint, kind, event.key.conversation_id, payload, event.subject, now, expires_at
+                    endpoint,
+                    kind,
+                    event.key.conversation_id,
+                    payload,
+                    subject=event.subject,
+                    now=now,
+                    expires_at=expires_at,
                 )
             )
         return deliveries
@@ -310,7 +316,9 @@ class WebhookService:
         now = self.clock.now_ms()
         data = {"receipt_id": receipt_id, "conversation_ids": sorted(conversation_ids)}
         deliveries = [
-            self._delivery(e, ERASED, receipt_id, data, "", now, now + NO_TRANSCRIPT_TTL_MS)
+            self._delivery(
+                e, ERASED, receipt_id, data, subject="", now=now, expires_at=now + NO_TRANSCRIPT_TTL_MS
+            )
             for e in endpoints
         ]
         await self.store.enqueue_deliveries(deliveries, None, now, now)
@@ -336,6 +344,7 @@ class WebhookService:
         kind: str,
         about: str,
         data: dict[str, Any],
+        *,
         subject: str,
         now: int,
         expires_at: int,
