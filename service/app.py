@@ -34,16 +34,10 @@ from .domain.webhooks.policy import WebhookPolicy
 from .domain.webhooks.secrets import SecretBox
 from .domain.webhooks.service import WebhookService
 from .http.admin_routes import record_sweep_metrics
-from .http.admin_routes import routes as admin_routes
-from .http.analytics_routes import routes as analytics_routes
 from .http.app_keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
-from .http.conversation_routes import routes as conversation_routes
-from .http.dashboard import routes as dashboard_routes
-from .http.link_routes import routes as link_routes
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
-from .http.routes import routes
-from .http.webhook_routes import routes as webhook_routes
+from .http.openapi import ROUTE_TABLES
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
 from .storage import open_store
@@ -217,13 +211,8 @@ def create_app(
     app.cleanup_ctx.append(store_lifecycle)
     app.cleanup_ctx.append(sweep_schedule)
     app.cleanup_ctx.append(delivery_worker)
-    app.add_routes(routes)
-    app.add_routes(admin_routes)
-    app.add_routes(analytics_routes)
-    app.add_routes(conversation_routes)
-    app.add_routes(dashboard_routes)
-    app.add_routes(webhook_routes)
-    app.add_routes(link_routes)
+    for table in ROUTE_TABLES:  # the same tables /openapi.json is assembled from
+        app.add_routes(table)
     return app
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from aiohttp import web
+
 from . import (
     admin_routes,
     analytics_routes,
@@ -23,13 +25,18 @@ from . import (
     webhook_routes,
 )
 from .components import component_schemas
-from .openapi_parts import AUTH_TEXT, Json, ref, shared_headers, shared_parameters, version
+from .openapi_parts import AUTH_TEXT, JSON, Json, ref, shared_headers, shared_parameters, version
 from .openapi_webhooks import events_text, webhook_events
-from .operations import documented_operations
+from .operations import documented, documented_operations
+from .responses import json_response
+
+#: This module's own route: the document itself.
+openapi_routes = web.RouteTableDef()
 
 #: The route tables, in the order the app registers them (app.py).
 ROUTE_TABLES = (
     routes.routes,
+    openapi_routes,
     admin_routes.routes,
     analytics_routes.routes,
     conversation_routes.routes,
@@ -112,3 +119,13 @@ def build_openapi() -> dict[str, Any]:
             "headers": shared_headers(),
         },
     }
+
+
+@openapi_routes.get("/openapi.json")
+@documented(
+    None,
+    "This API description",
+    {"200": {"description": "This document.", "content": {JSON: {"schema": {"type": "object"}}}}},
+)
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(build_openapi())

@@ -528,15 +528,3 @@ async def end_conversation(request: web.Request) -> web.Response:
         "withheld": ended.withheld,
     }
     return json_response(body, headers={"Idempotent-Replayed": "true" if ended.replayed else "false"})
-
-
-@routes.get("/openapi.json")
-@documented(
-    None,
-    "This API description",
-    {"200": {"description": "This document.", "content": {JSON: {"schema": {"type": "object"}}}}},
-)
-async def openapi(request: web.Request) -> web.Response:
-    from .openapi import build_openapi
-
-    return json_response(build_openapi())
