@@ -129,7 +129,7 @@ async def test_an_explicit_end_racing_the_inactivity_end_is_counted_once_and_los
     clock.advance(31 * 60)
     ended, _ = await asyncio.gather(
         services.conversations.end(
-            shop, "call-1", CALLER, {"caller_name": "Ada"}, Outcome(qa="resolved"), "phone"
+            shop, "call-1", CALLER, {"caller_name": "Ada"}, Outcome(qa="resolved"), channel="phone"
         ),
         services.lifecycle.run_inactivity_ends(services.projects),
     )
@@ -151,17 +151,17 @@ async def test_a_late_end_applies_its_state_and_leaves_analytics(
     assert await services.lifecycle.run_inactivity_ends(services.projects) == 1
     clock.advance(60)
     late = await services.conversations.end(
-        shop, "call-1", CALLER, {"booking_day": "Saturday", "x": 1}, Outcome(qa="resolved"), "phone"
+        shop, "call-1", CALLER, {"booking_day": "Saturday", "x": 1}, Outcome(qa="resolved"), channel="phone"
     )
     assert (late.late, late.persisted, late.ignored, late.replayed) == (True, ["booking_day"], ["x"], False)
     assert (await memory(services, shop))["booking_day"] == "Saturday"
     again = await services.conversations.end(
-        shop, "call-1", CALLER, {"booking_day": "Saturday", "x": 1}, Outcome(qa="resolved"), "phone"
+        shop, "call-1", CALLER, {"booking_day": "Saturday", "x": 1}, Outcome(qa="resolved"), channel="phone"
     )
     assert (again.late, again.replayed) == (True, True)
     with pytest.raises(Conflict):
         await services.conversations.end(
-            shop, "call-1", CALLER, {"booking_day": "Monday"}, Outcome(), "phone"
+            shop, "call-1", CALLER, {"booking_day": "Monday"}, Outcome(), channel="phone"
         )
     assert [e.ended_by for e in await listed(services)] == ["inactivity"]
 
@@ -225,10 +225,14 @@ async def test_a_completed_call_is_not_offered_but_a_dropped_one_is(
 ) -> None:
     shop = await project(services)
     await dropped_call(services, shop, "call-1")
-    await services.conversations.end(shop, "call-1", CALLER, {}, Outcome(), "phone", end_reason="completed")
+    await services.conversations.end(
+        shop, "call-1", CALLER, {}, Outcome(), channel="phone", end_reason="completed"
+    )
     started = await services.lifecycle.start(shop, "call-2", {"caller": CALLER, "channel": "phone"})
     assert started["resume"] is None
-    await services.conversations.end(shop, "call-2", CALLER, {}, Outcome(), "phone", end_reason="dropped")
+    await services.conversations.end(
+        shop, "call-2", CALLER, {}, Outcome(), channel="phone", end_reason="dropped"
+    )
     third = await services.lifecycle.start(shop, "call-3", {"caller": CALLER, "channel": "phone"})
     assert third["resume"] is not None and third["resume"]["conversation_id"] == "call-2"
 
@@ -295,7 +299,7 @@ async def test_an_end_naming_another_caller_leaves_the_transcript_alone(services
     await dropped_call(services, shop)
     # Refused before anything is written (issue 27): it neither claims the transcript nor takes the id's end.
     with pytest.raises(Conflict, match="another caller"):
-        await services.conversations.end(shop, "call-1", "+447700900123", {}, Outcome(), "phone")
+        await services.conversations.end(shop, "call-1", "+447700900123", {}, Outcome(), channel="phone")
     assert (await services.transcripts.status(shop, "call-1"))["status"] == "active"
     appended = await services.transcripts.append(shop, "call-1", {"messages": [user("still here", 2)]})
     assert appended["stored"] and appended["added"] == 1
@@ -327,7 +331,7 @@ async def test_the_retry_of_an_explicit_end_that_crashed_is_still_applied(
         CALLER,
         {"booking_day": "Saturday"},
         Outcome(qa="resolved"),
-        "phone",
+        channel="phone",
         end_reason="completed",
     )
     assert (retry.late, retry.persisted) == (False, ["booking_day"])
@@ -346,7 +350,7 @@ async def test_an_explicit_end_after_the_transcript_expired_is_late_not_a_confli
     assert await services.lifecycle.run_inactivity_ends(services.projects) == 1
     clock.advance(10 * 60)  # the transcript expired; the service's end record is remembered
     late = await services.conversations.end(
-        shop, "call-1", CALLER, {"booking_day": "Monday"}, Outcome(), "phone"
+        shop, "call-1", CALLER, {"booking_day": "Monday"}, Outcome(), channel="phone"
     )
     assert late.late and late.persisted == ["booking_day"]
     assert (await memory(services, shop))["booking_day"] == "Monday"

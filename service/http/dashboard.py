@@ -85,7 +85,7 @@ class Asset:
 @functools.cache
 def load(name: str) -> Asset:
     """One of the dashboard's files, read from the installed package."""
-    body = resources.files(_PACKAGE).joinpath("dashboard", name).read_bytes()
+    body = resources.files(_PACKAGE).joinpath("dashboard_files", name).read_bytes()
     content_type = "text/html" if name == PAGE else ASSETS[name]
     return Asset(body, content_type, '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
 

@@ -14,7 +14,7 @@ from ..domain.limits import (
     PROJECT_ID_PATTERN,
     TOKEN_ID_PATTERN,
 )
-from ..domain.webhooks.service import ENDED, ERASED
+from ..domain.webhooks.views import ENDED, ERASED
 from .queries import QueryModel, query_parameters
 
 Json = dict[str, Any]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..domain.webhooks.service import ENDED, ERASED, EVENTS, UPDATED
+from ..domain.webhooks.views import ENDED, ERASED, EVENTS, UPDATED
 from .openapi_parts import ref
 
 Json = dict[str, Any]

@@ -511,7 +511,7 @@ async def end_conversation(request: web.Request) -> web.Response:
         spec.caller,
         spec.state,
         outcome,
-        spec.channel,
+        channel=spec.channel,
         received_at=received_at,
         ended_at=int(spec.ended_at.timestamp() * 1000) if spec.ended_at is not None else None,
         end_reason=spec.end_reason,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..domain.tokens import Role
-from ..domain.webhooks.service import ENDED, WebhookCreate, WebhookRotate
-from ..domain.webhooks.views import delivery_view, webhook_view, with_secret
+from ..domain.webhooks.service import WebhookCreate, WebhookRotate
+from ..domain.webhooks.views import ENDED, delivery_view, webhook_view, with_secret
 from .app_keys import WEBHOOKS
 from .openapi_parts import NO_STORE_HEADERS, body_errors, problem, request_body, response
 from .openapi_webhooks import SIGNING, events_by_case

@@ -19,7 +19,7 @@ from caller_memory.service.domain.limits import MAX_BODY_BYTES
 from caller_memory.service.domain.retention import SWEEP_LEASE
 from caller_memory.service.domain.store.webhooks import Delivery, Settlement
 from caller_memory.service.domain.tokens import FailureThrottle
-from caller_memory.service.domain.webhooks.service import EVENTS
+from caller_memory.service.domain.webhooks.views import EVENTS
 from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.app_keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
@@ -524,7 +524,9 @@ async def webhook_walkthrough(check: Checker, client: TestClient[web.Request, we
         "shop", "msg_walk", created["webhook_id"], "conversation.ended", b"{}", "", now, now + 60_000_000
     )
     assert await services.store.enqueue_deliveries([delivery], None, now, now)
-    [claimed] = await services.store.claim_deliveries("shop", created["webhook_id"], now, 1, "me", now + 1000)
+    [claimed] = await services.store.claim_deliveries(
+        "shop", created["webhook_id"], now, 1, owner="me", lease_until=now + 1000
+    )
     await services.store.settle_delivery(
         "shop", claimed.delivery_id, "me", Settlement.FAILED, now, error="HTTP 500"
     )

@@ -18,7 +18,16 @@ async def ended_conversations(services: Services, shop: Project, raw: str, count
     async def one(i: int) -> None:
         key = ConversationKey(shop.project_id, f"{prefix}-{i:05d}")
         write = services.transcripts.appends.write(
-            shop, key, caller, caller.subject, "phone", "", [], None, now, now
+            shop,
+            key,
+            caller,
+            caller.subject,
+            channel="phone",
+            agent="",
+            messages=[],
+            checkpoint=None,
+            made_at=now,
+            now=now,
         )
         await store.append_messages(write, now)
         await store.claim_end(EndClaim(key, "explicit", "completed", None, now + 60_000), now)

@@ -127,6 +127,7 @@ class TranscriptAppends:
         key: ConversationKey,
         caller: Caller | None,
         subject: str,
+        *,
         channel: str,
         agent: str,
         messages: list[NewMessage],
@@ -217,12 +218,12 @@ class TranscriptAppends:
             key,
             caller,
             subject if caller is not None else "",
-            body.channel or "",
-            body.agent or "",
-            encoded,
-            checkpoint,
-            made_at,
-            now,
+            channel=body.channel or "",
+            agent=body.agent or "",
+            messages=encoded,
+            checkpoint=checkpoint,
+            made_at=made_at,
+            now=now,
         )
         result = await self._store.append_messages(write, now)
         if result.status is AppendStatus.ID_CONFLICT and body.sent_at is None:

@@ -319,7 +319,16 @@ class Lifecycle:
         superseded, candidates = await self.supersede(project, ref, body.channel, conversation_id, now)
         key = ConversationKey(project.project_id, conversation_id)
         write = self._transcripts.appends.write(
-            project, key, caller, ref.subject, body.channel, body.agent or "", [], None, now, now
+            project,
+            key,
+            caller,
+            ref.subject,
+            channel=body.channel,
+            agent=body.agent or "",
+            messages=[],
+            checkpoint=None,
+            made_at=now,
+            now=now,
         )
         result = await self._store.append_messages(write, now)
         if result.status is AppendStatus.ERASED:

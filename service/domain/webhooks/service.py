@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import InitVar, dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,14 +42,10 @@ from ..store.transcripts import TranscriptQuery
 from ..store.webhooks import Delivery, DeliveryStatus, WebhookEndpoint
 from .policy import RefusedAddress, WebhookPolicy
 from .secrets import SecretBox, SecretKeyError, new_secret
+from .views import ENDED, ERASED, EVENTS, UPDATED, EventName
 
 log = logging.getLogger("caller_memory.webhooks")
 
-ENDED = "conversation.ended"
-UPDATED = "conversation.updated"
-ERASED = "caller.erased"
-EVENTS = (ENDED, UPDATED, ERASED)
-EventType = Literal["conversation.ended", "conversation.updated", "caller.erased"]
 #: Projects whose endpoints one process keeps in memory at most (then it starts again).
 MAX_CACHED_PROJECTS = 10_000
 #: Endpoints one project may register (each event is queued once per endpoint).
@@ -86,7 +82,7 @@ class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     url: str = Field(max_length=2048, description="https:// URL of the receiver")
-    events: list[EventType] = Field(min_length=1, max_length=len(EVENTS))
+    events: list[EventName] = Field(min_length=1, max_length=len(EVENTS))
     #: Summary and history in ``conversation.ended`` payloads (only where the operator allows it).
     include_history: bool = False
     description: str = Field(default="", max_length=200)

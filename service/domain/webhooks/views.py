@@ -3,7 +3,7 @@ schemas, components and ``webhooks`` section, are generated from these)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, with_config
 from typing_extensions import TypedDict
@@ -12,7 +12,11 @@ from ..clock import iso_utc
 from ..store.webhooks import Delivery, WebhookEndpoint
 
 _CLOSED: Any = {"extra": "forbid"}
+#: The event types, written once: the registration's model, the payloads, the queue and the OpenAPI document
+#: (its ``webhooks`` section, tags and examples) all take them from here.
 EventName = Literal["conversation.ended", "conversation.updated", "caller.erased"]
+EVENTS: tuple[EventName, ...] = get_args(EventName)
+ENDED, UPDATED, ERASED = EVENTS
 DateTime = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
