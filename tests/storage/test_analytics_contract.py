@@ -234,7 +234,9 @@ async def test_listing_and_counters_obey_a_retention_shorter_than_their_expiry(s
 
     async def buckets(kind: str, recorded_after: int | None) -> list[int]:
         start = bucket_start(kind, hour)
-        got = await store.counters(PROJECT, kind, start, start + 3 * HOUR_MS, t, recorded_after)
+        got = await store.counters(
+            PROJECT, kind, start, start + 3 * HOUR_MS, t, recorded_after=recorded_after
+        )
         return [c.bucket for c in got]
 
     assert await buckets("hour", None) == [hour, hour + 2 * HOUR_MS]

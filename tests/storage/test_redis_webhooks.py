@@ -57,7 +57,9 @@ async def test_a_queue_is_one_slot_its_index_the_projects_and_its_listing_the_ca
     await redis_store.put_endpoint(e)
     d = delivery(t, e.endpoint_id, subject=caller.subject)
     assert await redis_store.enqueue_deliveries([d], caller, t, t)
-    assert await redis_store.claim_deliveries(P, e.endpoint_id, t, 10, "w", t + LEASE) == [d]
+    assert await redis_store.claim_deliveries(P, e.endpoint_id, t, 10, owner="w", lease_until=t + LEASE) == [
+        d
+    ]
     assert await redis_store.settle_delivery(P, d.delivery_id, "w", Settlement.FAILED, t + 1, error="x")
 
     queue = queue_keys(e.endpoint_id, d.delivery_id)
@@ -105,7 +107,7 @@ async def test_every_key_expires_at_the_latest_expiry_it_holds(
     other = delivery(t, "wh_2", expires_at=t + 2 * HOUR_MS)
     assert await redis_store.enqueue_deliveries([short, long, other], caller, t, t)
     # The failed set is made by a settlement: it gets its expiry then.
-    assert len(await redis_store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE)) == 2
+    assert len(await redis_store.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + LEASE)) == 2
     assert await redis_store.settle_delivery(P, short.delivery_id, "w", Settlement.FAILED, t + 1)
 
     for name in keys.webhook_queue_keys(P, "wh_1"):
@@ -133,8 +135,10 @@ async def test_an_erasure_leaves_no_delivery_of_the_caller(
     theirs = [delivery(t, "wh_0", subject=other.subject), delivery(t, "wh_1", event="caller.erased")]
     assert await redis_store.enqueue_deliveries(mine, caller, t, t)
     assert await redis_store.enqueue_deliveries(theirs, None, t, t)
-    assert len(await redis_store.claim_deliveries(P, "wh_0", t, 10, "w", t + LEASE)) == 2  # leased
-    assert mine[1] in await redis_store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE)
+    assert (
+        len(await redis_store.claim_deliveries(P, "wh_0", t, 10, owner="w", lease_until=t + LEASE)) == 2
+    )  # leased
+    assert mine[1] in await redis_store.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + LEASE)
     assert await redis_store.settle_delivery(P, mine[1].delivery_id, "w", Settlement.FAILED, t + 1)
 
     await redis_store.erase_caller(caller, t + 2, t + DAY_MS)
@@ -195,7 +199,10 @@ async def test_an_erasure_overtaking_an_enqueue_wins(
     for d in about:
         assert keys.webhook_delivery_key(P, d.endpoint_id, d.delivery_id) not in left
         assert await redis_store.get_delivery(P, d.delivery_id, t) is None
-        assert await redis_store.claim_deliveries(P, d.endpoint_id, t, 10, "w", t + LEASE) == []
+        assert (
+            await redis_store.claim_deliveries(P, d.endpoint_id, t, 10, owner="w", lease_until=t + LEASE)
+            == []
+        )
     if not redis_store._cluster:  # one atomic step: not even a listing or an index entry was written
         assert not [k for k in left if "{wp:" in k or "{wq:" in k or ":wc:" in k or k == keys.WEBHOOK_WORK]
 
@@ -276,7 +283,7 @@ async def test_a_delivered_settlement_forgets_the_delivery_in_one_round_trip(
     t, caller = now_ms(), new_caller()
     d = delivery(t, "wh_1", subject=caller.subject)
     assert await redis_store.enqueue_deliveries([d], caller, t, t)
-    assert await redis_store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE) == [d]
+    assert await redis_store.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + LEASE) == [d]
     # Once the servers know the index script (forgetting an id that was never queued changes nothing).
     await redis_store._forget(P, [("msg_none", "wh_1", caller.subject)])
     counted = Counted(redis_store._transport)
@@ -303,7 +310,11 @@ async def test_claims_racing_from_several_stores_lease_each_delivery_once(
         claimed: list[str] = []
         while True:
             rounds = await asyncio.gather(
-                *(s.claim_deliveries(P, "wh_1", t, 4, f"w{i}", t + LEASE) for i in range(12) for s in stores)
+                *(
+                    s.claim_deliveries(P, "wh_1", t, 4, owner=f"w{i}", lease_until=t + LEASE)
+                    for i in range(12)
+                    for s in stores
+                )
             )
             got = [d.delivery_id for batch in rounds for d in batch]
             if not got:
@@ -313,7 +324,10 @@ async def test_claims_racing_from_several_stores_lease_each_delivery_once(
         # Once every lease ran out, they are claimed again, each once still.
         later = t + LEASE
         rounds = await asyncio.gather(
-            *(s.claim_deliveries(P, "wh_1", later, 200, f"v{i}", later + LEASE) for i, s in enumerate(stores))
+            *(
+                s.claim_deliveries(P, "wh_1", later, 200, owner=f"v{i}", lease_until=later + LEASE)
+                for i, s in enumerate(stores)
+            )
         )
         again = [d.delivery_id for batch in rounds for d in batch]
         assert sorted(again) == sorted(ids(queued))
@@ -328,10 +342,14 @@ async def test_a_lease_that_ran_out_is_claimed_in_due_order(redis_store: RedisSt
     t = now_ms()
     first, second = delivery(t, "wh_1", delivery_id="msg_b"), delivery(t + 1, "wh_1", next_attempt_at=t + 1)
     assert await redis_store.enqueue_deliveries([first], None, t, t)
-    assert await redis_store.claim_deliveries(P, "wh_1", t, 1, "w1", t + 10) == [first]
+    assert await redis_store.claim_deliveries(P, "wh_1", t, 1, owner="w1", lease_until=t + 10) == [first]
     assert await redis_store.enqueue_deliveries([second], None, t + 1, t + 1)
-    assert await redis_store.claim_deliveries(P, "wh_1", t + 20, 1, "w2", t + LEASE) == [first]
-    assert await redis_store.claim_deliveries(P, "wh_1", t + 20, 1, "w2", t + LEASE) == [second]
+    assert await redis_store.claim_deliveries(P, "wh_1", t + 20, 1, owner="w2", lease_until=t + LEASE) == [
+        first
+    ]
+    assert await redis_store.claim_deliveries(P, "wh_1", t + 20, 1, owner="w2", lease_until=t + LEASE) == [
+        second
+    ]
 
 
 async def test_an_index_entry_whose_delivery_redis_expired_first_is_dropped(
@@ -343,12 +361,16 @@ async def test_an_index_entry_whose_delivery_redis_expired_first_is_dropped(
     gone, kept = delivery(t, "wh_1", delivery_id="msg_a"), delivery(t, "wh_1", delivery_id="msg_b")
     failed = delivery(t, "wh_1", delivery_id="msg_c")
     assert await redis_store.enqueue_deliveries([gone, kept, failed], None, t, t)
-    assert await redis_store.claim_deliveries(P, "wh_1", t, 3, "w", t + 1) == [gone, kept, failed]
+    assert await redis_store.claim_deliveries(P, "wh_1", t, 3, owner="w", lease_until=t + 1) == [
+        gone,
+        kept,
+        failed,
+    ]
     assert await redis_store.settle_delivery(P, failed.delivery_id, "w", Settlement.FAILED, t)
     for d in (gone, failed):
         await redis_client.delete(keys.webhook_delivery_key(P, "wh_1", d.delivery_id))
     assert await redis_store.failed_deliveries(P, t) == []
-    assert await redis_store.claim_deliveries(P, "wh_1", t + 1, 3, "w", t + LEASE) == [kept]
+    assert await redis_store.claim_deliveries(P, "wh_1", t + 1, 3, owner="w", lease_until=t + LEASE) == [kept]
     for name in keys.webhook_queue_keys(P, "wh_1"):
         for d in (gone, failed):
             assert await redis_client.zscore(name, d.delivery_id) is None
@@ -364,7 +386,7 @@ async def test_an_id_living_for_another_endpoint_is_left_as_it_is(redis_store: R
     assert await redis_store.enqueue_deliveries([d], None, t, t)
     assert await redis_store.enqueue_deliveries([elsewhere], None, t, t)
     assert await redis_store.get_delivery(P, d.delivery_id, t) == d
-    assert await redis_store.claim_deliveries(P, "wh_2", t, 10, "w", t + LEASE) == []
+    assert await redis_store.claim_deliveries(P, "wh_2", t, 10, owner="w", lease_until=t + LEASE) == []
     # Once it is gone, the id is free for any endpoint.
     assert await redis_store.delete_delivery(P, d.delivery_id)
     assert await redis_store.enqueue_deliveries([elsewhere], None, t, t)

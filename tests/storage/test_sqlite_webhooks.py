@@ -24,7 +24,7 @@ async def test_the_sweep_removes_expired_deliveries_failed_ones_too(tmp_path: Pa
             delivery("msg_long", now, 10**9),
         ]
         assert await store.enqueue_deliveries(queued, None, now, now)
-        claimed = await store.claim_deliveries("shop", "wh_1", now, 3, "me", now + 500)
+        claimed = await store.claim_deliveries("shop", "wh_1", now, 3, owner="me", lease_until=now + 500)
         assert {d.delivery_id for d in claimed} == {"msg_short", "msg_failed", "msg_long"}
         assert await store.settle_delivery(
             "shop", "msg_failed", "me", Settlement.FAILED, now, error="HTTP 500"

@@ -78,6 +78,7 @@ def claim(
     ended_by: str = "explicit",
     end_reason: str = "completed",
     idle_since: int | None = None,
+    *,
     end_data: bytes = b"",
 ) -> EndClaim:
     return EndClaim(key, ended_by, end_reason, idle_since, lease_until, end_data)
@@ -208,13 +209,15 @@ async def test_a_lapsed_claim_is_taken_over_keeping_the_first_ended_at(store: St
     header = await started(store, t)
     first_at = t + INACTIVITY
     lapse = first_at + LEASE
-    first = await store.claim_end(claim(header.key, lapse, "inactivity", "", t, b'{"try": 1}'), first_at)
+    first = await store.claim_end(
+        claim(header.key, lapse, "inactivity", "", t, end_data=b'{"try": 1}'), first_at
+    )
     assert first.status is ClaimStatus.CLAIMED and first.header is not None
     held = await store.claim_end(claim(header.key, lapse + LEASE, "explicit", "dropped"), lapse - 1)
     assert (held.status, held.header) == (ClaimStatus.ALREADY, first.header)
     # At the lease's end exactly, any end takes it over: its own kind, reason, data and lease, the first time.
     over = await store.claim_end(
-        claim(header.key, lapse + LEASE, "explicit", "dropped", None, b'{"try": 2}'), lapse
+        claim(header.key, lapse + LEASE, "explicit", "dropped", None, end_data=b'{"try": 2}'), lapse
     )
     expected = dataclasses.replace(
         first.header,

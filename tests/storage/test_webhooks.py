@@ -133,7 +133,9 @@ async def queue(store: WebhookStore, t: int, *deliveries: Delivery) -> None:
 async def failed(store: WebhookStore, t: int, d: Delivery, error: str = "HTTP 503") -> Delivery:
     """``d`` queued, claimed at ``t`` and settled FAILED at ``t``."""
     await queue(store, t, d)
-    assert d.delivery_id in ids(await store.claim_deliveries(d.project, d.endpoint_id, t, 10, "w", t + 1))
+    assert d.delivery_id in ids(
+        await store.claim_deliveries(d.project, d.endpoint_id, t, 10, owner="w", lease_until=t + 1)
+    )
     assert await store.settle_delivery(d.project, d.delivery_id, "w", Settlement.FAILED, t, error=error)
     got = await store.get_delivery(d.project, d.delivery_id, t)
     assert got is not None and got.status is DeliveryStatus.FAILED
@@ -200,7 +202,7 @@ async def test_deleting_an_endpoint_deletes_its_deliveries(store: Backend) -> No
     assert await store.list_endpoints(P) == [kept]
     for d in (queued, dead):
         assert await store.get_delivery(P, d.delivery_id, t) is None
-    assert await store.claim_deliveries(P, gone.endpoint_id, t, 10, "w", t + LEASE) == []
+    assert await store.claim_deliveries(P, gone.endpoint_id, t, 10, owner="w", lease_until=t + LEASE) == []
     assert await store.failed_deliveries(P, t) == []
     assert await store.get_delivery(P, kept_one.delivery_id, t) == kept_one
     assert await store.queue_stats(t) == QueueStats(queued=1, failed=0, oldest_queued_at=t)
@@ -223,7 +225,9 @@ async def test_queued_deliveries_read_back_and_are_seen_by_every_replica(
     assert await replica.get_delivery(P, b.delivery_id, t) == b
     assert await store.get_delivery(Q, a.delivery_id, t) is None
     assert await store.get_delivery(P, "msg_missing", t) is None
-    assert ids(await replica.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE)) == sorted(ids([a, b]))
+    assert ids(await replica.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + LEASE)) == sorted(
+        ids([a, b])
+    )
 
 
 async def test_enqueue_is_idempotent_while_the_delivery_lives(store: Backend) -> None:
@@ -253,7 +257,9 @@ async def test_a_delivered_delivery_may_be_queued_again(store: Backend) -> None:
     t = now_ms()
     d = delivery(t, "wh_1")
     await queue(store, t, d)
-    assert ids(await store.claim_deliveries(P, "wh_1", t, 1, "w", t + LEASE)) == [d.delivery_id]
+    assert ids(await store.claim_deliveries(P, "wh_1", t, 1, owner="w", lease_until=t + LEASE)) == [
+        d.delivery_id
+    ]
     assert await store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 1)
     again = dataclasses.replace(d, created_at=t + 2, next_attempt_at=t + 2)
     await queue(store, t + 2, again)
@@ -270,7 +276,7 @@ async def test_enqueue_for_an_erased_caller_queues_nothing(store: Backend) -> No
     assert not await store.enqueue_deliveries([], caller, t, t + 10)
     for d in about:
         assert await store.get_delivery(P, d.delivery_id, t + 10) is None
-    assert await store.claim_deliveries(P, "wh_1", t + 10, 10, "w", t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 10, 10, owner="w", lease_until=t + LEASE) == []
     assert await store.queue_stats(t + 10) == QueueStats(0, 0, 0)
     # The tombstone is the caller's alone, in its project.
     theirs = delivery(t, "wh_1", subject=other.subject)
@@ -309,7 +315,9 @@ async def test_an_ends_recording_queues_its_deliveries_with_it(store: Backend) -
     assert [e.conversation_id for e in listed] == ["c1"]
     # The end's retry: nothing recorded or queued twice.
     assert await store.record_conversation(recording, t + 11, about) is RecordStatus.DUPLICATE
-    assert ids(await store.claim_deliveries(P, "wh_1", t + 11, 10, "w", t + LEASE)) == [about[0].delivery_id]
+    assert ids(await store.claim_deliveries(P, "wh_1", t + 11, 10, owner="w", lease_until=t + LEASE)) == [
+        about[0].delivery_id
+    ]
     # An end made before the caller's erasure: neither listed nor queued.
     erased = new_caller()
     await store.erase_caller(erased, t + 20, t + DAY_MS)
@@ -332,7 +340,9 @@ async def test_expired_deliveries_are_not_queued(store: Backend) -> None:
     assert await store.get_delivery(P, live.delivery_id, t + 10) == live
     for d in (at_expiry, past):  # not there even for a clock before their expiry: never queued
         assert await store.get_delivery(P, d.delivery_id, t) is None
-    assert ids(await store.claim_deliveries(P, "wh_1", t + 10, 10, "w", t + LEASE)) == [live.delivery_id]
+    assert ids(await store.claim_deliveries(P, "wh_1", t + 10, 10, owner="w", lease_until=t + LEASE)) == [
+        live.delivery_id
+    ]
     assert await store.queue_stats(t + 10) == QueueStats(1, 0, t)
 
 
@@ -349,23 +359,23 @@ async def test_a_claim_leases_due_deliveries_earliest_first(store: Backend) -> N
     await queue(store, t, delivery(t, "wh_2"))  # another endpoint
     await queue(store, t, delivery(t, "wh_1", Q))  # another project
 
-    claimed = await store.claim_deliveries(P, "wh_1", t + 5, 3, "w1", t + LEASE)
+    claimed = await store.claim_deliveries(P, "wh_1", t + 5, 3, owner="w1", lease_until=t + LEASE)
     assert claimed == [early, first, second]
-    assert await store.claim_deliveries(P, "wh_1", t + 5, 3, "w1", t + LEASE) == [later]
-    assert await store.claim_deliveries(P, "wh_1", t + 5, 3, "w2", t + LEASE) == []
-    assert await store.claim_deliveries(P, "wh_1", t + 6, 3, "w2", t + LEASE) == [not_due]
-    assert await store.claim_deliveries(P, "wh_1", t + 6, 0, "w2", t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 5, 3, owner="w1", lease_until=t + LEASE) == [later]
+    assert await store.claim_deliveries(P, "wh_1", t + 5, 3, owner="w2", lease_until=t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 6, 3, owner="w2", lease_until=t + LEASE) == [not_due]
+    assert await store.claim_deliveries(P, "wh_1", t + 6, 0, owner="w2", lease_until=t + LEASE) == []
 
 
 async def test_a_lease_keeps_others_away_until_it_ends(store: Backend, replica: Backend) -> None:
     t = now_ms()
     d = delivery(t, "wh_1")
     await queue(store, t, d)
-    assert await store.claim_deliveries(P, "wh_1", t, 10, "w1", t + 100) == [d]
-    assert await replica.claim_deliveries(P, "wh_1", t + 99, 10, "w2", t + 200) == []
-    assert await store.claim_deliveries(P, "wh_1", t + 99, 10, "w1", t + 200) == []
+    assert await store.claim_deliveries(P, "wh_1", t, 10, owner="w1", lease_until=t + 100) == [d]
+    assert await replica.claim_deliveries(P, "wh_1", t + 99, 10, owner="w2", lease_until=t + 200) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 99, 10, owner="w1", lease_until=t + 200) == []
     # The lease ended (lease_until <= now): another worker takes it over, and the first one's word is void.
-    assert await replica.claim_deliveries(P, "wh_1", t + 100, 10, "w2", t + 200) == [d]
+    assert await replica.claim_deliveries(P, "wh_1", t + 100, 10, owner="w2", lease_until=t + 200) == [d]
     assert not await store.settle_delivery(P, d.delivery_id, "w1", Settlement.DELIVERED, t + 101)
     assert await store.get_delivery(P, d.delivery_id, t + 101) == d
     assert await replica.settle_delivery(P, d.delivery_id, "w2", Settlement.DELIVERED, t + 102)
@@ -379,7 +389,9 @@ async def test_a_claim_deletes_expired_deliveries(store: Backend) -> None:
     await queue(store, t, short, long)
     # However many others expired (a backend may delete them in batches).
     await queue(store, t, *(delivery(t, "wh_2", expires_at=t + HOUR_MS - 1) for _ in range(150)))
-    assert await store.claim_deliveries(P, "wh_1", t + HOUR_MS, 10, "w", t + HOUR_MS + LEASE) == [long]
+    assert await store.claim_deliveries(
+        P, "wh_1", t + HOUR_MS, 10, owner="w", lease_until=t + HOUR_MS + LEASE
+    ) == [long]
     # Deleted, not merely hidden: not there even for a clock behind the claim's, and it can be queued afresh.
     assert await store.get_delivery(P, short.delivery_id, t + HOUR_MS - 1) is None
     assert await store.queue_stats(t + HOUR_MS - 1) == QueueStats(1, 0, t)
@@ -391,7 +403,9 @@ async def test_a_claim_deletes_expired_deliveries(store: Backend) -> None:
 async def test_failed_deliveries_are_never_claimed(store: Backend) -> None:
     t = now_ms()
     await failed(store, t, delivery(t, "wh_1"))
-    assert await store.claim_deliveries(P, "wh_1", t + DAY_MS - 1, 10, "w2", t + DAY_MS) == []
+    assert (
+        await store.claim_deliveries(P, "wh_1", t + DAY_MS - 1, 10, owner="w2", lease_until=t + DAY_MS) == []
+    )
 
 
 async def test_concurrent_claims_never_share_a_delivery(store: Backend, replica: Backend) -> None:
@@ -402,13 +416,13 @@ async def test_concurrent_claims_never_share_a_delivery(store: Backend, replica:
     # Two workers of one replica, then workers of two replicas, claiming at the same moment.
     for first, second in ((store, store), (store, replica), (replica, replica)):
         a, b = await asyncio.gather(
-            first.claim_deliveries(P, "wh_1", t, 10, "w1", t + LEASE),
-            second.claim_deliveries(P, "wh_1", t, 10, "w2", t + LEASE),
+            first.claim_deliveries(P, "wh_1", t, 10, owner="w1", lease_until=t + LEASE),
+            second.claim_deliveries(P, "wh_1", t, 10, owner="w2", lease_until=t + LEASE),
         )
         assert len(a) == len(b) == 10
         claimed += ids(a) + ids(b)
     assert len(set(claimed)) == len(claimed) and set(claimed) == set(ids(queued))
-    assert await store.claim_deliveries(P, "wh_1", t, 30, "w3", t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t, 30, owner="w3", lease_until=t + LEASE) == []
 
 
 # Settlements ------------------------------------------------------------------------------------------------
@@ -418,10 +432,10 @@ async def test_delivered_deletes_the_delivery(store: Backend) -> None:
     t = now_ms()
     d = delivery(t, "wh_1")
     await queue(store, t, d)
-    await store.claim_deliveries(P, "wh_1", t, 1, "w", t + LEASE)
+    await store.claim_deliveries(P, "wh_1", t, 1, owner="w", lease_until=t + LEASE)
     assert await store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 1)
     assert await store.get_delivery(P, d.delivery_id, t + 1) is None
-    assert await store.claim_deliveries(P, "wh_1", t + LEASE, 10, "w", t + 2 * LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + LEASE, 10, owner="w", lease_until=t + 2 * LEASE) == []
     assert await store.failed_deliveries(P, t + 1) == []
     assert await store.queue_stats(t + 1) == QueueStats(0, 0, 0)
     assert not await store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 2)
@@ -431,7 +445,7 @@ async def test_retry_queues_the_delivery_again_at_its_time(store: Backend) -> No
     t = now_ms()
     d = delivery(t, "wh_1")
     await queue(store, t, d)
-    await store.claim_deliveries(P, "wh_1", t, 1, "w1", t + LEASE)
+    await store.claim_deliveries(P, "wh_1", t, 1, owner="w1", lease_until=t + LEASE)
     assert await store.settle_delivery(
         P, d.delivery_id, "w1", Settlement.RETRY, t + 2, next_attempt_at=t + 5000, error="HTTP 503"
     )
@@ -440,8 +454,10 @@ async def test_retry_queues_the_delivery_again_at_its_time(store: Backend) -> No
     )
     assert await store.get_delivery(P, d.delivery_id, t + 2) == retried
     # The lease ended with the attempt; the delivery is due again at its time, to any worker.
-    assert await store.claim_deliveries(P, "wh_1", t + 4999, 10, "w2", t + LEASE) == []
-    assert await store.claim_deliveries(P, "wh_1", t + 5000, 10, "w2", t + LEASE) == [retried]
+    assert await store.claim_deliveries(P, "wh_1", t + 4999, 10, owner="w2", lease_until=t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 5000, 10, owner="w2", lease_until=t + LEASE) == [
+        retried
+    ]
     assert not await store.settle_delivery(P, d.delivery_id, "w1", Settlement.RETRY, t + 5001)
     assert await store.settle_delivery(
         P, d.delivery_id, "w2", Settlement.RETRY, t + 5001, next_attempt_at=t + 9000, error="timeout"
@@ -457,7 +473,7 @@ async def test_failed_marks_the_delivery_failed(store: Backend) -> None:
     t = now_ms()
     d = delivery(t, "wh_1", attempts=9)
     await queue(store, t, d)
-    await store.claim_deliveries(P, "wh_1", t, 1, "w", t + LEASE)
+    await store.claim_deliveries(P, "wh_1", t, 1, owner="w", lease_until=t + LEASE)
     assert await store.settle_delivery(P, d.delivery_id, "w", Settlement.FAILED, t + 3, error="refused: x")
     got = await store.get_delivery(P, d.delivery_id, t + 3)
     assert got is not None  # its next_attempt_at, no longer used, is left unspecified
@@ -475,7 +491,7 @@ async def test_a_settlement_without_the_lease_changes_nothing(store: Backend) ->
     t = now_ms()
     unclaimed, claimed = delivery(t, "wh_1", next_attempt_at=t + 10), delivery(t, "wh_1")
     await queue(store, t, unclaimed, claimed)
-    assert await store.claim_deliveries(P, "wh_1", t, 10, "w1", t + LEASE) == [claimed]
+    assert await store.claim_deliveries(P, "wh_1", t, 10, owner="w1", lease_until=t + LEASE) == [claimed]
     for outcome in Settlement:
         assert not await store.settle_delivery(P, claimed.delivery_id, "w2", outcome, t + 1)
         assert not await store.settle_delivery(P, claimed.delivery_id, "", outcome, t + 1)
@@ -485,7 +501,9 @@ async def test_a_settlement_without_the_lease_changes_nothing(store: Backend) ->
     assert await store.get_delivery(P, claimed.delivery_id, t + 1) == claimed
     assert await store.get_delivery(P, unclaimed.delivery_id, t + 1) == unclaimed
     # Still leased by w1 alone.
-    assert await store.claim_deliveries(P, "wh_1", t + 10, 10, "w2", t + LEASE) == [unclaimed]
+    assert await store.claim_deliveries(P, "wh_1", t + 10, 10, owner="w2", lease_until=t + LEASE) == [
+        unclaimed
+    ]
     assert await store.settle_delivery(P, claimed.delivery_id, "w1", Settlement.DELIVERED, t + 11)
 
 
@@ -495,7 +513,7 @@ async def test_a_lease_that_ran_out_unclaimed_still_settles(store: Backend) -> N
     t = now_ms()
     d = delivery(t, "wh_1")
     await queue(store, t, d)
-    await store.claim_deliveries(P, "wh_1", t, 1, "w", t + 100)
+    await store.claim_deliveries(P, "wh_1", t, 1, owner="w", lease_until=t + 100)
     assert await store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 500)
     assert await store.get_delivery(P, d.delivery_id, t + 500) is None
 
@@ -506,7 +524,7 @@ async def test_a_settlement_of_a_gone_delivery_is_refused(store: Backend) -> Non
     deleted, erased = delivery(t, "wh_1"), delivery(t, "wh_1", subject=caller.subject)
     expiring = delivery(t, "wh_1", expires_at=t + HOUR_MS)
     await queue(store, t, deleted, erased, expiring)
-    assert len(await store.claim_deliveries(P, "wh_1", t, 10, "w", t + 2 * HOUR_MS)) == 3
+    assert len(await store.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + 2 * HOUR_MS)) == 3
     assert await store.delete_delivery(P, deleted.delivery_id)
     assert await store.delete_caller_deliveries(caller) == 1
     assert await store.queue_stats(t + 1) == QueueStats(1, 0, t)
@@ -552,20 +570,20 @@ async def test_redelivery_queues_a_failed_delivery_now(store: Backend) -> None:
     assert await store.get_delivery(P, f.delivery_id, t + 50) == expected
     assert await store.failed_deliveries(P, t + 50) == []
     assert await store.queue_stats(t + 50) == QueueStats(1, 0, t)
-    assert await store.claim_deliveries(P, "wh_1", t + 49, 10, "w", t + LEASE) == []
-    assert await store.claim_deliveries(P, "wh_1", t + 50, 10, "w", t + LEASE) == [expected]
+    assert await store.claim_deliveries(P, "wh_1", t + 49, 10, owner="w", lease_until=t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 50, 10, owner="w", lease_until=t + LEASE) == [expected]
 
 
 async def test_redelivery_of_a_queued_delivery_changes_nothing(store: Backend) -> None:
     t = now_ms()
     d, leased = delivery(t, "wh_1", next_attempt_at=t + 500), delivery(t, "wh_1")
     await queue(store, t, d, leased)
-    await store.claim_deliveries(P, "wh_1", t, 10, "w1", t + LEASE)
+    await store.claim_deliveries(P, "wh_1", t, 10, owner="w1", lease_until=t + LEASE)
     assert await store.redeliver(P, d.delivery_id, t + 1) == d
     assert await store.redeliver(P, leased.delivery_id, t + 1) == leased
     assert await store.get_delivery(P, d.delivery_id, t + 1) == d
     # Neither due earlier nor freed from its lease.
-    assert await store.claim_deliveries(P, "wh_1", t + 499, 10, "w2", t + LEASE) == []
+    assert await store.claim_deliveries(P, "wh_1", t + 499, 10, owner="w2", lease_until=t + LEASE) == []
     assert await store.settle_delivery(P, leased.delivery_id, "w1", Settlement.DELIVERED, t + 2)
 
 
@@ -575,7 +593,9 @@ async def test_redelivery_of_no_live_delivery_is_none(store: Backend) -> None:
     assert await store.redeliver(P, "msg_missing", t) is None
     assert await store.redeliver(Q, f.delivery_id, t) is None
     assert await store.redeliver(P, f.delivery_id, t + HOUR_MS) is None
-    assert await store.claim_deliveries(P, "wh_1", t + HOUR_MS, 10, "w", t + 2 * HOUR_MS) == []
+    assert (
+        await store.claim_deliveries(P, "wh_1", t + HOUR_MS, 10, owner="w", lease_until=t + 2 * HOUR_MS) == []
+    )
 
 
 async def test_deleting_one_delivery(store: Backend) -> None:
@@ -590,7 +610,7 @@ async def test_deleting_one_delivery(store: Backend) -> None:
     assert not await store.delete_delivery(P, "msg_missing")
     assert await store.get_delivery(P, q.delivery_id, t) is None
     assert await store.failed_deliveries(P, t) == []
-    assert await store.claim_deliveries(P, "wh_1", t, 10, "w", t + LEASE) == [kept]
+    assert await store.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + LEASE) == [kept]
 
 
 async def test_deleting_a_callers_deliveries(store: Backend) -> None:
@@ -609,7 +629,7 @@ async def test_deleting_a_callers_deliveries(store: Backend) -> None:
     ]
     await queue(store, t, *mine, leased, *theirs[::2])
     await queue(store, t, theirs[1])
-    assert await store.claim_deliveries(P, "wh_3", t, 10, "w", t + LEASE) == [leased]
+    assert await store.claim_deliveries(P, "wh_3", t, 10, owner="w", lease_until=t + LEASE) == [leased]
 
     assert await store.delete_caller_deliveries(caller) == 4
     for d in (*mine, leased, dead):
@@ -634,7 +654,7 @@ async def test_queue_stats_count_live_deliveries_of_every_project(store: Backend
     await queue(store, t, delivery(t - 10, "wh_2", next_attempt_at=t + 10))
     leased = delivery(t - 30, "wh_3")
     await queue(store, t, leased)
-    await store.claim_deliveries(P, "wh_3", t, 10, "w", t + LEASE)  # leased is still queued
+    await store.claim_deliveries(P, "wh_3", t, 10, owner="w", lease_until=t + LEASE)  # leased is still queued
     assert await store.queue_stats(t) == QueueStats(queued=4, failed=1, oldest_queued_at=t - 50)
     assert await store.queue_stats(t + HOUR_MS) == QueueStats(queued=3, failed=1, oldest_queued_at=t - 30)
     assert await store.queue_stats(t - 900 + DAY_MS) == QueueStats(3, 0, t - 30)  # the failed one expired

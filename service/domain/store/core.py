@@ -402,7 +402,14 @@ class CoreStore(ABC):
 
     @abstractmethod
     async def counters(
-        self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
+        self,
+        project: str,
+        kind: str,
+        first: int,
+        last: int,
+        now_ms: int,
+        *,
+        recorded_after: int | None = None,
     ) -> list[Counters]:
         """The non-empty, unexpired counter buckets of ``kind`` (hour, day, week) from ``first`` to ``last``
         (bucket start times, inclusive), in time order; with ``recorded_after``, only buckets whose latest

@@ -152,7 +152,7 @@ class WebhookStore(ABC):
 
     @abstractmethod
     async def claim_deliveries(
-        self, project: str, endpoint_id: str, now_ms: int, limit: int, owner: str, lease_until: int
+        self, project: str, endpoint_id: str, now_ms: int, limit: int, *, owner: str, lease_until: int
     ) -> list[Delivery]:
         """Lease up to ``limit`` queued deliveries of the endpoint that are due (``next_attempt_at <=
         now_ms``) and not leased (no lease, or one that ended: ``lease_until <= now_ms``), earliest due first

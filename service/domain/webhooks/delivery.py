@@ -167,7 +167,12 @@ class Deliverer:
                 continue
             now = self._clock.now_ms()
             claimed = await self._store.claim_deliveries(
-                endpoint.project, endpoint.endpoint_id, now, free, self.owner, now + self.lease_ms
+                endpoint.project,
+                endpoint.endpoint_id,
+                now,
+                free,
+                owner=self.owner,
+                lease_until=now + self.lease_ms,
             )
             for delivery in claimed:
                 self._in_flight[slot] = self._in_flight.get(slot, 0) + 1

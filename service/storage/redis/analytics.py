@@ -145,7 +145,14 @@ class RedisAnalytics(RedisWebhookEnqueue):
         return entries[:limit]
 
     async def counters(
-        self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
+        self,
+        project: str,
+        kind: str,
+        first: int,
+        last: int,
+        now_ms: int,
+        *,
+        recorded_after: int | None = None,
     ) -> list[Counters]:
         starts = bucket_starts(kind, first, last)
         async with Call("counters", self._timeout):

@@ -308,7 +308,7 @@ class RedisCallerIndex:
                     entries.setdefault(rest[13:], ("", member))
             ids = list(entries)
             found = await self._headers(caller.project, ids)
-            out, fixes = self._judge(caller, channel, since, ids, entries, found, now_ms)
+            out, fixes = self._judge(caller, channel, since, ids, entries, found=found, now_ms=now_ms)
             if fixes:
                 await self._lane(caller, fixes)
         return out
@@ -320,6 +320,7 @@ class RedisCallerIndex:
         since: int | None,
         ids: list[str],
         entries: dict[str, tuple[str, str]],
+        *,
         found: list[tuple[dict[bytes, bytes], Any]],
         now_ms: int,
     ) -> tuple[list[Header], list[Op]]:

@@ -283,7 +283,7 @@ class RedisWebhooks(RedisWebhookEnqueue):
         ]
 
     async def claim_deliveries(
-        self, project: str, endpoint_id: str, now_ms: int, limit: int, owner: str, lease_until: int
+        self, project: str, endpoint_id: str, now_ms: int, limit: int, *, owner: str, lease_until: int
     ) -> list[Delivery]:
         if limit <= 0:
             return []

@@ -316,6 +316,7 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
         subject: str,
         sets: Mapping[str, StoredField],
         deletes: Sequence[str],
+        *,
         now_ms: int,
     ) -> None:
         conn.execute(
@@ -350,7 +351,7 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
             current = self._fields(conn, project, subject, now_ms)
             if condition is not None and not condition.holds(live_fields(current, condition.ttl_ms, now_ms)):
                 return PatchResult(applied=False, fields=current)
-            self._apply(conn, project, subject, sets, deletes, now_ms)
+            self._apply(conn, project, subject, sets, deletes, now_ms=now_ms)
             for name in deletes:
                 current.pop(name, None)
             current.update(sets)
@@ -398,7 +399,7 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
             }
             sets = {name: f for name, f in end.sets.items() if name not in later}
             deletes = [name for name in end.deletes if name not in later]
-            self._apply(conn, project, subject, sets, deletes, now_ms)
+            self._apply(conn, project, subject, sets, deletes, now_ms=now_ms)
             found = (
                 None
                 if end.analytics is None
@@ -548,7 +549,14 @@ class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArch
         return await self._read(run)
 
     async def counters(
-        self, project: str, kind: str, first: int, last: int, now_ms: int, recorded_after: int | None = None
+        self,
+        project: str,
+        kind: str,
+        first: int,
+        last: int,
+        now_ms: int,
+        *,
+        recorded_after: int | None = None,
     ) -> list[Counters]:
         def run(conn: sqlite3.Connection) -> list[Counters]:
             rows = conn.execute(

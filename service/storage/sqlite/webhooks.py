@@ -235,7 +235,7 @@ class SQLiteWebhooks(WebhookStore):
         return run
 
     async def claim_deliveries(
-        self, project: str, endpoint_id: str, now_ms: int, limit: int, owner: str, lease_until: int
+        self, project: str, endpoint_id: str, now_ms: int, limit: int, *, owner: str, lease_until: int
     ) -> list[Delivery]:
         def run(conn: sqlite3.Connection) -> list[Delivery]:
             # Workers claim all the time, so deleting a batch of expired deliveries here (of any endpoint,
