@@ -60,60 +60,11 @@ def all_cpu_seconds() -> dict[int, float]:
 CHANNEL = "voice"
 #: Characters of one benchmark message's content.
 MESSAGE_CHARS = 100
-_WORDS = [
-    "could",
-    "you",
-    "move",
-    "my",
-    "delivery",
-    "to",
-    "the",
-    "office",
-    "address",
-    "instead",
-    "of",
-    "home",
-    "please",
-    "sure",
-    "I",
-    "can",
-    "help",
-    "with",
-    "that",
-    "let",
-    "me",
-    "check",
-    "the",
-    "order",
-    "and",
-    "the",
-    "slots",
-    "that",
-    "are",
-    "still",
-    "open",
-    "this",
-    "week",
-    "the",
-    "parcel",
-    "is",
-    "waiting",
-    "at",
-    "the",
-    "depot",
-    "and",
-    "the",
-    "driver",
-    "will",
-    "call",
-    "you",
-    "before",
-    "he",
-    "arrives",
-    "at",
-    "the",
-    "door",
-]
+_WORDS = (
+    "could you move my delivery to the office address instead of home please "
+    "sure I can help with that let me check the order and the slots that are still open this week "
+    "the parcel is waiting at the depot and the driver will call you before he arrives at the door"
+).split()
 
 
 def _text(seed: int) -> str:

@@ -125,10 +125,11 @@ def stop_redis(server: RedisServer) -> None:
 
 
 def stop_all() -> None:
-    for proc in _started:
+    # Copies: stop() and stop_redis() remove what they stop from these lists.
+    for proc in _started.copy():
         with contextlib.suppress(Exception):
             stop(proc)
-    for server in _redis:
+    for server in _redis.copy():
         with contextlib.suppress(Exception):
             stop_redis(server)
 

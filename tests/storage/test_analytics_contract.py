@@ -173,6 +173,7 @@ async def test_listing_order_paging_filters_and_expiry(store: Store) -> None:
             "now_ms": t,
         } | options
         now = args.pop("now_ms")
+        assert isinstance(now, int)
         page = ListingPage(**args)  # type: ignore[arg-type]
         return [e.conversation_id for e in await store.list_conversations(PROJECT, page, now)]
 

@@ -12,6 +12,7 @@ import dataclasses
 import sqlite3
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from caller_memory.service.domain.fields import StoredField
@@ -42,7 +43,7 @@ def link_to(subject: str, at: int, ttl: int = TTL, kind: str = "phone") -> Link:
 
 
 async def link(
-    store: Store, profile: str, subject: str, at: int, *, merge: bool = False, max_links: int = MAX, **kw: int
+    store: Store, profile: str, subject: str, at: int, *, merge: bool = False, max_links: int = MAX, **kw: Any
 ) -> LinkResult:
     return await store.link_identifier(
         ref(profile), link_to(subject, at, **kw), merge=merge, max_links=max_links, now_ms=at

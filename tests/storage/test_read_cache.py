@@ -17,8 +17,7 @@ from caller_memory.service.domain.errors import InvalidInput
 from caller_memory.service.domain.store import CallerRef
 from caller_memory.service.storage import open_store
 from caller_memory.service.storage.redis import keys
-from caller_memory.service.storage.redis.lane import _Waiting
-from caller_memory.service.storage.redis.read_cache import ReadCache
+from caller_memory.service.storage.redis.read_cache import ReadCache, Waiting
 from caller_memory.service.storage.redis.store import RedisStore
 
 from tests.storage.test_contract import PROJECT, field, new_subject, now_ms, values
@@ -191,7 +190,7 @@ def test_after_a_call_that_may_have_written_nothing_is_served_until_a_later_repl
     cache = ReadCache(bound=0.5, limit=2)
 
     def ended(sent: float, track: tuple[str, ...] | None, replies: list[Any]) -> None:
-        call = _Waiting(cast(Any, None), len(replies), sent, track)
+        call = Waiting(cast(Any, None), len(replies), sent, track)
         call.replies = replies
         cache.ended(call, loop)
 

@@ -153,7 +153,7 @@ def test_every_call_touches_one_slot() -> None:
     caller = [("HGETALL", keys.memory_key(PROJECT, subject)), ("HMGET", keys.tombstone_key(PROJECT, subject))]
     assert slot_of(caller) == key_slot(keys.memory_key(PROJECT, subject).encode())
     caller_keys = [keys.memory_key(PROJECT, subject), keys.caller_index_key(subject)]
-    script = ("EVALSHA", "0" * 40, 2, *caller_keys, "arg")
+    script: tuple[str | int, ...] = ("EVALSHA", "0" * 40, 2, *caller_keys, "arg")
     assert slot_of([script]) == slot_of(caller)
     with pytest.raises(ValueError, match="span 2 slots"):
         slot_of([("GET", keys.project_key(PROJECT)), ("SADD", keys.PROJECTS, PROJECT)])

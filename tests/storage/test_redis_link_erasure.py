@@ -37,7 +37,7 @@ async def link_with_an_erasure_after(store: RedisStore, step: str) -> tuple[str,
             await erase_as_the_domain_does(store, p, t)
         return reply
 
-    store._transport.script = erasure_after  # type: ignore[method-assign]
+    store._transport.script = erasure_after  # type: ignore[method-assign,assignment]
     try:
         return p, a, t, await link(store, p, a, t, merge=True)
     finally:

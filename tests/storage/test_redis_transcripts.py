@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import string
 import uuid
+from typing import Literal
 
 import orjson
 import redis.asyncio
@@ -46,6 +47,7 @@ from tests.storage.test_transcripts import (
     platform_call,
     state,
 )
+from tests.support.replies import raw, raws
 
 Client = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
@@ -70,7 +72,7 @@ async def test_a_conversations_keys_share_one_slot_and_nothing_else_is_written(
     index = keys.caller_index_keys(PROJECT, caller.subject)
     assert {slot(k) for k in index} == {slot(listing)}
     expected = {*conversation, *index, keys.TRANSCRIPTS_DUE, keys.transcript_volume_key(PROJECT)}
-    assert {k.decode() for k in await redis_client.keys("*")} == expected
+    assert {k.decode() for k in raws(await redis_client.keys("*"))} == expected
     # The pseudonym is in the header (whose conversation it is) and in its listing's (and indexes') names;
     # nowhere else.
     assert caller.subject.encode() in (await redis_client.hgetall(conversation[0]))[b"subject"]
@@ -83,19 +85,19 @@ async def contents(client: Client, name: str) -> bytes:
     """Everything a key holds, whatever its type."""
     kind = await client.type(name)
     if kind == b"string":
-        return bytes(await client.get(name))
+        return raw(await client.get(name))
     if kind == b"list":
-        return b"".join(await client.lrange(name, 0, -1))
+        return b"".join(raws(await client.lrange(name, 0, -1)))
     if kind == b"hash":
-        return b"".join(k + v for k, v in (await client.hgetall(name)).items())
+        return b"".join(raw(k) + raw(v) for k, v in (await client.hgetall(name)).items())
     assert kind == b"zset", kind
-    return b"".join(await client.zrange(name, 0, -1))
+    return b"".join(raws(await client.zrange(name, 0, -1)))
 
 
 def spoken(turn: int, at: int) -> NewMessage:
     """A 100-character message with a UUID message id, as a platform sends them."""
     content = "".join(random.choices(string.ascii_letters + " ", k=100))
-    role = "user" if turn % 2 == 0 else "assistant"
+    role: Literal["user", "assistant"] = "user" if turn % 2 == 0 else "assistant"
     return message(turn // 2, content, at + turn, role=role, message_id=str(uuid.uuid4()))
 
 
@@ -112,9 +114,10 @@ async def test_a_stored_message_costs_at_most_300_bytes(
     body = sum(len(m.body) for m in messages) / len(messages)
     assert 170 <= body <= 190
     _, listed, index, _ = keys.transcript_keys(PROJECT, key.conversation_id)
-    used = await redis_client.memory_usage(listed, samples=0) + await redis_client.memory_usage(
-        index, samples=0
-    )
+    list_bytes = await redis_client.memory_usage(listed, samples=0)
+    index_bytes = await redis_client.memory_usage(index, samples=0)
+    assert list_bytes is not None and index_bytes is not None
+    used = list_bytes + index_bytes
     assert used / len(messages) <= 300, f"{used / len(messages):.0f} bytes per message"
     assert used / len(messages) <= body + 80
     # And every one of them reads back, at its position.

@@ -31,6 +31,7 @@ from tests.storage.test_webhooks import (
     now_ms,
     recording_of,
 )
+from tests.support.replies import raw, raws
 
 Client = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
@@ -40,7 +41,7 @@ def slot(key: str | bytes) -> int:
 
 
 async def all_keys(client: Client) -> set[str]:
-    return {k.decode() for k in await client.keys("*")}
+    return {k.decode() for k in raws(await client.keys("*"))}
 
 
 def queue_keys(endpoint_id: str, *delivery_ids: str) -> set[str]:
@@ -91,11 +92,11 @@ async def contents(client: Client, name: str) -> bytes:
     """Everything a key holds, whatever its type."""
     kind = await client.type(name)
     if kind == b"set":
-        return b"".join(await client.smembers(name))
+        return b"".join(raws(await client.smembers(name)))
     if kind == b"hash":
-        return b"".join(k + v for k, v in (await client.hgetall(name)).items())
+        return b"".join(raw(k) + raw(v) for k, v in (await client.hgetall(name)).items())
     assert kind == b"zset", kind
-    return b"".join(await client.zrange(name, 0, -1))
+    return b"".join(raws(await client.zrange(name, 0, -1)))
 
 
 async def test_every_key_expires_at_the_latest_expiry_it_holds(
@@ -428,7 +429,7 @@ async def snapshot(client: redis.asyncio.Redis, *, webhooks_only: bool = False) 
     """Every key on the server (``webhooks_only``: but the analytics'): its type, everything it holds (scores
     too) and when it expires."""
     found: dict[bytes, Any] = {}
-    for name in await client.keys("*"):
+    for name in raws(await client.keys("*")):
         if webhooks_only and b"{a:" in name:
             continue
         kind = await client.type(name)
@@ -438,7 +439,7 @@ async def snapshot(client: redis.asyncio.Redis, *, webhooks_only: bool = False) 
             held = await client.zrange(name, 0, -1, withscores=True)
         else:
             held = await client.dump(name)
-        found[name] = (kind, held, await client.pexpiretime(name))
+        found[name] = (kind, held, await client.pexpiretime(name.decode()))
     return found
 
 
@@ -595,7 +596,7 @@ async def test_an_end_that_gives_up_leaves_the_enqueue_of_its_turn_to_the_others
         try:
             results = await asyncio.gather(*ends(), return_exceptions=True)
         finally:
-            webhook_enqueue._ends_call = broken  # type: ignore[assignment]
+            webhook_enqueue._ends_call = broken
         assert all(isinstance(r, Exception) and "webhook_enqueue" in str(r) for r in results), results
     finally:
         await store.close()

@@ -234,6 +234,7 @@ async def test_create_on_an_existing_conversation_of_the_same_caller_appends(sto
     second = await append(store, key, caller, call[2:], t + 10, channel="sip", agent="billing")
     assert first.header is not None
     assert (second.status, second.header) == (APPENDED, advanced(first.header, t + 10, call[2:]))
+    assert second.header is not None
     assert (second.header.channel, second.header.agent) == ("voice", "booking")
 
 

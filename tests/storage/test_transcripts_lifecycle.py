@@ -393,8 +393,9 @@ async def test_a_deleted_transcript_leaves_a_marker(store: Store) -> None:
     assert before is not None
     at = t + MINUTE_MS
     assert await store.delete_conversation(before.key, at) == before  # the header as it was
-    header, messages = await everything(store, before.key, at)
-    assert_marker(header, TranscriptStatus.DELETED, before)
+    marker, messages = await everything(store, before.key, at)
+    assert marker is not None
+    assert_marker(marker, TranscriptStatus.DELETED, before)
     assert messages == []
     # Appends are refused as erased, whoever makes them; it is not listed nor due.
     for create, who in ((False, CallerRef(PROJECT, "")), (True, caller), (True, new_caller())):

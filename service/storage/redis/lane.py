@@ -14,23 +14,7 @@ import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 
-from .read_cache import ReadCache
-
-
-class _Waiting:
-    """A call's place in a :class:`Lane`: the replies it expects, its future, when it was sent, and the keys
-    of a cached read (its replies go into the read cache as they are read)."""
-
-    __slots__ = ("count", "future", "replies", "sent", "track")
-
-    def __init__(
-        self, future: asyncio.Future[list[Any]], count: int, sent: float, track: tuple[str, ...] | None
-    ) -> None:
-        self.future = future
-        self.count = count
-        self.replies: list[Any] = []
-        self.sent = sent
-        self.track = track
+from .read_cache import ReadCache, Waiting
 
 
 class LaneNotSent(RedisConnectionError):
@@ -86,7 +70,7 @@ class Lane:
         self.loop = loop
         # redis-py's connected stream (the private attributes of its asyncio Connection since 4.2).
         self.writer: asyncio.StreamWriter = connection._writer
-        self.waiting: deque[_Waiting] = deque()
+        self.waiting: deque[Waiting] = deque()
         self.out: list[bytes] = []
         self.failure: BaseException | None = None
         self.retired = False
@@ -103,7 +87,7 @@ class Lane:
         future: asyncio.Future[list[Any]] = self.loop.create_future()
         # The send time matters to the read cache only: no clock read per call without one.
         sent = self.loop.time() if self.cache is not None else 0.0
-        self.waiting.append(_Waiting(future, count, sent, track))
+        self.waiting.append(Waiting(future, count, sent, track))
         if not self.out:
             self.loop.call_soon(self._flush)
         self.out.append(packed)

@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import ResponseError
 
-if TYPE_CHECKING:
-    from .lane import _Waiting
-
 #: What :meth:`ReadCache.get` gives for a key it does not hold (a cached GET may be None).
 _MISSING = object()
+
+
+class Waiting:
+    """A call's place in a :class:`Lane`: the replies it expects, its future, when it was sent, and the keys
+    of a cached read (its replies go into the read cache as they are read)."""
+
+    __slots__ = ("count", "future", "replies", "sent", "track")
+
+    def __init__(
+        self, future: asyncio.Future[list[Any]], count: int, sent: float, track: tuple[str, ...] | None
+    ) -> None:
+        self.future = future
+        self.count = count
+        self.replies: list[Any] = []
+        self.sent = sent
+        self.track = track
 
 
 class ReadCache:
@@ -76,7 +89,7 @@ class ReadCache:
             self.derived[key] = (value, made)
         return made
 
-    def ended(self, call: _Waiting, loop: asyncio.AbstractEventLoop) -> None:
+    def ended(self, call: Waiting, loop: asyncio.AbstractEventLoop) -> None:
         """``call``'s last reply was just read (by the lane's reader, before what follows it in the stream)."""
         self.synced = call.sent
         if call.track is None:
