@@ -14,7 +14,7 @@ def delivery(delivery_id: str, now: int, ttl_ms: int) -> Delivery:
 
 
 async def test_the_sweep_removes_expired_deliveries_failed_ones_too(tmp_path: Path) -> None:
-    store = SQLiteStore(f"sqlite:///{tmp_path}/m.db")
+    store = SQLiteStore(tmp_path / "m.db")
     await store.open()
     try:
         now = 1_700_000_000_000
