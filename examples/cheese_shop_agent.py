@@ -11,8 +11,8 @@ Run it against a service you started with ``make run`` (after minting an agent t
 
     .venv/bin/python examples/cheese_shop_agent.py --url http://127.0.0.1:8080 --token cm_... --caller +14155550100
 
-or, with nothing running, let it start an embedded service on a temporary SQLite file and play four calls
-from the same number (a first call, a returning caller, a call that drops mid-booking, and the callback
+or, with nothing running, let it start a service on a temporary SQLite file (``caller_memory.sdk.testing``;
+the service must be installed beside the SDK) and play four calls from the same number (a first call, a returning caller, a call that drops mid-booking, and the callback
 that resumes it)::
 
     .venv/bin/python examples/cheese_shop_agent.py --demo
@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 
 from caller_memory.sdk import Conversation, EndResult, MemoryClient, ServiceError
-from demo_support import embedded_service
 
 #: The project configuration this agent expects (apply it with `caller-memory project apply`).
 PROJECT_CONFIG = {
@@ -151,28 +150,36 @@ async def wait_for_inactivity_end(client: MemoryClient, conversation_id: str, ca
 
 
 async def demo() -> None:
+    # Imported here: the interactive agent needs only the SDK, not the service that --demo starts.
+    from caller_memory.sdk.testing import service
+
+    config = {"memory": {**PROJECT_CONFIG["memory"], "conversation": DEMO_CONVERSATION}}
     with tempfile.TemporaryDirectory() as workdir:
-        config = {"memory": {**PROJECT_CONFIG["memory"], "conversation": DEMO_CONVERSATION}}
-        # Look for silent calls four times a second (every 10 s by default).
-        async with (
-            embedded_service(Path(workdir), "cheese-shop", config, inactivity_interval=0.25) as (url, token),
-            MemoryClient(
-                url, token=token, project="cheese-shop", outbox_path=Path(workdir) / "outbox.db"
-            ) as client,
-        ):
-            caller = "07700 900123"
-            calls = [
-                ("call-1", ["My name is Ada.", "Gouda on Friday, please."], False),
-                ("call-2", ["Yes please!"], False),
-                ("call-3", ["Actually, I'd like some brie on Saturday as well."], True),
-                ("call-4", ["Yes, please do."], False),
-            ]
-            for conversation_id, utterances, drops in calls:
-                print(f"--- {conversation_id}")
-                for line in await handle_call(client, conversation_id, caller, utterances, drops=drops):
-                    print(line)
-                if drops:
-                    print(await wait_for_inactivity_end(client, conversation_id, caller))
+        # The service looks for silent calls four times a second (every 10 s by default).
+        async with service(environment={"CALLER_MEMORY_INACTIVITY_INTERVAL": "0.25"}) as cm:
+            token = (await cm.create_project("cheese-shop", config)).agent
+            async with MemoryClient(
+                cm.url, token=token, project="cheese-shop", outbox_path=Path(workdir) / "outbox.db"
+            ) as client:
+                await play_four_calls(client)
+
+
+async def play_four_calls(client: MemoryClient) -> None:
+    """The demo's calls from one number: a first call, a returning caller, a call that drops mid-booking,
+    and the callback that resumes it."""
+    caller = "07700 900123"
+    calls = [
+        ("call-1", ["My name is Ada.", "Gouda on Friday, please."], False),
+        ("call-2", ["Yes please!"], False),
+        ("call-3", ["Actually, I'd like some brie on Saturday as well."], True),
+        ("call-4", ["Yes, please do."], False),
+    ]
+    for conversation_id, utterances, drops in calls:
+        print(f"--- {conversation_id}")
+        for line in await handle_call(client, conversation_id, caller, utterances, drops=drops):
+            print(line)
+        if drops:
+            print(await wait_for_inactivity_end(client, conversation_id, caller))
 
 
 async def read_utterance() -> str | None:
@@ -201,7 +208,7 @@ def describe(result: EndResult, url: str, client: MemoryClient) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--demo", action="store_true", help="start an embedded service and play four calls (one drops)"
+        "--demo", action="store_true", help="start a service for the demo and play four calls (one drops)"
     )
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--token", help="an agent token of the project")
@@ -211,7 +218,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.demo:
-        asyncio.run(demo())
+        from caller_memory.sdk.testing import ServiceNotInstalledError
+
+        try:
+            asyncio.run(demo())
+        except ServiceNotInstalledError as exc:
+            sys.exit(f"--demo starts a Caller Memory service: {exc}")
         return
     if not args.token:
         parser.error("--token is required unless --demo is given")

@@ -12,12 +12,13 @@ The worker's models are LiveKit Inference descriptors (``"openai/gpt-4.1-mini"``
 Cloud project; put plugin objects there for your own providers.
 
 Offline, with nothing but this repository: ``--demo`` plays two calls from one number through a real
-``AgentSession`` in text mode, against a small fake model served on loopback by this script, and a Caller
-Memory service: an embedded one on a temporary SQLite file, or yours, but only with ``--url`` and
-``--token`` (and ``--project``) on the command line, whose project must store ``caller_name`` and have
-conversation memory on. The demo ignores the ``CALLER_MEMORY_*`` variables, so that it stays offline
-(``--demo --help`` lists its options). It needs ``livekit-plugins-openai`` (the offline model speaks
-OpenAI's API)::
+``AgentSession`` in text mode, against a scripted model on loopback (``caller_memory.sdk.testing``), and a
+Caller Memory service: one started for the demo on a temporary SQLite file (the service must be installed
+beside the SDK), or yours, but only with ``--url`` and ``--token`` (and ``--project``) on the command line,
+whose project must store ``caller_name`` and have conversation memory on. The demo ignores the
+``CALLER_MEMORY_*`` variables, so that it stays offline (``--demo --help`` lists its options). It needs
+``livekit-plugins-openai`` (the offline model speaks OpenAI's API), which the SDK's ``livekit`` extra
+brings::
 
     .venv/bin/python examples/livekit_agent.py --demo
 
@@ -38,9 +39,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from caller_memory.sdk import MemoryClient
-from caller_memory.sdk.livekit import CallMemory, MemoryAgent, remember_caller
-from livekit.agents import AgentServer, AgentSession, JobContext, RunContext, cli, function_tool
+#: What to install when LiveKit Agents or its OpenAI plugin is missing.
+INSTALL = (
+    'Install the SDK with its LiveKit extra, which brings both: pip install "caller-memory-sdk[livekit]" '
+    '(from a clone of the repository: pip install "./sdk[livekit]").'
+)
+
+try:
+    from caller_memory.sdk import MemoryClient
+    from caller_memory.sdk.livekit import CallMemory, MemoryAgent, remember_caller
+    from livekit.agents import AgentServer, AgentSession, JobContext, RunContext, cli, function_tool
+except ImportError as missing:  # a bare ModuleNotFoundError would not say what to install
+    sys.exit(
+        f"This agent needs LiveKit Agents and the SDK's LiveKit drop-in, and {missing.name or missing} is missing. {INSTALL}"
+    )
 
 INSTRUCTIONS = (
     "You are the cheese shop's receptionist. Greet returning callers by name. When a caller tells you "
@@ -102,13 +114,13 @@ async def entrypoint(ctx: JobContext) -> None:
 
 
 # The offline demo ------------------------------------------------------------------------------------
-# Its helpers (and livekit-plugins-openai, for the fake model) are imported inside the demo only, so that
-# a copy of this file used as a template runs as a worker without examples/demo_support.py.
+# Its helpers (and livekit-plugins-openai, for the scripted model) are imported inside the demo only, so
+# that a copy of this file used as a template runs as a worker without examples/demo_support.py.
 
 
 async def one_call(client: MemoryClient, model_url: str, caller: str, call_id: str, lines: list[str]) -> None:
     """One call through a real AgentSession in text mode (no room): a greeting, then the caller's lines."""
-    from livekit.plugins import openai
+    from livekit.plugins import openai  # main() checked that it is installed
 
     model = openai.LLM(model="demo", base_url=model_url, api_key="demo")
     session: AgentSession[Any] = AgentSession(llm=model, vad=None, turn_handling={"turn_detection": None})
@@ -130,33 +142,32 @@ async def one_call(client: MemoryClient, model_url: str, caller: str, call_id: s
 
 
 async def demo(url: str | None, token: str | None, project: str) -> None:
-    """Two calls from one number, against the service at ``url`` or, without one, an embedded one."""
-    from demo_support import Reply, embedded_service, fake_model, scripted_reply
-
-    def greeted(messages: list[dict[str, Any]]) -> Reply:  # the demo's model, with this shop's greeting
-        return scripted_reply(messages, "Hello, you've reached the cheese shop! What's your name?")
+    """Two calls from one number, against the service at ``url`` or, without one, a service started for the
+    demo."""
+    from caller_memory.sdk.testing import ScriptedModel, service
+    from demo_support import shop_model
 
     caller = "+14155550100"  # a 555-01xx number: never printed
     run = secrets.token_hex(3)
+    greeting = "Hello, you've reached the cheese shop! What's your name?"
     with tempfile.TemporaryDirectory() as workdir:
         async with contextlib.AsyncExitStack() as stack:
             if url is None or token is None:
-                url, token = await stack.enter_async_context(
-                    embedded_service(Path(workdir), project, PROJECT_CONFIG)
-                )
+                cm = await stack.enter_async_context(service())
+                url, token = cm.url, (await cm.create_project(project, PROJECT_CONFIG)).agent
                 print(
-                    f"[Caller Memory: embedded in this process, on a temporary SQLite file, project {project}]"
+                    f"[Caller Memory: a service started for the demo, on a temporary SQLite file, project {project}]"
                 )
             else:
                 print(f"[Caller Memory: {url}, project {project}]")
-            model_url = await stack.enter_async_context(fake_model(greeted))
+            model = await stack.enter_async_context(ScriptedModel(shop_model(greeting)))
             client = await stack.enter_async_context(
                 MemoryClient(url, token=token, project=project, outbox_path=Path(workdir) / "outbox.db")
             )
             print("--- call 1")
-            await one_call(client, model_url, caller, f"demo-{run}-1", ["my name is Ada"])
+            await one_call(client, model.base_url, caller, f"demo-{run}-1", ["my name is Ada"])
             print("--- call 2")
-            await one_call(client, model_url, caller, f"demo-{run}-2", ["just checking in"])
+            await one_call(client, model.base_url, caller, f"demo-{run}-2", ["just checking in"])
 
 
 def main() -> None:
@@ -172,13 +183,13 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0] + " The offline demo: two calls from one number.",
-        epilog="The demo reads no environment variable: without --url and --token it embeds its own "
+        epilog="The demo reads no environment variable: without --url and --token it starts its own "
         "service, so that it stays offline. Without --demo, the command line is LiveKit's worker "
         "(start, dev, console; it reads CALLER_MEMORY_URL, CALLER_MEMORY_TOKEN, CALLER_MEMORY_PROJECT).",
     )
     parser.add_argument("--demo", action="store_true", help="play two calls from one number, offline")
     parser.add_argument(
-        "--url", help="a Caller Memory service to use instead of the embedded one (with --token)"
+        "--url", help="a Caller Memory service to use instead of one started for the demo (with --token)"
     )
     parser.add_argument("--token", help="an agent token of --project on the --url service")
     parser.add_argument(
@@ -188,8 +199,19 @@ def main() -> None:
     )
     args = parser.parse_args()
     if (args.url is None) != (args.token is None):
-        parser.error("--url and --token go together (without both, the demo embeds its own service)")
-    asyncio.run(demo(args.url, args.token, args.project))
+        parser.error("--url and --token go together (without both, the demo starts its own service)")
+    try:
+        from livekit.plugins import openai  # noqa: F401  (the demo's model speaks OpenAI's API)
+    except ImportError:
+        sys.exit(
+            f"--demo needs LiveKit's OpenAI plugin (livekit-plugins-openai), which is not installed. {INSTALL}"
+        )
+    from caller_memory.sdk.testing import ServiceNotInstalledError
+
+    try:
+        asyncio.run(demo(args.url, args.token, args.project))
+    except ServiceNotInstalledError as exc:
+        sys.exit(f"--demo without --url and --token starts a Caller Memory service: {exc}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ aggregator]``. ``CallerMemory`` is the one line Caller Memory adds (see docs/pip
 tool writes ``conv.state``, which is persisted when the call ends. The caller's words go in as the frames an
 STT and a VAD make, so it runs without a microphone, a phone line or speech services.
 
-Offline, with nothing running (an embedded Caller Memory service on a temporary SQLite file and a tiny
-scripted OpenAI-compatible model, both on loopback)::
+Offline, with nothing running (a Caller Memory service started for the demo on a temporary SQLite file,
+and a scripted OpenAI-compatible model, both on loopback, from ``caller_memory.sdk.testing``; the service
+must be installed beside the SDK)::
 
     .venv/bin/python examples/pipecat_bot.py --demo
 
@@ -38,28 +39,35 @@ from typing import Any
 # at WARNING; main() sets the level asked for. loguru reads LOGURU_LEVEL when it is first imported.
 os.environ.setdefault("LOGURU_LEVEL", "WARNING")
 
-from caller_memory.sdk import MemoryClient
-from caller_memory.sdk.pipecat import CallerMemory
-from loguru import logger
-from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
-from pipecat.frames.frames import (
-    EndFrame,
-    LLMRunFrame,
-    TranscriptionFrame,
-    UserStartedSpeakingFrame,
-    UserStoppedSpeakingFrame,
-)
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineWorker
-from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.aggregators.llm_response_universal import (
-    LLMContextAggregatorPair,
-    LLMUserAggregatorParams,
-)
-from pipecat.services.openai.llm import OpenAILLMService
-from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
-from pipecat.utils.time import time_now_iso8601
-from pipecat.workers.runner import WorkerRunner
+try:
+    from caller_memory.sdk import MemoryClient
+    from caller_memory.sdk.pipecat import CallerMemory
+    from loguru import logger
+    from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+    from pipecat.frames.frames import (
+        EndFrame,
+        LLMRunFrame,
+        TranscriptionFrame,
+        UserStartedSpeakingFrame,
+        UserStoppedSpeakingFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import (
+        LLMContextAggregatorPair,
+        LLMUserAggregatorParams,
+    )
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
+    from pipecat.utils.time import time_now_iso8601
+    from pipecat.workers.runner import WorkerRunner
+except ImportError as missing:  # a bare ModuleNotFoundError would not say what to install
+    sys.exit(
+        f"This bot needs Pipecat and the SDK's Pipecat drop-in, and {missing.name or missing} is missing. "
+        'Install the SDK with its Pipecat extra: pip install "caller-memory-sdk[pipecat]" (from a clone of '
+        'the repository: pip install "./sdk[pipecat]").'
+    )
 
 #: The project configuration this bot expects.
 PROJECT_CONFIG = {
@@ -155,15 +163,19 @@ async def two_calls(
 
 async def demo() -> None:
     # Imported here, not at the top: a copy of this file used as a template runs without demo_support.py.
-    from demo_support import embedded_service, fake_model
+    from caller_memory.sdk.testing import ScriptedModel, service
+    from demo_support import shop_model
 
     with tempfile.TemporaryDirectory() as workdir:
-        async with (
-            fake_model() as model_url,
-            embedded_service(Path(workdir), "cheese-shop", PROJECT_CONFIG) as (url, token),
-        ):
+        async with service() as cm, ScriptedModel(shop_model()) as model:
+            tokens = await cm.create_project("cheese-shop", PROJECT_CONFIG)
             await two_calls(
-                url, token, "cheese-shop", llm_url=model_url, model="demo", outbox=Path(workdir) / "outbox.db"
+                cm.url,
+                tokens.agent,
+                "cheese-shop",
+                llm_url=model.base_url,
+                model="demo",
+                outbox=Path(workdir) / "outbox.db",
             )
 
 
@@ -175,8 +187,8 @@ EPILOG = """environment:
   CALLER_MEMORY_URL, CALLER_MEMORY_TOKEN, CALLER_MEMORY_PROJECT  the defaults of --url, --token, --project
   OPENAI_API_KEY  the model's API key (not needed with --demo)
 
---demo ignores --url, --token, --project, --llm-url and --model: it runs an embedded service and a scripted
-model, both on loopback, and removes them when it ends."""
+--demo ignores --url, --token, --project, --llm-url and --model: it starts a service (installed beside the
+SDK) and a scripted model, both on loopback, and removes them when it ends."""
 
 
 def main() -> None:
@@ -184,7 +196,7 @@ def main() -> None:
         description=__doc__.splitlines()[0], epilog=EPILOG, formatter_class=_Help
     )
     parser.add_argument(
-        "--demo", action="store_true", help="run offline: an embedded service and a scripted model"
+        "--demo", action="store_true", help="run offline: a service started for the demo and a scripted model"
     )
     parser.add_argument(
         "--url",
@@ -210,7 +222,12 @@ def main() -> None:
     logger.remove()  # Pipecat's default sink, and the one LOGURU_LEVEL set
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "WARNING")
     if args.demo:
-        asyncio.run(demo())
+        from caller_memory.sdk.testing import ServiceNotInstalledError
+
+        try:
+            asyncio.run(demo())
+        except ServiceNotInstalledError as exc:
+            sys.exit(f"--demo starts a Caller Memory service: {exc}")
         return
     token = getattr(args, "token", None) or os.environ.get("CALLER_MEMORY_TOKEN")
     if not token:
