@@ -6,7 +6,6 @@ import base64
 import contextlib
 import os
 import re
-import secrets
 import socket
 import sqlite3
 import subprocess
@@ -85,7 +84,7 @@ def test_the_interactive_agent_ends_the_call_on_end_of_input_and_explains_a_queu
     assert counts["end"] == 1 and counts["messages"] >= 1, counts
 
 
-# The webhook receiver (examples/webhook_receiver.py) and the README's webhook step ---------------------------
+# The webhook receiver (examples/webhook_receiver.py) -----------------------------------------------------
 
 RECEIVER = ROOT / "examples" / "webhook_receiver.py"
 #: A signing secret in the form the service makes (whsec_ and the base64 of 24 bytes).
@@ -202,140 +201,3 @@ def test_the_webhook_receiver_asks_for_a_secret_it_can_use(tmp_path: Path) -> No
             env={**os.environ, "WEBHOOK_SECRET": secret},
         )
         assert result.returncode == 2 and "whsec_" in result.stderr, result.stderr
-
-
-DEV_SECRETS = re.compile(r"^export (CALLER_MEMORY_[A-Z_]+)=(\S+)$", re.MULTILINE)
-
-
-@contextlib.contextmanager
-def dev_service(folder: Path, **env: str) -> Iterator[tuple[str, dict[str, str]]]:
-    """The service started the README's way (scripts/run-dev, which `make run` runs) in ``folder``, with
-    nothing of this process's own Caller Memory settings: its URL and the secrets of ``.dev-secrets``."""
-    port = free_port()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLER_MEMORY_")}
-    clean |= {"VENV": str(Path(sys.executable).parent.parent), "PORT": str(port), **env}
-    with running([str(ROOT / "scripts" / "run-dev")], folder / "service.out", clean, folder):
-        wait_for_line(folder / "service.err", r"listening on http://")
-        yield f"http://127.0.0.1:{port}", dict(DEV_SECRETS.findall((folder / ".dev-secrets").read_text()))
-
-
-def readme_step(number: int) -> str:
-    """The text of one step of the README's walkthrough."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"**{number}. ")
-    end = text.find(f"**{number + 1}. ", start)
-    return text[start : end if end > 0 else text.index("The same management is available without HTTP")]
-
-
-def put_project(cm: str, document: bytes, operator: str) -> None:
-    put = urllib.request.Request(f"{cm}/v1/projects/cheese-shop", data=document, method="PUT")
-    put.add_header("Authorization", f"Bearer {operator}")
-    put.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(put, timeout=10) as answer:
-        assert answer.status in (200, 201)
-
-
-def erase(cm: str, admin: str) -> dict[str, object]:
-    request = urllib.request.Request(f"{cm}/v1/projects/cheese-shop/callers/+14155550100", method="DELETE")
-    request.add_header("Authorization", f"Bearer {admin}")
-    with urllib.request.urlopen(request, timeout=10) as erasure:
-        receipt: dict[str, object] = orjson.loads(erasure.read())["removed"]
-    return receipt
-
-
-def test_the_readme_webhook_step_ends_a_call_and_the_receiver_prints_the_verified_delivery(
-    tmp_path: Path,
-) -> None:
-    """Step 12 of the README's walkthrough, as written: `make run`'s script started again with 127.0.0.1
-    allowed (its .dev-secrets made before webhooks existed: the script adds the secret key, keeping the rest),
-    a webhook registered (its secret shown once), the example receiver started with it, a call ended."""
-    operator = "op_" + secrets.token_urlsafe(24)
-    older = f"export CALLER_MEMORY_PSEUDONYM_KEY={secrets.token_urlsafe(32)}\n"
-    older += f"export CALLER_MEMORY_OPERATOR_TOKEN={operator}\n"
-    (tmp_path / ".dev-secrets").write_text(older)
-    assert "CALLER_MEMORY_SECRET_KEY" not in readme_step(12).split("```sh", 1)[1].split("```")[0]
-    hook_port = free_port()
-    json_header = {"Content-Type": "application/json"}
-    with dev_service(tmp_path, CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS="127.0.0.1") as (cm, dev):
-        assert (tmp_path / ".dev-secrets").read_text().startswith(older)
-        assert len(base64.b64decode(dev["CALLER_MEMORY_SECRET_KEY"])) == 32
-        project = orjson.dumps(
-            {"memory": {"repeat_caller": {"state_keys": ["cheese"], "default_region": "US"}}}
-        )
-        put_project(cm, project, operator)
-        tokens = f"{cm}/v1/projects/cheese-shop/tokens"
-        admin = orjson.loads(post(tokens, b'{"role": "admin"}', json_header, operator)[1])["token"]
-        agent = orjson.loads(post(tokens, b'{"role": "agent"}', json_header, admin)[1])["token"]
-        registration = orjson.dumps(
-            {
-                "url": f"http://127.0.0.1:{hook_port}/webhooks",
-                "events": ["conversation.ended", "caller.erased"],
-            }
-        )
-        status, hook = post(f"{cm}/v1/projects/cheese-shop/webhooks", registration, json_header, admin)
-        assert status == 201, hook
-        secret = orjson.loads(hook)["secret"]
-        out = tmp_path / "receiver.out"
-        receive = [sys.executable, str(RECEIVER), "--port", str(hook_port)]
-        with running(receive, out, {**os.environ, "WEBHOOK_SECRET": secret}, tmp_path):
-            wait_for_line(out, r"listening on http://")
-            end = orjson.dumps(
-                {
-                    "caller": "+14155550100",
-                    "channel": "phone",
-                    "end_reason": "completed",
-                    "state": {"cheese": "brie"},
-                    "outcome": {"qa": "resolved"},
-                }
-            )
-            status, answer = post(
-                f"{cm}/v1/projects/cheese-shop/conversations/call-5/end", end, json_header, agent
-            )
-            assert status == 200 and orjson.loads(answer)["persisted"] == ["cheese"], answer
-            wait_for_line(out, r"^conversation\.ended msg_[a-z2-7]{32} conversation=call-5$")
-            assert erase(cm, admin)["webhook_deliveries"] == 0
-            wait_for_line(out, r"^caller\.erased msg_[a-z2-7]{32} conversations=")
-    printed = out.read_text() + out.with_suffix(".err").read_text()
-    assert "refused" not in printed and "4155550100" not in printed
-
-
-def test_the_readme_archive_step_writes_the_call_that_duckdb_reads_and_erasure_deletes(
-    tmp_path: Path,
-) -> None:
-    """Step 13 of the README, as written: its requests (their bodies taken from the README), the file found
-    where it says, its DuckDB command run by the shell, and the erasure that deletes the file. The service is
-    started by `make run`'s script in a fresh folder, so the archive is in that folder's default directory."""
-    step = readme_step(13)
-    blocks = re.findall(r"```sh\n(.*?)```", step, re.DOTALL)
-    project, messages, end = (
-        orjson.loads(body) for body in re.findall(r"-d '(\{.*?\})'", blocks[0], re.DOTALL)
-    )
-    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    json_header = {"Content-Type": "application/json"}
-    with dev_service(tmp_path) as (cm, dev):
-        assert len(base64.b64decode(dev["CALLER_MEMORY_SECRET_KEY"])) == 32  # made with the other secrets
-        operator = dev["CALLER_MEMORY_OPERATOR_TOKEN"]
-        put_project(cm, orjson.dumps(project), operator)
-        tokens = f"{cm}/v1/projects/cheese-shop/tokens"
-        admin = orjson.loads(post(tokens, b'{"role": "admin"}', json_header, operator)[1])["token"]
-        agent = orjson.loads(post(tokens, b'{"role": "agent"}', json_header, admin)[1])["token"]
-        conversation = f"{cm}/v1/projects/cheese-shop/conversations/call-6"
-        status, answer = post(f"{conversation}/messages", orjson.dumps(messages), json_header, agent)
-        assert status == 200 and orjson.loads(answer)["added"] == 3, answer
-        status, answer = post(f"{conversation}/end", orjson.dumps(end), json_header, agent)
-        assert status == 200 and orjson.loads(answer)["persisted"] == ["cheese"], answer
-        [archived] = (tmp_path / "caller-memory-archive").rglob("*.jsonl")
-        relative = archived.relative_to(tmp_path).as_posix()
-        assert re.fullmatch(
-            r"caller-memory-archive/project=cheese-shop/date=\d{4}-\d\d-\d\d/[0-9a-f]{32}\.jsonl", relative
-        )
-        assert "4155550" not in archived.read_text()
-        query = subprocess.run(
-            ["bash", "-c", blocks[1]], cwd=tmp_path, capture_output=True, text=True, timeout=60
-        )
-        assert query.returncode == 0, query.stderr
-        [row] = [line for line in query.stdout.splitlines() if "call-6" in line]
-        cells = [cell.strip() for cell in row.strip("│").split("│")]
-        assert cells[1:] == ["call-6", "explicit", "resolved", "3", "Brie please, 200 grams. Call [phone]."]
-        assert erase(cm, admin)["archived_conversations"] == 1
-        assert list((tmp_path / "caller-memory-archive").rglob("*.jsonl")) == []
