@@ -150,7 +150,9 @@ def _has_service(python: str | None) -> bool:
         except metadata.PackageNotFoundError:
             return False
         return True
-    check = f"import importlib.metadata as m; m.distribution({SERVICE_DISTRIBUTION!r})"
+    # Not from the working folder (``-c`` puts it first on sys.path): a build's leftover metadata there is no
+    # installed service, and the service runs in a folder of its own.
+    check = f"import sys; del sys.path[0]; import importlib.metadata as m; m.distribution({SERVICE_DISTRIBUTION!r})"
     try:
         asked = subprocess.run([python, "-c", check], capture_output=True, timeout=60, check=False)
     except OSError as exc:
