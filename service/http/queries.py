@@ -25,6 +25,7 @@ from ..domain.conversations.service import MAX_PAGE as MAX_HISTORY_PAGE
 from ..domain.errors import InvalidInput
 from ..domain.projects import validation_problem
 from ..domain.trust import ATTESTATION_HELP, STEP_UP_HELP
+from ..domain.webhooks.views import DeliveryState
 
 M = TypeVar("M", bound="QueryModel")
 
@@ -160,10 +161,15 @@ class AuditQuery(QueryModel):
 
 
 class DeliveriesQuery(QueryModel):
-    """``GET /v1/projects/{project}/webhooks/deliveries``: the failed deliveries."""
+    """``GET /v1/projects/{project}/webhooks/deliveries``: the deliveries in one state."""
 
     webhook_id: str | None = Field(
         default=None, max_length=64, description="only this webhook's (default: every webhook's)"
+    )
+    state: DeliveryState = Field(
+        default="failed",
+        description="pending (queued: waiting for an attempt, or in one), failed (every attempt failed) or "
+        "delivered (in the last day)",
     )
     limit: Limit = _limit(100, 500)
 

@@ -1,7 +1,7 @@
 """Webhook endpoints of a project (SPEC sections 11 and 14), admin only: register (the signing secret is
-answered once), list, read, rotate the secret, delete; the failed deliveries, and redelivery of one. Thin:
-parse, call the domain (domain/webhooks.py), answer its views (domain/webhook_views.py). Every change is
-audited."""
+answered once), list, read, rotate the secret, delete; the deliveries by state with their latest attempts,
+and redelivery of a failed one. Thin: parse, call the domain (domain/webhooks/service.py), answer its views
+(domain/webhooks/views.py). Every change is audited."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from aiohttp import web
 
 from ..domain.tokens import Role
 from ..domain.webhooks.service import WebhookCreate, WebhookRotate
-from ..domain.webhooks.views import ENDED, delivery_view, webhook_view, with_secret
+from ..domain.webhooks.views import (
+    DELIVERY_STATES,
+    ENDED,
+    STATE_STATUS,
+    delivery_view,
+    webhook_view,
+    with_secret,
+)
 from .app_keys import WEBHOOKS
 from .openapi_parts import NO_STORE_HEADERS, body_errors, problem, request_body, response
 from .openapi_webhooks import SIGNING, events_by_case
@@ -78,24 +85,29 @@ async def list_webhooks(request: web.Request) -> web.Response:
 @routes.get(WEBHOOKS_PATH + "/deliveries")
 @documented(
     "admin",
-    "Deliveries whose every attempt failed",
+    "Deliveries in one state (failed by default), with their latest attempts",
     {
         "200": response(
-            "Failed deliveries, most recent attempt first, with what their last attempt got (never "
-            "a response body); they are deleted when their conversation's transcript expires or its "
-            "caller is erased.",
+            "The deliveries in the `state` asked for: pending ones oldest first, failed and delivered "
+            "ones most recent attempt first; each with its latest attempts (10 at most: when, the HTTP "
+            "status, the error; never a response body, never the payload).",
             "WebhookDeliveryList",
             *NO_STORE_HEADERS,
         ),
         "404": problem("No such project, or no such webhook (`webhook_id`)."),
-        "422": problem("A malformed `limit`."),
+        "422": problem(f"A `state` other than {', '.join(DELIVERY_STATES)}, or a malformed `limit`."),
     },
     query=DeliveriesQuery,
+    description="A failed delivery is kept until it is redelivered or its conversation's transcript "
+    "expires; a delivered one (without its payload) for a day at most; any of them goes when its caller "
+    "is erased or its webhook deleted.",
 )
-async def list_failed_deliveries(request: web.Request) -> web.Response:
+async def list_deliveries(request: web.Request) -> web.Response:
     _, project = await project_for(request, Role.ADMIN)
     query = parse_query(request, DeliveriesQuery)
-    found = await request.app[WEBHOOKS].service.failed(project, query.webhook_id, query.limit)
+    found = await request.app[WEBHOOKS].service.deliveries(
+        project, STATE_STATUS[query.state], query.webhook_id, query.limit
+    )
     return json_response({"deliveries": [delivery_view(d) for d in found]}, headers=NO_STORE)
 
 

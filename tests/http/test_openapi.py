@@ -578,7 +578,7 @@ OWN: dict[str, set[str]] = {
     "get_webhook": {"200", "404"},
     "rotate_webhook": {"200", "404", "422"},
     "delete_webhook": {"204", "404"},
-    "list_failed_deliveries": {"200", "404", "422"},
+    "list_deliveries": {"200", "404", "422"},
     "redeliver": {"202", "404"},
     "create_link": {"200", "201", "403", "409", "422"},
     "list_links": {"200", "422"},

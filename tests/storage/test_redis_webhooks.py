@@ -278,23 +278,28 @@ async def test_an_ends_recording_and_its_events_are_one_round_trip_on_one_server
         assert await redis_store.get_delivery(P, d.delivery_id, t) == d
 
 
-async def test_a_delivered_settlement_forgets_the_delivery_in_one_round_trip(
+async def test_a_delivered_settlement_is_one_write_and_keeps_what_an_erasure_follows(
     redis_store: RedisStore, redis_client: Client
 ) -> None:
     t, caller = now_ms(), new_caller()
     d = delivery(t, "wh_1", subject=caller.subject)
     assert await redis_store.enqueue_deliveries([d], caller, t, t)
     assert await redis_store.claim_deliveries(P, "wh_1", t, 10, owner="w", lease_until=t + LEASE) == [d]
-    # Once the servers know the index script (forgetting an id that was never queued changes nothing).
-    await redis_store._forget(P, [("msg_none", "wh_1", caller.subject)])
     counted = Counted(redis_store._transport)
-    assert await redis_store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 1)
-    # Where it is, the settlement, then the index entry and the caller's listing at once (one write on one
-    # server; on a cluster they are in two slots).
-    forget = [(3, ("EVALSHA",)), (3, ("ZREM",))] if redis_store._cluster else [(3, ("EVALSHA", "ZREM"))]
-    assert counted.calls == [(1, ("HGET",)), (2, ("EVALSHA",)), *forget]
+    assert await redis_store.settle_delivery(
+        P, d.delivery_id, "w", Settlement.DELIVERED, t + 1, http_status=204
+    )
+    # Where it is, then the settlement (the attempt recorded, the payload dropped): one script.
+    assert counted.calls == [(1, ("HGET",)), (2, ("EVALSHA",))]
+    hash_key = keys.webhook_delivery_key(P, "wh_1", d.delivery_id)
+    assert await redis_client.hget(hash_key, "payload") == b""
+    assert await redis_client.hget(hash_key, "status") == b"delivered"
+    # Kept in the index and the caller's listing, so that an erasure finds the record.
+    assert await redis_client.hexists(keys.webhook_index_keys(P)[0], d.delivery_id)
+    assert await redis_client.zscore(keys.caller_webhooks_key(P, caller.subject), d.delivery_id) is not None
+    assert await redis_store.delete_caller_deliveries(caller) == 1
+    assert not await redis_client.exists(hash_key)
     assert not await redis_client.hexists(keys.webhook_index_keys(P)[0], d.delivery_id)
-    assert await redis_client.zscore(keys.caller_webhooks_key(P, caller.subject), d.delivery_id) is None
 
 
 async def test_claims_racing_from_several_stores_lease_each_delivery_once(

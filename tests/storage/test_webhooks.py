@@ -27,6 +27,7 @@ from caller_memory.service.domain.store import (
     Store,
 )
 from caller_memory.service.domain.store.webhooks import (
+    Attempt,
     Delivery,
     DeliveryStatus,
     QueueStats,
@@ -449,8 +450,14 @@ async def test_retry_queues_the_delivery_again_at_its_time(store: Backend) -> No
     assert await store.settle_delivery(
         P, d.delivery_id, "w1", Settlement.RETRY, t + 2, next_attempt_at=t + 5000, error="HTTP 503"
     )
+    first = Attempt(1, t + 2, 0, "HTTP 503")
     retried = dataclasses.replace(
-        d, attempts=1, next_attempt_at=t + 5000, last_attempt_at=t + 2, last_error="HTTP 503"
+        d,
+        attempts=1,
+        next_attempt_at=t + 5000,
+        last_attempt_at=t + 2,
+        last_error="HTTP 503",
+        recent_attempts=(first,),
     )
     assert await store.get_delivery(P, d.delivery_id, t + 2) == retried
     # The lease ended with the attempt; the delivery is due again at its time, to any worker.
@@ -464,7 +471,12 @@ async def test_retry_queues_the_delivery_again_at_its_time(store: Backend) -> No
     )
     again = await store.get_delivery(P, d.delivery_id, t + 5001)
     assert again == dataclasses.replace(
-        retried, attempts=2, next_attempt_at=t + 9000, last_attempt_at=t + 5001, last_error="timeout"
+        retried,
+        attempts=2,
+        next_attempt_at=t + 9000,
+        last_attempt_at=t + 5001,
+        last_error="timeout",
+        recent_attempts=(first, Attempt(2, t + 5001, 0, "timeout")),
     )
     assert await store.queue_stats(t + 5001) == QueueStats(1, 0, t)
 
@@ -478,7 +490,12 @@ async def test_failed_marks_the_delivery_failed(store: Backend) -> None:
     got = await store.get_delivery(P, d.delivery_id, t + 3)
     assert got is not None  # its next_attempt_at, no longer used, is left unspecified
     assert dataclasses.replace(got, next_attempt_at=t) == dataclasses.replace(
-        d, status=DeliveryStatus.FAILED, attempts=10, last_attempt_at=t + 3, last_error="refused: x"
+        d,
+        status=DeliveryStatus.FAILED,
+        attempts=10,
+        last_attempt_at=t + 3,
+        last_error="refused: x",
+        recent_attempts=(Attempt(10, t + 3, 0, "refused: x"),),
     )
     assert await store.failed_deliveries(P, t + 3) == [got]
     assert await store.queue_stats(t + 3) == QueueStats(0, 1, 0)

@@ -6,10 +6,13 @@ The store keeps what the domain built: an endpoint's signing secrets arrive encr
 delivery's payload is the envelope's JSON (opaque bytes, signed afresh by the domain at each attempt). Times
 are epoch milliseconds passed in by the caller, as everywhere in the store.
 
-A delivery's life: ``queued`` (due at ``next_attempt_at``) until an attempt succeeds (then it is deleted) or
-the attempts are exhausted (then ``failed``, kept and listed until redelivered, deleted or expired). It is
+A delivery's life: ``queued`` (due at ``next_attempt_at``) until an attempt succeeds (then it is
+``delivered``: its payload is dropped and the rest kept for :data:`DELIVERED_KEPT_MS` at most, to be listed)
+or the attempts are exhausted (then ``failed``, kept and listed until redelivered, deleted or expired). It is
 deleted, whatever its state, once ``expires_at`` passed (the conversation's transcript expiry), when its
-endpoint is deleted, and when its caller is erased. While an attempt runs, the delivery is *leased* by one
+endpoint is deleted, and when its caller is erased. Each delivery keeps its latest attempts
+(:data:`KEPT_ATTEMPTS` of them: what each got, never a response body), deleted with it; a delivery stored
+before attempts were kept reads as having none. While an attempt runs, the delivery is *leased* by one
 worker (``lease_owner`` until ``lease_until``): no other worker claims it until the lease ends, so replicas
 never send one delivery at the same time; a worker that dies leaves a lease that simply runs out.
 """
@@ -51,6 +54,53 @@ class WebhookEndpoint:
 class DeliveryStatus(enum.Enum):
     QUEUED = "queued"
     FAILED = "failed"
+    #: An attempt succeeded: kept without its payload for the listing, never claimed or redelivered.
+    DELIVERED = "delivered"
+
+
+#: Attempts a delivery keeps, its latest ones (the storage of a delivery is bounded).
+KEPT_ATTEMPTS = 10
+#: How long a delivered delivery is kept (without its payload) for the listing, at most: a day, or less when
+#: its ``expires_at`` comes first.
+DELIVERED_KEPT_MS = 24 * 3600 * 1000
+#: Longest error text an attempt keeps.
+MAX_ERROR_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of a delivery: its number (1 for the first of its schedule, counted again from 1 after a
+    redelivery), when it ended, the HTTP status it got (0: no answer) and, unless it succeeded, why it
+    failed (``HTTP 503``, ``timeout after 10 s``, ``cannot connect (...)``; never a response body)."""
+
+    number: int
+    at: int
+    http_status: int
+    error: str = ""
+
+
+def attempt_line(number: int, at: int, http_status: int, error: str) -> str:
+    """One attempt as the backends keep it: a line of four fields split by tabs (the error without tabs or
+    line breaks, cut to :data:`MAX_ERROR_CHARS`)."""
+    clean = " ".join(error.split())[:MAX_ERROR_CHARS]
+    return f"{number}\t{at}\t{http_status}\t{clean}"
+
+
+def attempts_of(log: str) -> tuple[Attempt, ...]:
+    """The attempts of a kept log (lines of :func:`attempt_line`), oldest first; "" (a delivery stored
+    before attempts were kept) has none. A line that cannot be read is left out: the log only informs."""
+    found = []
+    for line in log.split("\n"):
+        parts = line.split("\t", 3)
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit() and parts[2].isdigit():
+            found.append(Attempt(int(parts[0]), int(parts[1]), int(parts[2]), parts[3]))
+    return tuple(found)
+
+
+def with_attempt(log: str, line: str) -> str:
+    """``log`` with ``line`` added, its oldest lines dropped beyond :data:`KEPT_ATTEMPTS`."""
+    lines = [*(log.split("\n") if log else ()), line]
+    return "\n".join(lines[-KEPT_ATTEMPTS:])
 
 
 @dataclass(slots=True)
@@ -60,7 +110,7 @@ class Delivery:
 
     A value: never changed once made (:func:`dataclasses.replace` makes a changed copy). Not declared frozen
     only because one is made per endpoint at every end, on the request path, and a frozen dataclass sets each
-    of its 13 fields through ``object.__setattr__``: four times the cost."""
+    of its 14 fields through ``object.__setattr__``: four times the cost."""
 
     project: str
     delivery_id: str
@@ -83,12 +133,14 @@ class Delivery:
     last_attempt_at: int = 0
     #: What the last attempt got: ``HTTP 503``, ``timeout``, ``refused: ...``; never a response body.
     last_error: str = ""
+    #: The latest attempts (at most :data:`KEPT_ATTEMPTS`), oldest first.
+    recent_attempts: tuple[Attempt, ...] = ()
 
 
 class Settlement(enum.Enum):
     """How an attempt ended (:meth:`WebhookStore.settle_delivery`)."""
 
-    #: The receiver took it: the delivery is deleted.
+    #: The receiver took it: the delivery is ``delivered`` (its payload dropped).
     DELIVERED = "delivered"
     #: Another attempt at ``next_attempt_at``: queued again, ``attempts`` incremented.
     RETRY = "retry"
@@ -133,7 +185,7 @@ class WebhookStore(ABC):
 
     @abstractmethod
     async def delete_endpoint(self, project: str, endpoint_id: str) -> bool:
-        """Delete the endpoint and every delivery (queued or failed) for it; False if there was none."""
+        """Delete the endpoint and every delivery (whatever its state) for it; False if there was none."""
 
     # The queue ----------------------------------------------------------------------------------------------
 
@@ -143,7 +195,8 @@ class WebhookStore(ABC):
     ) -> bool:
         """Queue ``deliveries`` (all of one project, durable once this returns). Idempotent: a delivery
         whose ``delivery_id`` is already queued or failed in the project is left as it is (a retried end
-        queues nothing twice); one that was delivered and deleted may be queued again (at least once).
+        queues nothing twice); one that was delivered may be queued again (at least once): its
+        ``delivered`` record is replaced, attempts and all.
 
         With ``caller`` (the caller every delivery is about), nothing is queued and the answer is False when
         the caller was erased at or after ``made_at`` (their tombstone, as for ends): what was made before an
@@ -170,37 +223,57 @@ class WebhookStore(ABC):
         *,
         next_attempt_at: int = 0,
         error: str = "",
+        http_status: int = 0,
     ) -> bool:
-        """Record an attempt made under ``owner``'s lease (``last_attempt_at`` = ``now_ms``, ``last_error``
-        = ``error``) and end the lease: DELIVERED deletes the delivery; RETRY queues it again due at
-        ``next_attempt_at`` with ``attempts + 1``; FAILED marks it failed with ``attempts + 1``. False, and
-        nothing changed, when the delivery is gone (deleted, erased, expired) or no longer leased by
-        ``owner`` (its lease ran out and another worker claimed it)."""
+        """Record an attempt made under ``owner``'s lease (``attempts + 1``, ``last_attempt_at`` =
+        ``now_ms``, ``last_error`` = ``error``, and the attempt, with ``http_status``, among the kept ones)
+        and end the lease: DELIVERED makes the delivery ``delivered``, drops its payload and keeps the rest
+        until ``now_ms`` + :data:`DELIVERED_KEPT_MS` at most; RETRY queues it again due at
+        ``next_attempt_at``; FAILED marks it failed. False, and nothing changed, when the delivery is gone
+        (deleted, erased, expired) or no longer leased by ``owner`` (its lease ran out and another worker
+        claimed it)."""
 
     @abstractmethod
+    async def list_deliveries(
+        self,
+        project: str,
+        status: DeliveryStatus,
+        now_ms: int,
+        *,
+        endpoint_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
+        """The project's live deliveries in ``status`` (of one endpoint, or all), at most ``limit``: queued
+        ones oldest first (``created_at``, then ``delivery_id``); failed and delivered ones most recent
+        attempt first (then ``delivery_id``). A queued one under a lease (its attempt running) is listed."""
+
     async def failed_deliveries(
         self, project: str, now_ms: int, endpoint_id: str | None = None, limit: int = 100
     ) -> list[Delivery]:
-        """The project's live failed deliveries (of one endpoint, or all), most recent attempt first (then
-        ``delivery_id``), at most ``limit``."""
+        """:meth:`list_deliveries` of the failed ones."""
+        return await self.list_deliveries(
+            project, DeliveryStatus.FAILED, now_ms, endpoint_id=endpoint_id, limit=limit
+        )
 
     @abstractmethod
     async def get_delivery(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
-        """The live delivery (queued or failed), or None."""
+        """The live delivery if it is queued or failed, else None (a delivered one too)."""
 
     @abstractmethod
     async def redeliver(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
-        """Queue a failed delivery again, due now, with ``attempts`` 0 and its last error kept; return it.
-        A queued delivery is returned as it is (nothing changes); None if there is no live one."""
+        """Queue a failed delivery again, due now, with ``attempts`` 0 and its last error and kept attempts
+        kept; return it. A queued delivery is returned as it is (nothing changes); None if there is no live
+        queued or failed one."""
 
     @abstractmethod
     async def delete_delivery(self, project: str, delivery_id: str) -> bool:
-        """Delete one delivery (queued or failed); False if there was none."""
+        """Delete one delivery (whatever its state); False if there was none."""
 
     @abstractmethod
     async def delete_caller_deliveries(self, caller: CallerRef) -> int:
-        """Delete every delivery (queued or failed, of any endpoint) whose ``subject`` is the caller's; how
-        many. A delivery leased at that moment is deleted too (its settlement then answers False)."""
+        """Delete every delivery (queued, failed or delivered, of any endpoint) whose ``subject`` is the
+        caller's, with its attempts; how many. A delivery leased at that moment is deleted too (its
+        settlement then answers False)."""
 
     @abstractmethod
     async def queue_stats(self, now_ms: int) -> QueueStats:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from ..clock import Clock
+from ..clock import Clock, iso_utc
 from ..errors import CallerMemoryError
 from ..store.webhooks import Delivery, Settlement, WebhookEndpoint
 from .secrets import SecretKeyError, signature_headers
@@ -238,32 +238,58 @@ class Deliverer:
             headers["user-agent"] = USER_AGENT
             result = await self._sender.send(endpoint.url, headers, delivery.payload, self.timeout)
         after = self._clock.now_ms()
+        status = result.status or 0
         if result.delivered:
             await self._store.settle_delivery(
-                delivery.project, delivery.delivery_id, self.owner, Settlement.DELIVERED, after
+                delivery.project,
+                delivery.delivery_id,
+                self.owner,
+                Settlement.DELIVERED,
+                after,
+                http_status=status,
             )
             return "delivered"
         error = result.error or f"HTTP {result.status}"
         attempts = delivery.attempts + 1
         if attempts >= MAX_ATTEMPTS:
-            await self._store.settle_delivery(
-                delivery.project, delivery.delivery_id, self.owner, Settlement.FAILED, after, error=error
-            )
-            log.warning(
-                "webhook delivery %s to %s failed after %d attempts: %s",
+            settled = await self._store.settle_delivery(
+                delivery.project,
                 delivery.delivery_id,
-                endpoint.endpoint_id,
-                attempts,
-                error,
+                self.owner,
+                Settlement.FAILED,
+                after,
+                error=error,
+                http_status=status,
             )
+            if settled:
+                log.warning(
+                    "webhook %s delivery %s: attempt %d failed: %s; no attempt left, the delivery is failed "
+                    "(it can be redelivered)",
+                    endpoint.endpoint_id,
+                    delivery.delivery_id,
+                    attempts,
+                    error,
+                )
             return "failed"
-        await self._store.settle_delivery(
+        due = after + retry_delay_ms(attempts, self._rng)
+        settled = await self._store.settle_delivery(
             delivery.project,
             delivery.delivery_id,
             self.owner,
             Settlement.RETRY,
             after,
-            next_attempt_at=after + retry_delay_ms(attempts, self._rng),
+            next_attempt_at=due,
             error=error,
+            http_status=status,
         )
+        if settled:
+            log.info(
+                "webhook %s delivery %s: attempt %d failed: %s; next attempt at %s (in %d s)",
+                endpoint.endpoint_id,
+                delivery.delivery_id,
+                attempts,
+                error,
+                iso_utc(due),
+                round((due - after) / 1000),
+            )
         return "retry"

@@ -247,10 +247,16 @@ class WebhookService:
 
     # Deliveries ---------------------------------------------------------------------------------------------
 
-    async def failed(self, project: Project, endpoint_id: str | None, limit: int) -> list[Delivery]:
+    async def deliveries(
+        self, project: Project, status: DeliveryStatus, endpoint_id: str | None, limit: int
+    ) -> list[Delivery]:
+        """The project's deliveries in ``status`` (of one of its endpoints, or all), with their latest
+        attempts; :class:`NotFound` for an endpoint the project does not have."""
         if endpoint_id is not None:
             await self.get(project, endpoint_id)
-        return await self.store.failed_deliveries(project.project_id, self.clock.now_ms(), endpoint_id, limit)
+        return await self.store.list_deliveries(
+            project.project_id, status, self.clock.now_ms(), endpoint_id=endpoint_id, limit=limit
+        )
 
     async def redeliver(self, project: Project, delivery_id: str, *, actor: str) -> tuple[Delivery, bool]:
         """Queue a failed delivery again (audited as done by ``actor``); the delivery, and whether this call

@@ -9,7 +9,7 @@ from pydantic import Field, with_config
 from typing_extensions import TypedDict
 
 from ..clock import iso_utc
-from ..store.webhooks import Delivery, WebhookEndpoint
+from ..store.webhooks import Delivery, DeliveryStatus, WebhookEndpoint
 
 _CLOSED: Any = {"extra": "forbid"}
 #: The event types, written once: the registration's model, the payloads, the queue and the OpenAPI document
@@ -46,19 +46,48 @@ class WebhookList(TypedDict):
     webhooks: list[Webhook]
 
 
+#: The states the deliveries listing filters by (``state``): ``pending`` lists the deliveries whose status
+#: is ``queued`` (waiting for an attempt, or in one).
+DeliveryState = Literal["pending", "failed", "delivered"]
+DELIVERY_STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
+STATE_STATUS: dict[DeliveryState, DeliveryStatus] = {
+    "pending": DeliveryStatus.QUEUED,
+    "failed": DeliveryStatus.FAILED,
+    "delivered": DeliveryStatus.DELIVERED,
+}
+
+
+@with_config(_CLOSED)
+class WebhookAttempt(TypedDict):
+    """One attempt of a delivery."""
+
+    number: Annotated[int, Field(description="1 for the first attempt (counted again after a redelivery)")]
+    at: DateTime
+    http_status: Annotated[int | None, Field(description="The receiver's HTTP status (null: no answer)")]
+    error: Annotated[
+        str,
+        Field(
+            description="Why it failed: HTTP 503, timeout after 10 s, cannot connect (...); empty if it succeeded"
+        ),
+    ]
+
+
 @with_config(_CLOSED)
 class WebhookDelivery(TypedDict):
-    """A queued or failed delivery (never its payload: it may hold a transcript)."""
+    """A delivery (never its payload: it may hold a transcript), with its latest attempts."""
 
     delivery_id: Annotated[str, Field(description="The webhook-id of every attempt")]
     webhook_id: str
     event: EventName
-    status: Literal["queued", "failed"]
+    status: Literal["queued", "failed", "delivered"]
     attempts: int
     created_at: DateTime
     last_attempt_at: DateTime | None
     next_attempt_at: DateTime | None
     last_error: Annotated[str, Field(description="What the last attempt got (never the response body)")]
+    recent_attempts: Annotated[
+        list[WebhookAttempt], Field(description="The latest attempts (10 at most), oldest first")
+    ]
 
 
 @with_config(_CLOSED)
@@ -148,4 +177,13 @@ def delivery_view(delivery: Delivery) -> WebhookDelivery:
         "last_attempt_at": iso_utc(delivery.last_attempt_at) if delivery.last_attempt_at else None,
         "next_attempt_at": iso_utc(delivery.next_attempt_at) if queued else None,
         "last_error": delivery.last_error,
+        "recent_attempts": [
+            {
+                "number": a.number,
+                "at": iso_utc(a.at),
+                "http_status": a.http_status or None,
+                "error": a.error,
+            }
+            for a in delivery.recent_attempts
+        ],
     }

@@ -5,9 +5,11 @@ transport, as every other operation does. Key names are in :mod:`caller_memory.s
 
 Layout. Three kinds of slot (hash tags), so that each step is one script in one slot:
 
-- the endpoint's queue (``{wq:<project>:<endpoint_id>}``): a hash per delivery and five sorted sets of its
-  ids: due (queued and not leased, by ``next_attempt_at``), leased (by the lease's end), failed (by minus
-  ``last_attempt_at``), every delivery by ``expires_at``, and queued ones by ``created_at``. A claim is one
+- the endpoint's queue (``{wq:<project>:<endpoint_id>}``): a hash per delivery (with its latest attempts) and
+  six sorted sets of its ids: due (queued and not leased, by ``next_attempt_at``), leased (by the lease's
+  end), failed (by minus ``last_attempt_at``), every delivery by ``expires_at``, queued ones by
+  ``created_at``, and delivered ones (kept without their payload for the listing) by minus
+  ``last_attempt_at``. A claim is one
   script (``webhook_queue.lua``): leases that ran out go back to due at their own due time, then one
   ``ZRANGE ... BYSCORE LIMIT`` of due takes the earliest, and each is moved to leased with its owner. Two
   claims cannot take one delivery: the script is atomic in its slot, and a claim is acknowledged (on a
@@ -15,7 +17,7 @@ Layout. Three kinds of slot (hash tags), so that each step is one script in one 
 - the project (``{wp:<project>}``): its endpoints (a hash of JSON documents), and the delivery index, which
   says for which endpoint each delivery id is queued (``webhook_index.lua``): what finds a delivery by its id
   alone, and what keeps an id queued once in its project (an id that lives for another endpoint is left as
-  it is). With it, the endpoints that have deliveries, by their latest expiry (a project's failed listing
+  it is). With it, the endpoints that have deliveries, by their latest expiry (a project's listing
   reads those endpoints' queues only);
 - the caller (their bucket, ``{<bucket>}``, with their memory and tombstone): the ids of the deliveries about
   them, so that an erasure finds them (written with a check of the tombstone: nothing is queued when the
@@ -62,11 +64,13 @@ from redis.exceptions import NoScriptError
 
 from ...domain.errors import StoreCorrupt
 from ...domain.store.webhooks import (
+    DELIVERED_KEPT_MS,
     Delivery,
     DeliveryStatus,
     QueueStats,
     Settlement,
     WebhookEndpoint,
+    attempts_of,
 )
 from . import keys
 from .transcripts import _all
@@ -78,7 +82,7 @@ if TYPE_CHECKING:
 
 #: Deliveries an erasure or an endpoint's deletion deletes per round (each round a few bounded calls).
 BATCH = 500
-#: Endpoints queue_stats asks at once, and endpoints of one project a failed listing reads at most.
+#: Endpoints queue_stats asks at once, and endpoints of one project a listing reads at most.
 ENDPOINTS_AT_ONCE = 500
 
 
@@ -138,6 +142,7 @@ def _delivery(project: str, endpoint_id: str, delivery_id: bytes | str, flat: An
             next_attempt_at=int(raw[b"next_attempt_at"]),
             last_attempt_at=int(raw[b"last_attempt_at"]),
             last_error=raw[b"last_error"].decode(),
+            recent_attempts=attempts_of(raw.get(b"attempt_log", b"").decode()),
         )
     except (KeyError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise StoreCorrupt("a stored webhook delivery cannot be read") from exc
@@ -301,12 +306,13 @@ class RedisWebhooks(RedisWebhookEnqueue):
         *,
         next_attempt_at: int = 0,
         error: str = "",
+        http_status: int = 0,
     ) -> bool:
         async with Call("settle_delivery", self._timeout):
             endpoint_id = await self._endpoint_of(project, delivery_id)
             if endpoint_id is None:
                 return False
-            settled, subject = await self._queue(
+            settled, _ = await self._queue(
                 project,
                 endpoint_id,
                 "settle",
@@ -316,19 +322,24 @@ class RedisWebhooks(RedisWebhookEnqueue):
                 outcome.value,
                 next_attempt_at,
                 error,
+                http_status,
+                now_ms + DELIVERED_KEPT_MS,
             )
-            if not int(settled):
-                return False
-            if outcome is Settlement.DELIVERED:
-                await self._forget(project, [(delivery_id, endpoint_id, subject.decode())])
-        return True
+        # A delivered one stays indexed and listed for its caller (an erasure finds it there) until it goes.
+        return bool(int(settled))
 
-    async def failed_deliveries(
-        self, project: str, now_ms: int, endpoint_id: str | None = None, limit: int = 100
+    async def list_deliveries(
+        self,
+        project: str,
+        status: DeliveryStatus,
+        now_ms: int,
+        *,
+        endpoint_id: str | None = None,
+        limit: int = 100,
     ) -> list[Delivery]:
         if limit <= 0:
             return []
-        async with Call("failed_deliveries", self._timeout):
+        async with Call("list_deliveries", self._timeout):
             if endpoint_id is not None:
                 endpoints = [endpoint_id]
             else:
@@ -344,7 +355,7 @@ class RedisWebhooks(RedisWebhookEnqueue):
                 [
                     (
                         keys.webhook_queue_keys(project, e),
-                        [now_ms, keys.webhook_delivery_prefix(project, e), "failed", limit],
+                        [now_ms, keys.webhook_delivery_prefix(project, e), "list", status.value, limit],
                     )
                     for e in endpoints
                 ],
@@ -354,7 +365,10 @@ class RedisWebhooks(RedisWebhookEnqueue):
             for e, reply in zip(endpoints, replies, strict=True)
             for delivery_id, flat in reply
         ]
-        found.sort(key=lambda d: (-d.last_attempt_at, d.delivery_id))
+        if status is DeliveryStatus.QUEUED:
+            found.sort(key=lambda d: (d.created_at, d.delivery_id))
+        else:
+            found.sort(key=lambda d: (-d.last_attempt_at, d.delivery_id))
         return found[:limit]
 
     async def get_delivery(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
@@ -368,7 +382,8 @@ class RedisWebhooks(RedisWebhookEnqueue):
         if not flat:
             return None
         delivery = _delivery(project, endpoint_id, delivery_id, flat)
-        return delivery if delivery.expires_at > now_ms else None
+        live = delivery.expires_at > now_ms and delivery.status is not DeliveryStatus.DELIVERED
+        return delivery if live else None
 
     async def redeliver(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
         async with Call("redeliver", self._timeout):

@@ -183,7 +183,8 @@ CREATE TABLE IF NOT EXISTS webhook_endpoints (
 CREATE INDEX IF NOT EXISTS webhook_endpoints_by_created ON webhook_endpoints (project, created_at, endpoint_id);
 CREATE INDEX IF NOT EXISTS webhook_endpoints_by_created_all ON webhook_endpoints (created_at, endpoint_id, project);
 -- A rowid table: a payload may carry a whole conversation, too big for the B-tree of a WITHOUT ROWID table.
--- status is queued or failed; lease_owner is NULL and lease_until 0 when no worker holds the delivery.
+-- status is queued, failed or delivered (kept without its payload for the listing); lease_owner is NULL and
+-- lease_until 0 when no worker holds the delivery; attempt_log holds the latest attempts, a line each.
 CREATE TABLE IF NOT EXISTS webhook_deliveries (
     id INTEGER PRIMARY KEY,
     project TEXT NOT NULL,
@@ -201,6 +202,7 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
     last_error TEXT NOT NULL,
     lease_owner TEXT,
     lease_until INTEGER NOT NULL,
+    attempt_log TEXT NOT NULL DEFAULT '',
     UNIQUE (project, delivery_id)
 );
 -- What is due for one endpoint, in claim order; its (project, endpoint_id) prefix serves an endpoint's deletion.
@@ -211,6 +213,11 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_failed
     ON webhook_deliveries (project, last_attempt_at DESC, delivery_id) WHERE status = 'failed';
 CREATE INDEX IF NOT EXISTS webhook_deliveries_failed_by_endpoint
     ON webhook_deliveries (project, endpoint_id, last_attempt_at DESC, delivery_id) WHERE status = 'failed';
+-- Queued deliveries oldest first, and delivered ones latest first, per project (the listing by state).
+CREATE INDEX IF NOT EXISTS webhook_deliveries_queued
+    ON webhook_deliveries (project, created_at, delivery_id) WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS webhook_deliveries_delivered
+    ON webhook_deliveries (project, last_attempt_at DESC, delivery_id) WHERE status = 'delivered';
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_subject ON webhook_deliveries (project, subject);
 -- By expiry for purges; status and created_at make it cover the queue's statistics too.
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_expiry ON webhook_deliveries (expires_at, status, created_at);

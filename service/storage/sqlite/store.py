@@ -73,6 +73,8 @@ _ADDED_COLUMNS = (
     ("tokens", "agent", "TEXT NOT NULL DEFAULT ''", None),
     # A conversation's caller's region (for redaction): unknown ('') for one started by an earlier release.
     ("transcripts", "region", "TEXT NOT NULL DEFAULT ''", None),
+    # A delivery's latest attempts: none kept for one queued by an earlier release.
+    ("webhook_deliveries", "attempt_log", "TEXT NOT NULL DEFAULT ''", None),
 )
 #: Indexes on added columns (made once the columns exist).
 _ADDED_INDEXES = """

@@ -15,13 +15,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ...domain.store.webhooks import (
+    DELIVERED_KEPT_MS,
     Delivery,
     DeliveryStatus,
     QueueStats,
     Settlement,
     WebhookEndpoint,
     WebhookStore,
+    attempt_line,
+    attempts_of,
     check_one_project,
+    with_attempt,
 )
 
 if TYPE_CHECKING:
@@ -30,8 +34,16 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # Written into the SQL as literals (not parameters): SQLite uses a partial index only when the query's WHERE
-# visibly implies the index's, and the failed-listing indexes are partial on status = 'failed'.
+# visibly implies the index's, and the listing indexes are partial on status.
 _QUEUED, _FAILED = DeliveryStatus.QUEUED.value, DeliveryStatus.FAILED.value
+_DELIVERED = DeliveryStatus.DELIVERED.value
+
+#: Each state's listing: its order, on the index made for it (schema.sql).
+_LISTING_ORDER = {
+    _QUEUED: "created_at, delivery_id",
+    _FAILED: "last_attempt_at DESC, delivery_id",
+    _DELIVERED: "last_attempt_at DESC, delivery_id",
+}
 
 #: Expired deliveries a claim deletes by the way, across every endpoint (see claim_deliveries).
 PURGE_BATCH = 100
@@ -44,11 +56,12 @@ _ENDPOINT_COLUMNS = (
 #: The columns of a delivery row, in the order of :class:`_Row`.
 _COLUMNS = (
     "id, project, delivery_id, endpoint_id, event, payload, subject, created_at, expires_at, status, "
-    "attempts, next_attempt_at, last_attempt_at, last_error, lease_owner"
+    "attempts, next_attempt_at, last_attempt_at, last_error, lease_owner, attempt_log"
 )
 
 #: Queue ``deliveries`` unless one with the same id lives; an expired row with that id is logically gone
-#: (it is deleted whatever its state), so a new one replaces it, as after a delivery.
+#: (it is deleted whatever its state), and a delivered one is a record of what was sent: a new one replaces
+#: either, attempts and all.
 _INSERT = (
     "INSERT INTO webhook_deliveries (project, delivery_id, endpoint_id, event, payload, subject, created_at, "
     "expires_at, status, attempts, next_attempt_at, last_attempt_at, last_error, lease_owner, lease_until) "
@@ -58,7 +71,8 @@ _INSERT = (
     "created_at = excluded.created_at, expires_at = excluded.expires_at, status = excluded.status, "
     "attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at, "
     "last_attempt_at = excluded.last_attempt_at, last_error = excluded.last_error, lease_owner = NULL, "
-    "lease_until = 0 WHERE webhook_deliveries.expires_at <= ?"
+    "lease_until = 0, attempt_log = '' "
+    f"WHERE webhook_deliveries.expires_at <= ? OR webhook_deliveries.status = '{_DELIVERED}'"
 )
 
 
@@ -78,6 +92,7 @@ class _Row(NamedTuple):
     last_attempt_at: int
     last_error: str
     lease_owner: str | None
+    attempt_log: str
 
     def delivery(self) -> Delivery:
         return Delivery(
@@ -94,6 +109,7 @@ class _Row(NamedTuple):
             next_attempt_at=self.next_attempt_at,
             last_attempt_at=self.last_attempt_at,
             last_error=self.last_error,
+            recent_attempts=attempts_of(self.attempt_log),
         )
 
 
@@ -279,6 +295,7 @@ class SQLiteWebhooks(WebhookStore):
         *,
         next_attempt_at: int = 0,
         error: str = "",
+        http_status: int = 0,
     ) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
             row = _live(conn, project, delivery_id, now_ms)
@@ -286,30 +303,47 @@ class SQLiteWebhooks(WebhookStore):
             # and its outcome is the latest there is (refusing it would only send the delivery once more).
             if row is None or row.status != _QUEUED or row.lease_owner != owner:
                 return False
+            log = with_attempt(row.attempt_log, attempt_line(row.attempts + 1, now_ms, http_status, error))
             if outcome is Settlement.DELIVERED:
-                conn.execute("DELETE FROM webhook_deliveries WHERE id = ?", (row.id,))
+                # Kept without its payload (it may hold a transcript), for the listing, a day at most.
+                conn.execute(
+                    f"UPDATE webhook_deliveries SET status = '{_DELIVERED}', payload = x'', "
+                    "attempts = attempts + 1, last_attempt_at = ?, last_error = '', attempt_log = ?, "
+                    "expires_at = min(expires_at, ?), lease_owner = NULL, lease_until = 0 WHERE id = ?",
+                    (now_ms, log, now_ms + DELIVERED_KEPT_MS, row.id),
+                )
                 return True
             status = _QUEUED if outcome is Settlement.RETRY else _FAILED
             due = next_attempt_at if outcome is Settlement.RETRY else row.next_attempt_at
             conn.execute(
                 "UPDATE webhook_deliveries SET status = ?, attempts = attempts + 1, next_attempt_at = ?, "
-                "last_attempt_at = ?, last_error = ?, lease_owner = NULL, lease_until = 0 WHERE id = ?",
-                (status, due, now_ms, error, row.id),
+                "last_attempt_at = ?, last_error = ?, attempt_log = ?, lease_owner = NULL, lease_until = 0 "
+                "WHERE id = ?",
+                (status, due, now_ms, error, log, row.id),
             )
             return True
 
         return await self._write(run)
 
-    async def failed_deliveries(
-        self, project: str, now_ms: int, endpoint_id: str | None = None, limit: int = 100
+    async def list_deliveries(
+        self,
+        project: str,
+        status: DeliveryStatus,
+        now_ms: int,
+        *,
+        endpoint_id: str | None = None,
+        limit: int = 100,
     ) -> list[Delivery]:
+        state = status.value
+        order = _LISTING_ORDER[state]
+
         def run(conn: sqlite3.Connection) -> list[Delivery]:
             where, params = "project = ?", [project]
             if endpoint_id is not None:
                 where, params = "project = ? AND endpoint_id = ?", [project, endpoint_id]
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE {where} AND status = '{_FAILED}' "
-                "AND expires_at > ? ORDER BY last_attempt_at DESC, delivery_id LIMIT ?",
+                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE {where} AND status = '{state}' "
+                f"AND expires_at > ? ORDER BY {order} LIMIT ?",
                 (*params, now_ms, limit),
             ).fetchall()
             return [_Row._make(row).delivery() for row in rows]
@@ -321,15 +355,17 @@ class SQLiteWebhooks(WebhookStore):
     async def get_delivery(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
         def run(conn: sqlite3.Connection) -> Delivery | None:
             row = _load(conn, project, delivery_id)
-            return None if row is None or row.expires_at <= now_ms else row.delivery()
+            if row is None or row.expires_at <= now_ms or row.status == _DELIVERED:
+                return None
+            return row.delivery()
 
         return await self._read(run)
 
     async def redeliver(self, project: str, delivery_id: str, now_ms: int) -> Delivery | None:
         def run(conn: sqlite3.Connection) -> Delivery | None:
             row = _live(conn, project, delivery_id, now_ms)
-            if row is None or row.status == _QUEUED:
-                return None if row is None else row.delivery()
+            if row is None or row.status != _FAILED:
+                return None if row is None or row.status == _DELIVERED else row.delivery()
             again = conn.execute(
                 f"UPDATE webhook_deliveries SET status = '{_QUEUED}', attempts = 0, next_attempt_at = ?, "
                 f"lease_owner = NULL, lease_until = 0 WHERE id = ? RETURNING {_COLUMNS}",

@@ -15,7 +15,8 @@ ARGV[1] now_ms, then the parts one after the other, each its kind and its argume
   queue  the prefix of the delivery hashes (as for webhook_queue.lua), the endpoint id, the endpoint's member
          in the work index, n, then n deliveries of 11: id, event, payload, subject, created_at, expires_at,
          status, attempts, next_attempt_at, last_attempt_at, last_error. KEYS: the five of webhook_queue.lua
-         (its layout is there). A delivery whose id lives here is left as it is; an expired one is replaced.
+         (its layout is there). A delivery whose id lives here is left as it is; an expired or a delivered one
+         is replaced (its kept attempts with it).
   work   (no arguments) KEYS: the endpoints with deliveries of every project (cm:wwork, zset member -> latest
          expiry): each queue part of the call marks its endpoint there until the latest expiry its queue
          holds.
@@ -199,11 +200,14 @@ end
 -- The endpoints' queues.
 for _, part in ipairs(queues) do
   local due, leased, failed, expiry, created = unpack(part.keys)
+  -- The delivered ones (webhook_queue.lua names it so, in the same slot).
+  local delivered = string.sub(due, 1, -2) .. 'v'
   local prefix = part.prefix
   local function unlist(id)
     for _, key in ipairs(part.keys) do
       redis.call('ZREM', key, id)
     end
+    redis.call('ZREM', delivered, id)
   end
   local function drop(id)
     redis.call('DEL', prefix .. id)
@@ -216,8 +220,9 @@ for _, part in ipairs(queues) do
   for _, d in ipairs(part.entries) do
     local id, expires = d[1], d[6]
     local key = prefix .. id
-    local current = redis.call('HGET', key, 'expires_at')
-    if current and tonumber(current) <= now then
+    local found = redis.call('HMGET', key, 'expires_at', 'status')
+    local current = found[1]
+    if current and (tonumber(current) <= now or found[2] == 'delivered') then
       drop(id)
       current = nil
     end
@@ -240,7 +245,7 @@ for _, part in ipairs(queues) do
     end
   end
   -- Every key of the queue lives until the latest expiry it holds (a set created here too).
-  local top = extend(expiry, {due, leased, failed, created})
+  local top = extend(expiry, {due, leased, failed, created, delivered})
   if work and top then
     -- NX gives a new key its expiry, GT only ever moves it later.
     redis.call('ZADD', work, 'GT', top, part.member)

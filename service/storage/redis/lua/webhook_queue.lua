@@ -7,24 +7,32 @@ KEYS[3]  failed    ...:f                               zset  failed deliveries, 
                                                              (most recent first, then delivery id)
 KEYS[4]  expiry    ...:x                               zset  every delivery of the endpoint, by expires_at
 KEYS[5]  created   ...:o                               zset  queued deliveries (leased or not), by created_at
+         delivered ...:v (named from KEYS[1], not passed: same slot)
+                                                       zset  delivered deliveries, by minus last_attempt_at
 ARGV[1]  now_ms; ARGV[2] the prefix of the delivery hashes, "cm:{wq:<project>:<endpoint_id>}:d:" (same slot:
          they are named from the sets' members, which is why they are not in KEYS); ARGV[3] the operation,
          then its arguments:
   claim      limit, owner, lease_until: leases due deliveries, earliest due first (then id). Returns them.
-  settle     delivery id, owner, outcome (delivered | retry | failed), next_attempt_at, error. Returns
+  settle     delivery id, owner, outcome (delivered | retry | failed), next_attempt_at, error, the HTTP
+             status (0: none), until when a delivered one is kept at most. Records the attempt among the
+             kept ones; a delivered one loses its payload and is kept, listed in `delivered`. Returns
              {1, subject} when recorded; {0, ""} when the delivery is gone or not leased by owner.
-  redeliver  delivery id: a failed delivery queued again, due now, attempts 0. Returns it ({} if none).
+  redeliver  delivery id: a failed delivery queued again, due now, attempts 0. Returns it; a queued one as it
+             is; {} if none (or delivered).
   remove     subject ("" for any), then delivery ids: deletes those about that subject. Returns the pairs
              of id and subject of what it deleted.
   drop       how many: deletes that many of the endpoint's deliveries (its deletion, batch after batch).
              Returns their ids.
-  failed     limit: the live failed deliveries, most recent attempt first. Returns them.
+  list       state (queued | failed | delivered), limit: the live deliveries in that state, queued ones
+             oldest first, the others most recent attempt first. Returns them.
   stats      Returns {queued, failed, the oldest queued one's created_at or -1}.
 A delivery is returned as {id, its hash as a flat list}. Deliveries are written by webhook_enqueue.lua (its
 queue part, which keeps to this layout).
 
-A delivery is a hash: event, payload, subject, created_at, expires_at, status (queued | failed), attempts,
-next_attempt_at, last_attempt_at, last_error and, while a worker holds it, lease_owner. Its due time is its
+A delivery is a hash: event, payload, subject, created_at, expires_at, status (queued | failed | delivered),
+attempts, next_attempt_at, last_attempt_at, last_error, attempt_log (the latest KEEP attempts, a line each of
+number, time, HTTP status and error split by tabs; absent in a hash written before attempts were kept) and,
+while a worker holds it, lease_owner. Its due time is its
 score in `due`; under a lease, it is in `leased` instead, scored by the lease's end, so that a claim is one
 ZRANGE BYSCORE of `due` after the leases that ran out went back there at their own due time. Each call first
 deletes a bounded batch of expired deliveries (by the service's clock; Redis expires their hashes itself at
@@ -32,6 +40,7 @@ expires_at, and an index entry whose hash is gone is dropped where it is met). T
 its expires_at, the sets at the latest expires_at they hold, so nothing outlives its deliveries.
 ]]
 local due, leased, failed, expiry, created = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local delivered = string.sub(due, 1, -2) .. 'v'
 local now = tonumber(ARGV[1])
 local prefix, op = ARGV[2], ARGV[3]
 -- Expired deliveries deleted per call, and leases that ran out moved back per claim: bounded, so that a call
@@ -40,6 +49,8 @@ local PURGE = 200
 local RELEASE = 1000
 -- Rounds of a claim or a listing that replace candidates found gone (expired by Redis before the service).
 local ROUNDS = 4
+-- Attempts a delivery keeps (WebhookStore's KEPT_ATTEMPTS).
+local KEEP = 10
 
 local function unlist(id)
   redis.call('ZREM', due, id)
@@ -47,6 +58,7 @@ local function unlist(id)
   redis.call('ZREM', failed, id)
   redis.call('ZREM', expiry, id)
   redis.call('ZREM', created, id)
+  redis.call('ZREM', delivered, id)
 end
 
 local function drop(id)
@@ -90,6 +102,7 @@ local function extend()
     for i = 1, 5 do
       redis.call('PEXPIREAT', KEYS[i], top[2])
     end
+    redis.call('PEXPIREAT', delivered, top[2])
   end
 end
 
@@ -130,10 +143,20 @@ if op == 'claim' then
   return out
 end
 
+-- The kept attempts with this one added (the oldest dropped beyond KEEP).
+local function logged(log, number, status, err)
+  local lines = {}
+  for line in string.gmatch(log or '', '[^\n]+') do
+    lines[#lines + 1] = line
+  end
+  lines[#lines + 1] = number .. '\t' .. now .. '\t' .. status .. '\t' .. (string.gsub(err, '[\t\n]', ' '))
+  return table.concat(lines, '\n', math.max(1, #lines - KEEP + 1))
+end
+
 if op == 'settle' then
   local id, owner, outcome = ARGV[4], ARGV[5], ARGV[6]
   local key = prefix .. id
-  local d = redis.call('HMGET', key, 'status', 'lease_owner', 'expires_at', 'subject')
+  local d = redis.call('HMGET', key, 'status', 'lease_owner', 'expires_at', 'subject', 'attempts', 'attempt_log')
   if not d[1] then
     unlist(id)
     return {0, ''}
@@ -147,12 +170,24 @@ if op == 'settle' then
   if d[1] ~= 'queued' or d[2] ~= owner then
     return {0, ''}
   end
+  local number = tonumber(d[5]) + 1
+  local log = logged(d[6], number, ARGV[9], ARGV[8])
   if outcome == 'delivered' then
-    drop(id)
+    -- Kept without its payload (it may hold a transcript), for the listing, until ARGV[10] at most.
+    local kept = math.min(tonumber(d[3]), tonumber(ARGV[10]))
+    redis.call(
+      'HSET', key, 'status', 'delivered', 'payload', '', 'attempts', number, 'last_attempt_at', ARGV[1],
+      'last_error', '', 'attempt_log', log, 'expires_at', kept
+    )
+    redis.call('HDEL', key, 'lease_owner')
+    redis.call('PEXPIREAT', key, kept)
+    unlist(id)
+    redis.call('ZADD', expiry, kept, id)
+    redis.call('ZADD', delivered, '-' .. ARGV[1], id)
+    extend()
     return {1, d[4]}
   end
-  redis.call('HINCRBY', key, 'attempts', 1)
-  redis.call('HSET', key, 'last_attempt_at', ARGV[1], 'last_error', ARGV[8])
+  redis.call('HSET', key, 'attempts', number, 'last_attempt_at', ARGV[1], 'last_error', ARGV[8], 'attempt_log', log)
   redis.call('HDEL', key, 'lease_owner')
   redis.call('ZREM', leased, id)
   if outcome == 'retry' then
@@ -172,7 +207,7 @@ if op == 'redeliver' then
   local id = ARGV[4]
   local key = prefix .. id
   local fields = live(id)
-  if not fields then
+  if not fields or field(fields, 'status') == 'delivered' then
     return {}
   end
   if field(fields, 'status') == 'failed' then
@@ -209,14 +244,18 @@ if op == 'drop' then
     drop(id)
   end
   if #ids < tonumber(ARGV[4]) then  -- the last batch: what may be left in the other sets goes too
-    redis.call('DEL', due, leased, failed, created)
+    redis.call('DEL', due, leased, failed, created, delivered)
   end
   return ids
 end
 
-if op == 'failed' then
+if op == 'list' then
   purge()
-  local limit = tonumber(ARGV[4])
+  local state, limit = ARGV[4], tonumber(ARGV[5])
+  local listed = ({queued = created, failed = failed, delivered = delivered})[state]
+  if not listed then
+    return redis.error_reply('webhook_queue.lua: unknown state ' .. tostring(state))
+  end
   local out = {}
   for _ = 1, ROUNDS do
     local want = limit - #out
@@ -224,7 +263,7 @@ if op == 'failed' then
       break
     end
     -- What was kept stays in front (the set's order does not change); what was dropped left it.
-    local ids = redis.call('ZRANGE', failed, #out, #out + want - 1)
+    local ids = redis.call('ZRANGE', listed, #out, #out + want - 1)
     if #ids == 0 then
       break
     end
