@@ -41,7 +41,8 @@ from typing import Any
 
 #: What to install when LiveKit Agents or its OpenAI plugin is missing.
 INSTALL = (
-    'Install the SDK with its LiveKit extra, which brings both: pip install "caller-memory-sdk[livekit]" '
+    "Install the SDK with its LiveKit extra, which brings LiveKit Agents and its OpenAI plugin: "
+    'pip install "caller-memory-sdk[livekit]" '
     '(from a clone of the repository: pip install "./sdk[livekit]").'
 )
 

@@ -84,6 +84,50 @@ def test_the_interactive_agent_ends_the_call_on_end_of_input_and_explains_a_queu
     assert counts["end"] == 1 and counts["messages"] >= 1, counts
 
 
+#: Put first on PYTHONPATH, it makes one module (and its submodules) impossible to import, as if its package
+#: were not installed.
+HIDE = """import os, sys
+
+HIDDEN = os.environ["HIDDEN_MODULE"]
+
+
+class Hidden:
+    def find_spec(self, name, path=None, target=None):
+        if name == HIDDEN or name.startswith(HIDDEN + "."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Hidden())
+"""
+
+
+@pytest.mark.parametrize(
+    ("example", "hidden", "install"),
+    [
+        ("livekit_agent.py", "livekit.plugins.openai", '"caller-memory-sdk[livekit]"'),
+        ("livekit_agent.py", "livekit.agents", '"caller-memory-sdk[livekit]"'),
+        ("pipecat_bot.py", "pipecat", '"caller-memory-sdk[pipecat]"'),
+    ],
+)
+def test_a_framework_example_says_what_to_install_when_its_framework_or_plugin_is_missing(
+    example: str, hidden: str, install: str, tmp_path: Path
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text(HIDE)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / example), "--demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "HIDDEN_MODULE": hidden},
+    )
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"pip install {install}" in result.stderr and hidden.split(".")[0] in result.stderr
+    if hidden == "livekit.plugins.openai":
+        assert "--demo needs LiveKit's OpenAI plugin (livekit-plugins-openai)" in result.stderr
+
+
 # The webhook receiver (examples/webhook_receiver.py) -----------------------------------------------------
 
 RECEIVER = ROOT / "examples" / "webhook_receiver.py"
