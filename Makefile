@@ -4,13 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run test test-floors fuzz bench lint format redis-server wrk chromium clean
-
-# setuptools maps caller_memory.service -> service/ and caller_memory.sdk -> sdk/ (package-dir), a layout that a
-# static .pth cannot express, so its editable install uses an import hook and says so in a boxed warning asking
-# to beware of a folder named like the package in the working directory. There is none here (no caller_memory/
-# folder: that is why the mapping exists), so the notice is silenced; the mapping itself is what we want.
-QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+.PHONY: install install-test run dist test test-floors test-dist fuzz bench lint format redis-server wrk chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,19 +15,23 @@ $(BIN)/python:
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/pip install --quiet uv
 
-UV_INSTALL := $(QUIET_EDITABLE) $(BIN)/uv pip install --quiet --python $(BIN)/python
+UV_INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python
 
-# The service and its command line, editable, in a local virtualenv. Installed again only when pyproject.toml
-# changes (the stamps live in the virtualenv: deleting it starts afresh); code edits need no reinstall.
+# The two distributions (the SDK from sdk/, the service from the root), editable, in a local virtualenv: code
+# edits need no reinstall. An editable install puts .dev on sys.path, whose caller_memory/{service,sdk} are links
+# to the two folders. Installed again only when a project file changes (the stamps live in the virtualenv:
+# deleting it starts afresh).
+PROJECT_FILES := pyproject.toml sdk/pyproject.toml hatch_build.py
+
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/uv
-	$(UV_INSTALL) -e .
+$(VENV)/.installed: $(PROJECT_FILES) | $(BIN)/uv
+	$(UV_INSTALL) -e ./sdk -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/uv
-	$(UV_INSTALL) -e '.[test]'
+$(VENV)/.installed-test: $(PROJECT_FILES) | $(BIN)/uv
+	$(UV_INSTALL) -e ./sdk -e '.[test]'
 	@touch $@ $(VENV)/.installed
 
 # Start the service on the embedded SQLite store (./caller-memory.db), port $(PORT).
@@ -53,47 +51,43 @@ chromium:
 	@test -x /usr/bin/chromium || ./scripts/install-chromium
 
 # import-linter checks the layering of the engineering guide (contracts in pyproject.toml, [tool.importlinter]).
-# The tests are type-checked too (a relaxed override in pyproject.toml): mypy cannot follow the editable
-# install's import hook, so it finds caller_memory through a folder of two symlinks (git-ignored). No module of
-# service/ or sdk/ may pass 600 lines (scripts/structure.py sizes).
-TYPECHECK := .typecheck/caller_memory
-
-lint: install-test $(TYPECHECK)/service $(TYPECHECK)/sdk
-	$(BIN)/ruff check service sdk tests examples bench scripts
-	$(BIN)/ruff format --check service sdk tests examples bench scripts
+# The tests are type-checked too (a relaxed override in pyproject.toml), finding caller_memory in .dev. No module
+# of service/ or sdk/ may pass 600 lines (scripts/structure.py sizes).
+lint: install-test
+	$(BIN)/ruff check service sdk tests examples bench scripts hatch_build.py
+	$(BIN)/ruff format --check service sdk tests examples bench scripts hatch_build.py
 	$(BIN)/mypy service sdk
-	MYPYPATH=.typecheck $(BIN)/mypy tests
+	MYPYPATH=.dev $(BIN)/mypy tests
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/structure.py sizes
 
-$(TYPECHECK)/%:
-	mkdir -p $(TYPECHECK)
-	ln -sfn ../../$* $@
-
 # The frameworks' drop-ins are tested each in a pytest process of its own (see norecursedirs in pyproject.toml),
-# while the floors' environment is built and their suite runs beside them (its output is shown when it ends):
-# about 40 s less than one after the other.
+# while other virtualenvs are built and their tests run beside them, each one's output shown when all have ended:
+# the declared floors (test-floors) and the built distributions (test-dist). They wait on installs and servers
+# more than they compute, so running them side by side saves minutes.
 FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py
+BESIDE := test-floors test-dist
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
 
 test: install-test redis-server chromium lint
 	$(BIN)/pytest -q -n $(TEST_WORKERS)
-	@log=$$(mktemp); $(MAKE) --no-print-directory test-floors > $$log 2>&1 & floors=$$!; \
+	@logs=$$(mktemp -d); pids=""; \
+	for b in $(BESIDE); do $(MAKE) --no-print-directory $$b > $$logs/$$b 2>&1 & pids="$$pids $$!:$$b"; done; \
 	failed=0; for t in $(FRAMEWORK_TESTS); do echo "$$t:"; $(BIN)/pytest -q -p no:cacheprovider $$t || failed=1; done; \
-	wait $$floors; floors_status=$$?; echo "make test-floors:"; cat $$log; rm -f $$log; \
-	test $$failed = 0 && test $$floors_status = 0
+	for p in $$pids; do wait $${p%%:*} || failed=1; echo "make $${p#*:}:"; cat $$logs/$${p#*:}; done; \
+	rm -rf $$logs; test $$failed = 0
 
-# The declared floors are promises: the lowest version that pyproject.toml allows of every runtime dependency
-# (`name==floor`, written by scripts/floors.py) in its own virtualenv, the project installed without
+# The declared floors are promises: the lowest version that the two project files allow of every runtime
+# dependency (`name==floor`, written by scripts/floors.py) in its own virtualenv, the project installed without
 # dependencies over them, and the part of the suite that exercises them: the storage contract suite on SQLite,
 # Redis and Redis Cluster, a cluster failover (redis-py's slot-map internals), the HTTP API on Redis and its
 # guarded server (aiohttp's RequestHandler), the SDK client. (The HTTP API on the cluster runs the same aiohttp
 # and pydantic code as on Redis, and the cluster client is covered by the storage suite: left out for time.) Test tools resolve normally. Left out for time: the SDK's
 # kill-and-restart tests, the 20,000-connection flood, and the SQLite variants of the HTTP and SDK tests (their
 # Redis variants run the same aiohttp, pydantic and SDK code; SQLite is the standard library's). The env is
-# rebuilt only when pyproject.toml or scripts/floors.py changes (~20 s with uv's cache); the tests take about 2.5 minutes.
+# rebuilt only when a project file or scripts/floors.py changes (~20 s with uv's cache); the tests take about 2.5 minutes.
 FLOORS_VENV  ?= .venv-floors
 FLOORS_BIN   := $(FLOORS_VENV)/bin
 FLOORS_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis openapi-spec-validator moto duckdb
@@ -106,15 +100,29 @@ test-floors: $(FLOORS_VENV)/.installed redis-server
 	$(FLOORS_BIN)/python scripts/floors.py check
 	$(FLOORS_BIN)/pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 
-$(FLOORS_VENV)/.installed: pyproject.toml scripts/floors.py
+$(FLOORS_VENV)/.installed: $(PROJECT_FILES) scripts/floors.py
 	rm -rf $(FLOORS_VENV)
 	$(PYTHON) -m venv $(FLOORS_VENV)
 	$(FLOORS_BIN)/pip install --quiet uv
 	$(FLOORS_BIN)/python scripts/floors.py requirements $(FLOORS_TOOLS) > $(FLOORS_VENV)/requirements.txt
 	$(FLOORS_BIN)/uv pip install --quiet --python $(FLOORS_BIN)/python -r $(FLOORS_VENV)/requirements.txt
-	$(FLOORS_BIN)/uv pip install --quiet --python $(FLOORS_BIN)/python --no-deps -e .
+	$(FLOORS_BIN)/uv pip install --quiet --python $(FLOORS_BIN)/python --no-deps -e ./sdk -e .
 	$(FLOORS_BIN)/uv pip check --python $(FLOORS_BIN)/python
 	@touch $@
+
+# The two distributions, wheels and source archives, into dist/ with the standard build frontend (each built in
+# an isolated environment, its wheel from its source archive; nothing is written into the source folders).
+dist: install-test
+	rm -rf dist
+	$(BIN)/python -m build --installer uv --outdir dist sdk
+	$(BIN)/python -m build --installer uv --outdir dist .
+
+# The built distributions as a user installs them (tests/dist, beside the main suite as test-floors is): the
+# SDK's wheel alone in a fresh virtualenv brings none of the service's packages and drives the service's wheel
+# (installed with --no-index --find-links dist/) in another; a framework example runs from the SDK's wheel with
+# its extra; both install from git with a subdirectory; the two carry one version and the licence.
+test-dist: dist redis-server
+	$(BIN)/pytest -q -p no:cacheprovider tests/dist
 
 # A longer schemathesis campaign against a live service (tests/fuzz): 500 fuzzed cases per operation and 2000
 # call sequences per run, new ones each time, no time limit. CALLER_MEMORY_FUZZ_SEED=<the seed it printed>
@@ -134,4 +142,4 @@ format: install-test
 	$(BIN)/ruff check --fix service sdk tests examples bench scripts
 
 clean:
-	rm -rf $(VENV) $(FLOORS_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .typecheck
+	rm -rf $(VENV) $(FLOORS_VENV) dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -19,7 +19,11 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+ROOT = Path(__file__).resolve().parent.parent
+# The service's project file lists its runtime dependencies for its build hook (hatch_build.py adds the SDK);
+# the SDK's project file lists its own.
+PYPROJECT = ROOT / "pyproject.toml"
+SDK_PYPROJECT = ROOT / "sdk" / "pyproject.toml"
 # name, optional [extras], then the specifiers up to an optional ; marker (PEP 508, without URLs).
 REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*([^;]*?)\s*(;.*)?$")
 
@@ -36,10 +40,21 @@ def release(version: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def floors(project: dict[str, object]) -> list[tuple[str, str, str, str]]:
-    """(name, extras, floor, marker) of each runtime dependency; a dependency without ``>=`` is an error."""
-    found = []
-    for requirement in project["dependencies"]:  # type: ignore[attr-defined]
+def runtime_dependencies() -> list[str]:
+    """The runtime dependencies of both distributions (the service's, then the SDK's not already listed)."""
+    service = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["hatch"]["metadata"]["hooks"][
+        "custom"
+    ]
+    sdk = tomllib.loads(SDK_PYPROJECT.read_text(encoding="utf-8"))["project"]
+    return [*service["dependencies"], *sdk["dependencies"]]
+
+
+def floors(requirements: list[str]) -> list[tuple[str, str, str, str]]:
+    """(name, extras, floor, marker) of each runtime dependency; a dependency without ``>=`` is an error, and so
+    is one declared by both distributions with different floors."""
+    found: list[tuple[str, str, str, str]] = []
+    seen: dict[str, str] = {}
+    for requirement in requirements:
         match = REQUIREMENT.match(requirement)
         if match is None:
             sys.exit(f"floors.py: cannot read the dependency {requirement!r}")
@@ -47,6 +62,14 @@ def floors(project: dict[str, object]) -> list[tuple[str, str, str, str]]:
         lows = [s.strip()[2:].strip() for s in specifiers.split(",") if s.strip().startswith(">=")]
         if len(lows) != 1:
             sys.exit(f"floors.py: {requirement!r} declares no single '>=' floor")
+        key = canonical(name)
+        if key in seen:
+            if seen[key] != lows[0]:
+                sys.exit(
+                    f"floors.py: {name} has the floor {seen[key]} in one project file and {lows[0]} in the other"
+                )
+            continue
+        seen[key] = lows[0]
         found.append((name, extras or "", lows[0], marker or ""))
     return found
 
@@ -67,14 +90,14 @@ def main(argv: list[str]) -> int:
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
     command, args = (argv[0], argv[1:]) if argv else ("", [])
     if command == "requirements":
-        for name, extras, floor, marker in floors(project):
+        for name, extras, floor, marker in floors(runtime_dependencies()):
             print(f"{name}{extras}=={floor}{marker}")
         for line in test_requirements(project, args):
             print(line)
         return 0
     if command == "check":
         wrong = []
-        for name, _, floor, _ in floors(project):
+        for name, _, floor, _ in floors(runtime_dependencies()):
             try:
                 installed = metadata.version(name)
             except metadata.PackageNotFoundError:

@@ -18,6 +18,7 @@ Exceptions are described in :mod:`caller_memory.sdk.errors`.
 import logging
 
 from . import _wire
+from ._version import __version__
 from .client import MemoryClient
 from .conversation import Conversation, EndResult
 from .errors import (
@@ -85,6 +86,7 @@ __all__ = [
     "TranscriptInfo",
     "TranscriptMessage",
     "TranscriptsFullError",
+    "__version__",
     "default_outbox_path",
     "render_memory",
 ]

@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,14 @@ def _fds_argument(text: str) -> list[int]:
         raise argparse.ArgumentTypeError("file descriptors, separated by commas") from None
 
 
+def _installed_version() -> str:
+    """The installed distribution's version (the one the SDK's _version.py gave both distributions)."""
+    try:
+        return metadata.version("caller-memory")
+    except metadata.PackageNotFoundError:
+        return "(not installed as a distribution)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="caller-memory", description="Repeat-caller memory for voice agents."
@@ -69,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--store", help="store URL (default: $CALLER_MEMORY_STORE or sqlite:///caller-memory.db)"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the HTTP service")

@@ -263,3 +263,11 @@ def test_workers_setting_does_not_concern_management_commands(tmp_path: Path) ->
     )
     shown = run_cli(tmp_path, "project", "show", "ghost", env={"CALLER_MEMORY_WORKERS": "2"})
     assert shown.returncode == 1 and "project 'ghost' not found" in shown.stderr
+
+
+def test_the_command_says_its_version_the_sdk_gave_it(tmp_path: Path) -> None:
+    namespace: dict[str, str] = {}
+    exec((Path(__file__).resolve().parents[1] / "sdk" / "_version.py").read_text(), namespace)
+    result = run_cli(tmp_path, "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"caller-memory {namespace['__version__']}"

@@ -184,7 +184,7 @@ NEVER_SENT = [
 
 def context_problems(dockerignore: str) -> list[str]:
     rules = dockerignore_rules(dockerignore)
-    needed = ["pyproject.toml", "README.md"] + [
+    needed = ["pyproject.toml", "hatch_build.py", "README.md", "LICENSE"] + [
         p.relative_to(ROOT).as_posix()
         for folder in ("service", "sdk")
         for p in (ROOT / folder).rglob("*")
