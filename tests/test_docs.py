@@ -1,5 +1,5 @@
 """The documentation holds together: every relative link (file and heading) resolves, and every setting the
-service reads from its environment is in the README's table exactly once."""
+service reads from its environment is in the operations guide's table exactly once."""
 
 from __future__ import annotations
 
@@ -72,9 +72,17 @@ def test_the_link_check_catches_a_broken_link(tmp_path: Path) -> None:
     ]
 
 
-def test_every_setting_the_service_reads_is_in_the_readme_table_once() -> None:
+def settings_table(path: Path) -> list[str]:
+    """The settings named by the rows of the table under the page's "Every setting" heading."""
+    text = path.read_text()
+    start = text.index("\n### Every setting\n")
+    end = text.index("\n#", start + 1)
+    return re.findall(r"^\| `(CALLER_MEMORY_[A-Z_]+)` \|", text[start:end], re.MULTILINE)
+
+
+def test_every_setting_the_service_reads_is_in_the_operations_guides_table_once() -> None:
     read = set(re.findall(r'"(CALLER_MEMORY_[A-Z_]+)"', (ROOT / "service/config.py").read_text()))
-    rows = re.findall(r"^\| `(CALLER_MEMORY_[A-Z_]+)` \|", (ROOT / "README.md").read_text(), re.MULTILINE)
+    rows = settings_table(ROOT / "docs/operations.md")
     assert read, "no setting found in service/config.py: the test would prove nothing"
     assert sorted(rows) == sorted(set(rows)), "a setting has two rows"
     assert set(rows) == read

@@ -265,7 +265,7 @@ def shape_problems(text: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("page", ["docs/walkthrough.md", "docs/api.md"])
+@pytest.mark.parametrize("page", ["docs/walkthrough.md", "docs/api.md", "README.md"])
 def test_each_sample_answer_has_the_shape_the_service_answers(page: str) -> None:
     text = (ROOT / page).read_text()
     assert shape_problems(text) == []
