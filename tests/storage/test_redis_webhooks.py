@@ -297,7 +297,7 @@ async def test_a_delivered_settlement_is_one_write_and_keeps_what_an_erasure_fol
     # Kept in the index and the caller's listing, so that an erasure finds the record.
     assert await redis_client.hexists(keys.webhook_index_keys(P)[0], d.delivery_id)
     assert await redis_client.zscore(keys.caller_webhooks_key(P, caller.subject), d.delivery_id) is not None
-    assert await redis_store.delete_caller_deliveries(caller) == 1
+    assert await redis_store.delete_caller_deliveries(caller) == 0  # sent: deleted, not counted
     assert not await redis_client.exists(hash_key)
     assert not await redis_client.hexists(keys.webhook_index_keys(P)[0], d.delivery_id)
 

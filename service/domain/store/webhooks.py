@@ -79,11 +79,15 @@ class Attempt:
     error: str = ""
 
 
+def kept_error(error: str) -> str:
+    """An attempt's error as it is kept: without tabs or line breaks, cut to :data:`MAX_ERROR_CHARS`."""
+    return " ".join(error.split())[:MAX_ERROR_CHARS]
+
+
 def attempt_line(number: int, at: int, http_status: int, error: str) -> str:
-    """One attempt as the backends keep it: a line of four fields split by tabs (the error without tabs or
-    line breaks, cut to :data:`MAX_ERROR_CHARS`)."""
-    clean = " ".join(error.split())[:MAX_ERROR_CHARS]
-    return f"{number}\t{at}\t{http_status}\t{clean}"
+    """One attempt as the backends keep it: a line of four fields split by tabs (the error as
+    :func:`kept_error` makes it)."""
+    return f"{number}\t{at}\t{http_status}\t{kept_error(error)}"
 
 
 def attempts_of(log: str) -> tuple[Attempt, ...]:
@@ -272,8 +276,9 @@ class WebhookStore(ABC):
     @abstractmethod
     async def delete_caller_deliveries(self, caller: CallerRef) -> int:
         """Delete every delivery (queued, failed or delivered, of any endpoint) whose ``subject`` is the
-        caller's, with its attempts; how many. A delivery leased at that moment is deleted too (its
-        settlement then answers False)."""
+        caller's, with its attempts; how many of them were queued or failed (never sent now: a delivered
+        one's record goes uncounted). A delivery leased at that moment is deleted too (its settlement then
+        answers False)."""
 
     @abstractmethod
     async def queue_stats(self, now_ms: int) -> QueueStats:

@@ -71,6 +71,7 @@ from ...domain.store.webhooks import (
     Settlement,
     WebhookEndpoint,
     attempts_of,
+    kept_error,
 )
 from . import keys
 from .transcripts import _all
@@ -284,8 +285,13 @@ class RedisWebhooks(RedisWebhookEnqueue):
         return [
             (reply[i].decode(), endpoint_id, reply[i + 1].decode())
             for endpoint_id, reply in zip(endpoints, replies, strict=True)
-            for i in range(0, len(reply), 2)
+            for i in range(0, len(reply), 3)
         ]
+
+    @staticmethod
+    def _unsent(replies: Sequence[Any]) -> int:
+        """How many of the deliveries of ``remove`` replies were queued or failed (not delivered)."""
+        return sum(reply[i + 2] != b"delivered" for reply in replies for i in range(0, len(reply), 3))
 
     async def claim_deliveries(
         self, project: str, endpoint_id: str, now_ms: int, limit: int, *, owner: str, lease_until: int
@@ -324,6 +330,7 @@ class RedisWebhooks(RedisWebhookEnqueue):
                 error,
                 http_status,
                 now_ms + DELIVERED_KEPT_MS,
+                kept_error(error),
             )
         # A delivered one stays indexed and listed for its caller (an erasure finds it there) until it goes.
         return bool(int(settled))
@@ -423,7 +430,7 @@ class RedisWebhooks(RedisWebhookEnqueue):
                     *(self._queue(project, e, "remove", 0, subject, *ds) for e, ds in queues.items())
                 )
                 gone = self._removed(queues, replies)
-                removed += len(gone)
+                removed += self._unsent(replies)
                 await self._forget(project, gone)
                 # Taken off the listing last: an erasure cut short is finished by its retry.
                 await self._transport.run(("ZREM", listing, *ids))

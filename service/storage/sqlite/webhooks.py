@@ -386,11 +386,11 @@ class SQLiteWebhooks(WebhookStore):
 
     async def delete_caller_deliveries(self, caller: CallerRef) -> int:
         def run(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                "DELETE FROM webhook_deliveries WHERE project = ? AND subject = ?",
+            gone = conn.execute(
+                "DELETE FROM webhook_deliveries WHERE project = ? AND subject = ? RETURNING status",
                 (caller.project, caller.subject),
-            )
-            return cur.rowcount
+            ).fetchall()
+            return sum(status != _DELIVERED for (status,) in gone)
 
         return await self._write(run)
 

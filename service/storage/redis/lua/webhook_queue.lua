@@ -14,13 +14,14 @@ ARGV[1]  now_ms; ARGV[2] the prefix of the delivery hashes, "cm:{wq:<project>:<e
          then its arguments:
   claim      limit, owner, lease_until: leases due deliveries, earliest due first (then id). Returns them.
   settle     delivery id, owner, outcome (delivered | retry | failed), next_attempt_at, error, the HTTP
-             status (0: none), until when a delivered one is kept at most. Records the attempt among the
+             status (0: none), until when a delivered one is kept at most, the error as the attempt keeps it
+             (one line, cut short). Records the attempt among the
              kept ones; a delivered one loses its payload and is kept, listed in `delivered`. Returns
              {1, subject} when recorded; {0, ""} when the delivery is gone or not leased by owner.
   redeliver  delivery id: a failed delivery queued again, due now, attempts 0. Returns it; a queued one as it
              is; {} if none (or delivered).
-  remove     subject ("" for any), then delivery ids: deletes those about that subject. Returns the pairs
-             of id and subject of what it deleted.
+  remove     subject ("" for any), then delivery ids: deletes those about that subject. Returns the
+             triples of id, subject and status of what it deleted.
   drop       how many: deletes that many of the endpoint's deliveries (its deletion, batch after batch).
              Returns their ids.
   list       state (queued | failed | delivered), limit: the live deliveries in that state, queued ones
@@ -171,7 +172,7 @@ if op == 'settle' then
     return {0, ''}
   end
   local number = tonumber(d[5]) + 1
-  local log = logged(d[6], number, ARGV[9], ARGV[8])
+  local log = logged(d[6], number, ARGV[9], ARGV[11])
   if outcome == 'delivered' then
     -- Kept without its payload (it may hold a transcript), for the listing, until ARGV[10] at most.
     local kept = math.min(tonumber(d[3]), tonumber(ARGV[10]))
@@ -226,13 +227,15 @@ if op == 'remove' then
   local out = {}
   for i = 5, #ARGV do
     local id = ARGV[i]
-    local subject = redis.call('HGET', prefix .. id, 'subject')
+    local found = redis.call('HMGET', prefix .. id, 'subject', 'status')
+    local subject = found[1]
     if not subject then
       unlist(id)
     elseif ARGV[4] == '' or subject == ARGV[4] then
       drop(id)
       out[#out + 1] = id
       out[#out + 1] = subject
+      out[#out + 1] = found[2] or ''
     end
   end
   return out
