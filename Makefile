@@ -130,7 +130,7 @@ test-dist: dist redis-server
 fuzz: install-test redis-server
 	CALLER_MEMORY_FUZZ_EXAMPLES=$${CALLER_MEMORY_FUZZ_EXAMPLES:-500} $(BIN)/pytest -q tests/fuzz
 
-# Benchmarks of issue 7 against a hand-written baseline, side by side (about 12 minutes; needs
+# Benchmarks against a hand-written baseline, side by side (about 12 minutes; needs
 # redis-server and redis-benchmark). `$(BIN)/python bench/run.py --quick` takes about 2.5 minutes. Results in
 # bench/results/perf.json and bench/results/profile-*; see bench/README.md.
 bench: install-test redis-server wrk

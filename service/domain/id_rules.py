@@ -1,4 +1,4 @@
-"""No phone number in the ids a client chooses (issue 27, item 6).
+"""No phone number in the ids a client chooses.
 
 Conversation ids, channels, agent names and message ids outlive the call: they go into webhook payloads, the
 archive, analytics and its CSV, the store's keys. They are not masked (an id that changed would not find its

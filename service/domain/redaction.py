@@ -1,4 +1,4 @@
-"""Phone numbers found in text and replaced by ``[phone]``, at a cost bounded per byte (SPEC section 10, issue 27).
+"""Phone numbers found in text and replaced by ``[phone]``, at a cost bounded per byte (SPEC section 10).
 
 How a number is found, and why it costs what it costs:
 

@@ -1,4 +1,4 @@
-"""Redaction of a batch of texts (issue 27, item 5): the texts of one append searched together, so that a
+"""Redaction of a batch of texts: the texts of one append searched together, so that a
 number said across two messages is found (each text masked within itself), and the asynchronous path that
 does it in slices, giving the event loop back after each, within a CPU budget per project, so that one
 tenant's large appends never stall another's requests. The search itself is :mod:`.redaction`'s.

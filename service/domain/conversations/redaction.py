@@ -1,4 +1,4 @@
-"""What a transcript loses before it is stored (SPEC sections 10 and 14, issue 27): the phone numbers said in
+"""What a transcript loses before it is stored (SPEC sections 10 and 14): the phone numbers said in
 it (every number with ``redact_phone_numbers``, the caller's own identifiers always), found by
 :mod:`.redaction` in the regions of the project and of the conversation's caller, at a cost bounded per byte,
 in slices that give the event loop back within each project's CPU budget.

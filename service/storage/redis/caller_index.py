@@ -4,7 +4,7 @@ the reading of a conversation's header, which the transcript methods (:mod:`call
 :class:`RedisCallerIndex` is the base of :class:`~caller_memory.service.storage.redis.transcripts.RedisTranscripts`. A start ends what is
 still open on its caller's channel and offers the latest resumable conversation there; finding those by
 reading every header of the caller made each start cost in proportion to the caller's conversations (3,000 of
-them: about 110 ms, and other tenants' reads stalled: issue 27). Three indexes in the caller's slot answer
+them: about 110 ms, and other tenants' reads stalled). Three indexes in the caller's slot answer
 instead, beside the listing ``vc`` that an erasure reads (keys.py):
 
 - ``vs``: conversation id -> start time, the admin listing's pages (newest start first);

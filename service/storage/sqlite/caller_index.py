@@ -2,8 +2,8 @@
 
 :class:`SQLiteCallerIndex` is the base of :class:`~caller_memory.service.storage.sqlite.transcripts.SQLiteTranscripts`. A start reads what
 is open on its caller's channel and the newest resumable conversations there through partial indexes
-(``schema.sql``), so that it costs what it finds, not what the caller ever had (issue 27: every start
-read all of a caller's headers); the listing pages by start time through ``transcripts_by_caller``. The rows
+(``schema.sql``), so that it costs what it finds, not what the caller ever had (reading all of a
+caller's headers would cost in proportion to them); the listing pages by start time through ``transcripts_by_caller``. The rows
 are the headers themselves: nothing to keep in step with them on any transition.
 """
 
