@@ -217,12 +217,15 @@ class ScriptedModel:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        for index, chunk in enumerate(completion.chunks(bool(usage))):
-            if reply.pause and index > 1:
-                await asyncio.sleep(reply.pause)
-            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            for index, chunk in enumerate(completion.chunks(bool(usage))):
+                if reply.pause and index > 1:
+                    await asyncio.sleep(reply.pause)
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the agent stopped reading (an interruption cancels the reply): nothing is wrong
         return response
 
 

@@ -5,6 +5,7 @@ service() runs the real service, or says what to install when it is missing."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -144,6 +145,23 @@ async def test_a_pause_spaces_the_streamed_words() -> None:
         started = asyncio.get_running_loop().time()
         await complete(model, messages=MESSAGES, stream=True)
         assert asyncio.get_running_loop().time() - started >= 0.4
+
+
+async def test_a_reply_the_agent_stops_reading_is_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    async with ScriptedModel([Reply("a b c d e f g h", pause=0.05), "next"]) as model:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{model.base_url}/chat/completions", json={"messages": MESSAGES, "stream": True}
+            ) as answer,
+        ):
+            assert (await answer.content.readline()).startswith(b"data: ")
+            answer.close()  # an interruption: the client goes mid-stream
+        await asyncio.sleep(0.3)  # the model writes on into the closed connection
+        status, chunks = await complete(model, messages=MESSAGES, stream=True)
+        assert status == 200 and assembled(chunks)[0] == "next"
+    assert model.errors == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_an_exhausted_script_answers_500_naming_why_and_fails_the_test_at_the_end() -> None:
