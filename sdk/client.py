@@ -35,7 +35,7 @@ from ._wire import (
     parse,
     problem,
 )
-from .conversation import Conversation
+from .conversation import DEFAULT_CHANNEL, Conversation
 from .errors import (
     ServiceUnavailableError,
     error_for,
@@ -235,7 +235,7 @@ class MemoryClient(Ending):
         conversation_id: str,
         *,
         caller: str,
-        channel: str = "voice",
+        channel: str = DEFAULT_CHANNEL,
         agent: str | None = None,
         transcript: bool = False,
         attestation: str | None = None,
@@ -246,7 +246,8 @@ class MemoryClient(Ending):
 
         ``conversation_id`` is the id your voice platform gives the call: 1-128 letters, digits, '.', '_',
         ':' or '-', starting with a letter or digit (ValueError otherwise, e.g. for a trailing line break).
-        ``channel`` names the channel of the call (sent with the end; transcripts are kept per channel);
+        ``channel`` names the channel of the call (sent with the end; transcripts, ``resume`` and supersession
+        are kept per channel): ``"phone"`` unless named, as in the Pipecat and LiveKit drop-ins;
         ``agent`` the agent handling it. ``transcript=True`` keeps what is said in the service's conversation
         memory: the first ``begin_turn()`` starts the conversation (and learns ``conv.resume``), and
         ``conv.add_message()`` sends messages in the background. With it, ``channel`` and ``agent`` are

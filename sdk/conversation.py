@@ -34,6 +34,11 @@ from .transcript import (
 
 log = logging.getLogger("caller_memory.sdk")
 
+#: The channel of a conversation when none is named, everywhere the SDK takes one (``client.conversation()``,
+#: the Pipecat and LiveKit drop-ins): transcripts, ``resume`` and supersession stay within one channel, so one
+#: default lets a call made one way be resumed by a call made another. ``"phone"``: a phone agent's line.
+DEFAULT_CHANNEL = "phone"
+
 #: Seconds of the read budget that must be left for the first ``begin_turn()`` to read the memory again
 #: after a start that offered a resume (the start may have persisted the superseded call's state).
 MIN_REREAD = 0.005
@@ -118,7 +123,7 @@ class Conversation(TranscriptReads):
         conversation_id: str,
         caller: str,
         *,
-        channel: str = "voice",
+        channel: str = DEFAULT_CHANNEL,
         agent: str | None = None,
         transcript: bool = False,
         attestation: str | None = None,
@@ -127,8 +132,8 @@ class Conversation(TranscriptReads):
         self._client = client
         self.conversation_id = conversation_id
         self.caller = caller
-        #: The channel of the call (``"voice"``, ``"phone"``, ``"chat"``...): the end reports it, and
-        #: transcripts, history and ``resume`` are kept per channel.
+        #: The channel of the call (:data:`DEFAULT_CHANNEL`, ``"phone"``, unless named: ``"chat"``, ...):
+        #: the end reports it, and transcripts, history and ``resume`` are kept per channel.
         self.channel = channel
         #: The agent that handles the call (``metadata.agent`` of its assistant and tool messages).
         self.agent = agent

@@ -17,34 +17,30 @@ transcript into conversation memory, and the end of the call persisted however t
         remember_caller(session, client, participant=participant, job=ctx)  # the one line
         await session.start(Receptionist(instructions="..."), room=ctx.room)
 
-Why it is built this way (LiveKit Agents 1.8):
+Why it is built this way (LiveKit Agents 1.7 and 1.8):
 
-- The memory goes into the context in :meth:`MemoryAgent.llm_node`, on a copy of the context of each
-  inference: LiveKit's documented place, ``on_user_turn_completed``, edits the turn's context after a
-  preemptive generation started (which invalidates it; preemptive generation is on by default) and is
-  never called by ``session.run()``. The copy matters: LiveKit hands the tool follow-up the same context
-  object, so an edit in place would put a second memory message there. The message is never added to
-  ``session.history``.
-- The read starts when the call starts (so the greeting is personal) and again when the caller starts
-  speaking (``user_state_changed`` to ``speaking``), hidden behind their speech; an inference waits for it
-  at most the client's read budget.
-- The end starts in its own task from the session's ``close`` event (whoever ends the call: the bot, the
-  caller's hang-up, an error) and from a job shutdown callback that also waits for it: a job shut down by
-  its worker runs its shutdown callbacks with a few seconds left before the process is killed. The end is
-  kept in the SDK's outbox from its first moment, so even a killed process does not lose it.
-- Caller-ID trust: the call's STIR/SHAKEN verification result comes from its SIP headers, which LiveKit puts
-  in the SIP participant's attributes when the inbound trunk asks for them (``include_headers``: ``sip.h.*``,
-  or ``headers_to_attributes``): :func:`attestation_from_participant`. It goes with every read and the end,
-  and so does a step-up check passed mid-call (:meth:`CallMemory.step_up_passed`).
-- LiveKit logs room names and SIP identities (both usually hold the number) and what the caller says: a
-  filter on LiveKit's loggers masks every phone number in their records, put there by every
-  :class:`CallMemory` (:func:`remember_caller`), not at import: see :func:`mask_livekit_logs`.
+- The memory goes into the context in :meth:`MemoryAgent.llm_node`, on a copy of each inference's context:
+  LiveKit's documented place, ``on_user_turn_completed``, edits the turn's context after a preemptive
+  generation started (on by default) and is never called by ``session.run()``; and LiveKit hands the tool
+  follow-up the same context object, where an edit in place would add a second memory message. The message
+  is never added to ``session.history``.
+- The read starts when the call starts (a personal greeting) and when the caller starts speaking
+  (``user_state_changed`` to ``speaking``); an inference waits for it at most the client's read budget.
+- The end starts in its own task from the session's ``close`` event (the bot, the caller's hang-up, an
+  error) and from a job shutdown callback that waits for it (a worker's shutdown leaves a job a few seconds
+  for its callbacks). The end is in the SDK's outbox from its first moment: a killed process keeps it.
+- Caller-ID trust: the STIR/SHAKEN result, from the SIP headers LiveKit puts in the participant's attributes
+  when the trunk asks (:func:`attestation_from_participant`), goes with every read and the end, and so does
+  a step-up check passed mid-call (:meth:`CallMemory.step_up_passed`).
+- LiveKit logs room names and SIP identities (both usually hold the number) and what the caller says: every
+  :class:`CallMemory` puts a filter masking phone numbers on LiveKit's loggers (:func:`mask_livekit_logs`).
   Its tracing spans copy ``sip.phoneNumber``; only the application can turn that off (docs/livekit.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import weakref
@@ -65,7 +61,6 @@ from livekit.agents import (
     function_tool,
     llm,
 )
-from livekit.agents.llm.chat_context import DYNAMIC_INSTRUCTIONS_MESSAGE_ID
 from livekit.agents.voice.generation import INSTRUCTIONS_MESSAGE_ID
 
 from . import _trust
@@ -79,7 +74,7 @@ from ._livekit_sip import (
 )
 from ._log_masking import mask_livekit_logs
 from .client import MemoryClient
-from .conversation import Conversation, EndResult
+from .conversation import DEFAULT_CHANNEL, Conversation, EndResult
 from .memory import Memory
 from .render import render_memory
 
@@ -101,7 +96,11 @@ __all__ = [
 MEMORY_MESSAGE_ID = "caller_memory"
 #: LiveKit's ids of the instructions messages (whose values "must not change", says LiveKit): the memory
 #: message goes right after them, so that the instructions stay a cacheable prefix.
-_INSTRUCTION_IDS = (INSTRUCTIONS_MESSAGE_ID, DYNAMIC_INSTRUCTIONS_MESSAGE_ID)
+_INSTRUCTION_IDS: tuple[str, ...] = (INSTRUCTIONS_MESSAGE_ID,)
+with contextlib.suppress(ImportError):  # LiveKit Agents 1.8 added dynamic instructions (1.7 has none)
+    from livekit.agents.llm.chat_context import DYNAMIC_INSTRUCTIONS_MESSAGE_ID
+
+    _INSTRUCTION_IDS += (DYNAMIC_INSTRUCTIONS_MESSAGE_ID,)
 #: How long the job's shutdown callback waits for the session's own close before ending the call itself.
 CLOSE_GRACE = 2.0
 #: The end reason for each way LiveKit closes a session. A job shutdown or an error cuts the call short:
@@ -119,6 +118,14 @@ log = logging.getLogger("caller_memory.sdk")  # masked by the SDK (numbers never
 _calls: weakref.WeakKeyDictionary[AgentSession[Any], CallMemory] = weakref.WeakKeyDictionary()
 
 
+def _no_request_bodies(record: logging.LogRecord) -> bool:
+    """The OpenAI client before 3.0 (LiveKit Agents 1.7 needs ``openai<3``) logs each request's body at DEBUG,
+    the model's context with the memory and the caller's words: keep its method and URL, as 3.0 does."""
+    if record.msg == "Request options: %s" and isinstance(record.args, dict):  # one dict: args is the dict
+        record.args = {k: v for k, v in record.args.items() if k in ("method", "url")}
+    return True
+
+
 @dataclass
 class _Pending:
     """A transcript message waiting for its turn's read (its turn id is known once the read is done)."""
@@ -134,8 +141,7 @@ class CallMemory:
     - :attr:`state`: what to remember about the caller, written at the end (the keys the project's
       ``state_keys`` allow; the others are reported as ignored).
     - :meth:`set_outcome`, :meth:`transfer`: the outcome sent with the end (and analytics).
-    - :meth:`wait_ended`: the end's result, once it is persisted (or kept in the outbox).
-    """
+    - :meth:`wait_ended`: the end's result, once it is persisted (or kept in the outbox)."""
 
     def __init__(
         self,
@@ -143,13 +149,14 @@ class CallMemory:
         *,
         caller: str | None = None,
         conversation_id: str | None = None,
-        channel: str = "phone",
+        channel: str = DEFAULT_CHANNEL,
         agent: str | None = None,
         transcript: bool = True,
         attestation: str | None = None,
         step_up: bool = False,
     ) -> None:
         mask_livekit_logs()  # here, not at import: for the loggers LiveKit made since, too
+        logging.getLogger("openai._base_client").addFilter(_no_request_bodies)  # once: addFilter sees to it
         self.client = client
         self.channel = channel
         self.agent = agent
@@ -483,7 +490,7 @@ def remember_caller(
     caller: str | None = None,
     conversation_id: str | None = None,
     job: JobContext | None = None,
-    channel: str = "phone",
+    channel: str = DEFAULT_CHANNEL,
     agent: str | None = None,
     transcript: bool = True,
     attestation: str | None = None,
@@ -497,9 +504,8 @@ def remember_caller(
     ``CallMemory.set_caller()``. Take the participant from ``await ctx.wait_for_participant()`` (it needs
     the connected room). With ``job``, the job's shutdown waits for the end; with both ``job`` and
     ``participant``, a caller whose line drops ends the call at once, as ``dropped`` (with ``job`` alone,
-    the call ends with the job). ``channel`` (``"phone"``): resume and supersession need the same channel
-    on both calls. The session's agents should derive from :class:`MemoryAgent`. Masks phone numbers in
-    LiveKit's logs (:func:`mask_livekit_logs`).
+    the call ends with the job). ``channel``: the SDK's ``"phone"`` unless named (resume and supersession need
+    one channel). The session's agents derive from :class:`MemoryAgent`. Masks numbers in LiveKit's logs.
 
     The call's caller-ID attestation is ``attestation`` (the provider's value as given, or ``A``, ``B``,
     ``C``, ``failed``, ``unknown``), else the participant's (:func:`attestation_from_participant`, reading

@@ -46,7 +46,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+# Pipecat 1.14 moved the LLM adapters under pipecat.adapters.llm (the old modules stay, deprecated, until 2.0);
+# 1.13 has only the old ones.
+try:
+    from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+except ImportError:  # Pipecat 1.13
+    from pipecat.adapters.schemas.function_schema import FunctionSchema
 from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
@@ -70,7 +75,7 @@ from . import _log_masking, _trust
 from ._log_masking import redact_log_record
 from ._telephony import attestation_from, caller_from
 from .client import CONVERSATION_ID, MemoryClient
-from .conversation import Conversation, EndResult
+from .conversation import DEFAULT_CHANNEL, Conversation, EndResult
 from .errors import CallerMemoryError
 from .memory import Memory
 from .render import render_memory
@@ -159,9 +164,10 @@ class CallerMemory(FrameProcessor):
     - ``caller``: the caller's number (``call_data.from_number``), or None: no number means no memory for
       this call (not an error; said once in the log, at INFO, without a number). Set it later with
       :meth:`set_caller` (Genesys AudioHook: :meth:`follow_genesys`).
-    - ``channel``, ``agent``: as for ``client.conversation()`` (``channel`` is ``"phone"`` here: resume and
-      supersession work within one channel); ``transcript``: keep what is said in the service's
-      conversation memory (the project needs ``conversation.enabled``).
+    - ``channel``, ``agent``: as for ``client.conversation()`` (``channel``: the SDK's ``"phone"`` unless
+      named, so that resume and supersession meet calls made with the bare SDK or LiveKit's drop-in);
+      ``transcript``: keep what is said in the service's conversation memory (the project needs
+      ``conversation.enabled``).
     - ``attestation``: the call's caller-ID attestation as the provider gave it (:func:`attestation_from`
       finds Twilio's; the service normalises it), None for none; ``step_up``: the caller already passed a
       step-up check. Later: :meth:`step_up_passed`.
@@ -181,7 +187,7 @@ class CallerMemory(FrameProcessor):
         conversation_id: str | None = None,
         caller: str | None = None,
         *,
-        channel: str = "phone",
+        channel: str = DEFAULT_CHANNEL,
         agent: str | None = None,
         transcript: bool = True,
         prefetch: bool = True,

@@ -18,7 +18,11 @@ import pytest
 from aiohttp import web
 from caller_memory.sdk.pipecat import CallerMemory
 from loguru import logger
-from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+
+try:
+    from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+except ImportError:  # Pipecat 1.13 (docs/frameworks.md, "Supported versions")
+    from pipecat.adapters.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
     EndFrame,
     Frame,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from caller_memory.sdk.conversation import DEFAULT_CHANNEL
 from caller_memory.sdk.livekit import (
     MEMORY_MESSAGE_ID,
     SIP_ATTESTATION_ATTRIBUTES,
@@ -495,7 +496,7 @@ async def test_the_example_demo_ignores_the_environment_and_stays_offline() -> N
     out, err = await asyncio.wait_for(process.communicate(), 50)
     stdout = out.decode()
     assert process.returncode == 0, err.decode()
-    assert stdout.startswith("[Caller Memory: embedded in this process")
+    assert stdout.startswith("[Caller Memory: a service started for the demo")  # not the environment's
     assert "agent: Welcome back, Ada!" in stdout and "(queued)" not in stdout
 
 
@@ -542,6 +543,34 @@ async def test_a_callback_after_a_dropped_call_is_offered_resume(
         assert call.conversation is not None and call.conversation.resume is not None
         await session.aclose()
         await call.wait_ended()
+
+
+async def test_a_livekit_call_that_dropped_is_resumed_by_the_bare_sdk_both_on_the_default_channel(
+    api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Neither names a channel: the drop-in and ``client.conversation()`` share the SDK's default, so a
+    callback handled by code of another kind (a bare-SDK agent, a hand-off) resumes the LiveKit call."""
+    async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+        session = sessions.new()
+        caller = sip_participant(NUMBER, "SCL_livekit")
+        with fake_job() as job:
+            call = remember_caller(session, client, participant=caller, job=job)
+            await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+            await session.run(user_input="my name is Ada")
+            caller._info.disconnect_reason = participant_pb2.DisconnectReason.CONNECTION_TIMEOUT
+            job.room.emit("participant_disconnected", caller)
+            assert (await call.wait_ended()) is not None
+            await session.aclose()
+        job._tempdir.cleanup()
+        assert call.conversation is not None and call.conversation.channel == DEFAULT_CHANNEL
+
+        callback = client.conversation("sdk-callback", caller=NUMBER, transcript=True)
+        await callback.begin_turn()
+        resume = callback.resume
+        assert resume is not None and resume.conversation_id == "SCL_livekit"
+        assert resume.channel == DEFAULT_CHANNEL and resume.end_reason == "dropped"
+        assert {"role": "user", "content": "my name is Ada"} in resume.to_openai()
+        await callback.end(end_reason="completed")
 
 
 # Caller-ID trust --------------------------------------------------------------------------------------------

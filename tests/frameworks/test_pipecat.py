@@ -24,6 +24,7 @@ import uvicorn
 import websockets
 from aiohttp import web
 from caller_memory.sdk import MemoryClient, RetryPolicy
+from caller_memory.sdk.conversation import DEFAULT_CHANNEL
 from caller_memory.sdk.pipecat import CallerMemory, attestation_from, caller_from, install_log_redaction
 from caller_memory.sdk.render import PREAMBLE, RESUME_NOTE, STALE_NOTE
 from fastapi import FastAPI, WebSocket
@@ -210,6 +211,30 @@ async def test_a_callback_after_a_dropped_call_is_offered_where_it_left_off(
     turns = document["dropped_call"]["last_turns"]
     assert {"role": "assistant", "content": "Nice to meet you, Ada."} in turns
     assert CALLER[2:] not in message
+
+
+async def test_a_call_the_bare_sdk_left_dropped_is_resumed_by_the_drop_in_both_on_the_default_channel(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Neither names a channel: ``client.conversation()`` and ``CallerMemory`` share the SDK's default, so a
+    call handled by code of another kind (a bare-SDK agent before the move to Pipecat, say) is resumed."""
+    async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+        earlier = client.conversation("sdk-call", caller=CALLER, transcript=True)
+        await earlier.begin_turn()
+        earlier.add_message("user", "My name is Ada.", source="asr")
+        await earlier.history()  # sent; then the line drops and nobody ends the call
+
+        callback = Call.build(CallerMemory(client, "call-2", CALLER), llm.base_url)
+        await callback.start()
+        await callback.greet()
+        conv = callback.memory.conv
+        assert conv is not None and conv.channel == DEFAULT_CHANNEL
+        assert conv.resume is not None and conv.resume.conversation_id == "sdk-call"
+        assert conv.resume.channel == DEFAULT_CHANNEL
+        await callback.bot_hangs_up()
+        await callback.ended()
+    [message] = memory_messages(llm.requests[-1])
+    assert RESUME_NOTE in message and "My name is Ada." in message
 
 
 def test_the_caller_number_from_each_telephony_layer() -> None:
