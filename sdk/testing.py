@@ -79,8 +79,10 @@ SERVICE_DISTRIBUTION = "caller-memory"
 #: How to install it, from a clone of the repository or from git (no package index has it).
 HOW_TO_INSTALL = (
     "install it into that environment from a clone of the Caller Memory repository (at its root: "
-    '`pip install ./sdk ./`) or from git (`pip install "caller-memory @ git+https://github.com/<owner>/'
-    'caller-memory"`, with <owner> the account that hosts your copy)'
+    "`pip install ./sdk ./`) or from git, with the SDK it depends on (`pip install "
+    '"caller-memory-sdk @ git+https://github.com/OWNER/caller-memory#subdirectory=sdk" '
+    '"caller-memory @ git+https://github.com/OWNER/caller-memory"`, OWNER being the account that hosts the '
+    "repository); docs/install.md in the repository has the details"
 )
 
 
