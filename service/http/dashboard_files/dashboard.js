@@ -25,6 +25,9 @@ const TTC_LABELS = {
   "30_days_or_more": "30 days or more",
 };
 const BREAKDOWNS = ["qa", "handoff_reason", "handoff_to", "attestation"];
+// How a breakdown shows a value that was not recorded (null), in its rows and in the page's help, which has
+// an element with data-label="none" wherever it names it: one word, written only here.
+const NONE_LABEL = "(none)";
 const RECENT_COLUMNS = [
   "ended_at",
   "conversation_id",
@@ -145,7 +148,7 @@ function svg(tag, attributes = {}, ...children) {
   return node;
 }
 
-/** A table cell; null shows as a dash (or "(none)" for a breakdown value). */
+/** A table cell; null shows as a dash (or NONE_LABEL for a breakdown value). */
 function cell(value, { numeric = false, none = "—" } = {}) {
   const empty = value === null || value === undefined;
   const td = element("td", { class: [numeric ? "num" : "", empty ? "none" : ""].join(" ").trim() });
@@ -382,7 +385,7 @@ function renderBreakdowns(report) {
       element(
         "tr",
         {},
-        cell(row.value, { none: "(none)" }),
+        cell(row.value, { none: NONE_LABEL }),
         cell(count(row.repeat_conversations), { numeric: true }),
         shareCell(row.share),
       ),
@@ -521,6 +524,7 @@ function changeRange() {
 }
 
 function start() {
+  for (const label of document.querySelectorAll('[data-label="none"]')) label.textContent = NONE_LABEL;
   const saved = stored();
   if (saved.project) $("project").value = saved.project;
   if (saved.token) $("token").value = saved.token;
