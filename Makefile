@@ -65,7 +65,8 @@ lint: install-test
 # while other virtualenvs are built and their tests run beside them, each one's output shown when all have ended:
 # the declared floors (test-floors) and the built distributions (test-dist). They wait on installs and servers
 # more than they compute, so running them side by side saves minutes.
-FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py
+FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py \
+                   tests/frameworks/test_pipecat_doc.py tests/frameworks/test_livekit_doc.py
 BESIDE := test-floors test-dist
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.
