@@ -172,7 +172,7 @@ async def rotate_webhook(request: web.Request) -> web.Response:
 @routes.delete(WEBHOOKS_PATH + "/{webhook_id}")
 @documented(
     "admin",
-    "Delete a webhook endpoint and every delivery queued or failed for it",
+    "Delete a webhook endpoint and every delivery for it",
     {"204": {"description": "Deleted."}, "404": problem(WEBHOOK_404)},
 )
 async def delete_webhook(request: web.Request) -> web.Response:

@@ -331,7 +331,8 @@ class WebhookService:
         return any(ERASED in e.events for e in await self.endpoints_of(project.project_id))
 
     async def erase_caller(self, caller: CallerRef) -> ErasureCounts:
-        """Delete the erased caller's deliveries, queued or failed (none of them is sent)."""
+        """Delete the erased caller's deliveries, queued, failed or delivered (none of them is sent now); the
+        count is of the queued and failed ones."""
         return ErasureCounts(deliveries_removed=await self.store.delete_caller_deliveries(caller))
 
     def queued(self, deliveries: Sequence[Delivery]) -> None:
