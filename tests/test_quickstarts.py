@@ -121,7 +121,7 @@ def test_a_framework_quick_start_shows_the_examples_lines_and_its_demo_runs(
     assert extra in extras
     assert f'pip install "./sdk[{extra}]"' in text
     install, demo = (commented(line) for line in blocks(text, "sh")[0].strip().splitlines())
-    assert install[0] == f'.venv/bin/pip install "./sdk[{extra}]"'
+    assert install[0] == f'.venv/bin/pip install -e "./sdk[{extra}]"'
     assert demo[0] == f".venv/bin/python examples/{example} --demo"
     ran = subprocess.run(
         ["bash", "-euc", demo[0]],
