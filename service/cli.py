@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument(
         "file",
         type=Path,
-        help='configuration JSON: {"memory": {"repeat_caller": {...}}}, as in step 1 of the README walkthrough',
+        help='configuration JSON: {"memory": {"repeat_caller": {...}}}, as in step 1 of docs/walkthrough.md',
     )
     apply.add_argument("--project", help="project id (default: the file name without .json)")
     show = project.add_parser("show", help="print a project's configuration")

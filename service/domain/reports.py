@@ -83,7 +83,8 @@ class BreakdownRow(TypedDict):
 @with_config(_CLOSED)
 class Breakdowns(TypedDict):
     """Repeat conversations by the outcome of the caller's first interaction, and by their own caller-ID
-    attestation (null: the end carried none), most frequent first."""
+    attestation (an agent's end that sent none: "unknown"; null: none was recorded, for an end the service or
+    an admin made), most frequent first."""
 
     qa: list[BreakdownRow]
     handoff_reason: list[BreakdownRow]

@@ -207,7 +207,7 @@ def body_errors() -> dict[str, Json | None]:
     }
 
 
-#: Request bodies as the README's walkthrough sends them (schemathesis' examples phase sends them too).
+#: Request bodies as docs/walkthrough.md sends them (schemathesis' examples phase sends them too).
 BODY_EXAMPLES: dict[str, Json] = {
     "WebhookCreate": {
         "url": "https://crm.example.com/hooks/caller-memory",
