@@ -19,6 +19,7 @@ from caller_memory.sdk.conversation import DEFAULT_CHANNEL
 from caller_memory.sdk.livekit import (
     MEMORY_MESSAGE_ID,
     SIP_ATTESTATION_ATTRIBUTES,
+    CallMemory,
     attestation_from_participant,
     caller_from_participant,
     mask_livekit_logs,
@@ -418,6 +419,27 @@ async def test_the_number_is_masked_in_livekits_logs_also_in_extras_and_child_lo
     logged = [line for line in lines.lines if json.loads(line)["name"].startswith("livekit")]
     assert len(logged) == 4 and all("[number]" in line for line in logged)
     assert lines.leaks() == []
+
+
+async def test_the_openai_clients_request_bodies_are_cut_to_method_and_url(
+    lines: Lines, tmp_path: Path
+) -> None:
+    """The OpenAI client 2.x (LiveKit Agents 1.7 requires it) logs each request's options at DEBUG, the
+    messages included; once the drop-in is used, only the method and URL are left (what 3.x logs)."""
+    openai_log = logging.getLogger("openai._base_client")
+    secret = PREAMBLE + '{"caller_name":"Ada"}'
+    options = {"method": "post", "url": "/chat/completions", "json_data": {"messages": [{"content": secret}]}}
+    async with make_client("http://127.0.0.1:9", "cm_unused", tmp_path) as client:
+        CallMemory(client)  # what remember_caller() makes; no caller, so no request
+        # As the client logs them: one dict argument (logging keeps the dict itself as the record's args).
+        openai_log.debug("Request options: %s", options)
+        openai_log.debug("Sending HTTP Request: %s", "POST")
+    logged = [json.loads(line)["message"] for line in lines.lines if '"openai._base_client"' in line]
+    assert logged == [
+        "Request options: {'method': 'post', 'url': '/chat/completions'}",
+        "Sending HTTP Request: POST",
+    ]
+    assert options["json_data"]  # the client's own dict is left as it was
 
 
 async def test_importing_the_drop_in_masks_no_logger_and_every_call_masks_them_all(tmp_path: Path) -> None:
