@@ -4,7 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run dist test test-floors test-dist fuzz bench lint format redis-server wrk chromium clean
+.PHONY: install install-test run dist test test-floors test-dist test-frameworks-low fuzz bench lint format redis-server wrk chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,11 +63,12 @@ lint: install-test
 
 # The frameworks' drop-ins are tested each in a pytest process of its own (see norecursedirs in pyproject.toml),
 # while other virtualenvs are built and their tests run beside them, each one's output shown when all have ended:
-# the declared floors (test-floors) and the built distributions (test-dist). They wait on installs and servers
-# more than they compute, so running them side by side saves minutes.
+# the declared floors (test-floors), the built distributions (test-dist) and the low end of the frameworks'
+# ranges (test-frameworks-low). They wait on installs and servers more than they compute, so running them side
+# by side saves minutes.
 FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py \
                    tests/frameworks/test_pipecat_doc.py tests/frameworks/test_livekit_doc.py
-BESIDE := test-floors test-dist
+BESIDE := test-floors test-dist test-frameworks-low
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
@@ -111,6 +112,12 @@ $(FLOORS_VENV)/.installed: $(PROJECT_FILES) scripts/floors.py
 	$(FLOORS_BIN)/uv pip check --python $(FLOORS_BIN)/python
 	@touch $@
 
+# The low end of the frameworks' supported ranges (docs/frameworks.md, "Supported versions"): every file of
+# tests/frameworks on pipecat-ai 1.13.0 and livekit-agents 1.7.0, in a virtualenv of its own (.venv-frameworks-low,
+# rebuilt only when a project file or the script changes: ~10 s from uv's cache); the tests take about a minute.
+test-frameworks-low: redis-server
+	PYTHON=$(PYTHON) ./scripts/frameworks-low
+
 # The two distributions, wheels and source archives, into dist/ with the standard build frontend (each built in
 # an isolated environment, its wheel from its source archive; nothing is written into the source folders).
 dist: install-test
@@ -143,4 +150,4 @@ format: install-test
 	$(BIN)/ruff check --fix service sdk tests examples bench scripts
 
 clean:
-	rm -rf $(VENV) $(FLOORS_VENV) dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) $(FLOORS_VENV) .venv-frameworks-low dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

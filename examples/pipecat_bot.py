@@ -43,7 +43,11 @@ try:
     from caller_memory.sdk import MemoryClient
     from caller_memory.sdk.pipecat import CallerMemory
     from loguru import logger
-    from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+
+    try:
+        from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+    except ImportError:  # Pipecat 1.13 has it here (1.14 moved it; both are supported)
+        from pipecat.adapters.schemas.tools_schema import ToolsSchema
     from pipecat.frames.frames import (
         EndFrame,
         LLMRunFrame,

@@ -1,6 +1,6 @@
-"""Caller Memory for LiveKit Agents (``pip install 'caller-memory[livekit]'``): the caller's memory in the
-model's context every turn without delaying it, tools that write ``conv.state`` and the outcome, the
-transcript into conversation memory, and the end of the call persisted however the call ends.
+"""Caller Memory for LiveKit Agents (the SDK's ``livekit`` extra): the caller's memory in the model's context
+every turn without delaying it, tools that write ``conv.state`` and the outcome, the transcript into
+conversation memory, and the end of the call persisted however the call ends.
 
 ::
 
