@@ -18,7 +18,7 @@ Exceptions are described in :mod:`caller_memory.sdk.errors`.
 import logging
 
 from . import _wire
-from ._version import __version__
+from ._version import __version__ as __version__  # the distribution's version (not in __all__)
 from .client import MemoryClient
 from .conversation import Conversation, EndResult
 from .errors import (
@@ -86,7 +86,6 @@ __all__ = [
     "TranscriptInfo",
     "TranscriptMessage",
     "TranscriptsFullError",
-    "__version__",
     "default_outbox_path",
     "render_memory",
 ]
