@@ -223,7 +223,7 @@ def build_webhook_service(
     queue wakes the delivery worker through ``slots``."""
     return WebhookService(
         store,
-        SecretBox(settings.secret_key),
+        SecretBox(settings.secret_key, settings.previous_secret_keys),
         WebhookPolicy.allowing(settings.webhook_allow_hosts),
         clock,
         audit=audit,

@@ -77,8 +77,9 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return text in ("1", "true", "yes", "on")
 
 
-def parse_secret_key(text: str) -> bytes:
-    """``CALLER_MEMORY_SECRET_KEY``: 32 bytes in base64 (standard or URL-safe, padding optional)."""
+def parse_secret_key(text: str, name: str = "CALLER_MEMORY_SECRET_KEY") -> bytes:
+    """``CALLER_MEMORY_SECRET_KEY`` (or one previous key): 32 bytes in base64 (standard or URL-safe,
+    padding optional)."""
     cleaned = text.strip()
     try:
         key = base64.urlsafe_b64decode(
@@ -88,11 +89,31 @@ def parse_secret_key(text: str) -> bytes:
         key = b""
     if len(key) != 32:
         raise SettingsError(
-            "CALLER_MEMORY_SECRET_KEY must be 32 random bytes in base64 (e.g. `python -c 'import secrets, "
+            f"{name} must be 32 random bytes in base64 (e.g. `python -c 'import secrets, "
             "base64; print(base64.b64encode(secrets.token_bytes(32)).decode())'`). It encrypts webhook "
-            "signing secrets: keep it safe, and keep it when you upgrade or move the service."
+            "and platform secrets: keep it safe, and keep it when you upgrade or move the service."
         )
     return key
+
+
+def _secret_keys(env: Mapping[str, str]) -> dict[str, Any]:
+    """``secret_key`` and ``previous_secret_keys`` from ``CALLER_MEMORY_SECRET_KEY`` and
+    ``CALLER_MEMORY_SECRET_KEY_PREVIOUS`` (comma separated), when set."""
+    keys: dict[str, Any] = {}
+    if env.get("CALLER_MEMORY_SECRET_KEY", "").strip():
+        keys["secret_key"] = parse_secret_key(env["CALLER_MEMORY_SECRET_KEY"])
+    previous = [k for k in env.get("CALLER_MEMORY_SECRET_KEY_PREVIOUS", "").split(",") if k.strip()]
+    if previous:
+        if "secret_key" not in keys:
+            raise SettingsError(
+                "CALLER_MEMORY_SECRET_KEY_PREVIOUS is set but CALLER_MEMORY_SECRET_KEY is not: a rotation "
+                "needs the new key in CALLER_MEMORY_SECRET_KEY and the old one in "
+                "CALLER_MEMORY_SECRET_KEY_PREVIOUS"
+            )
+        keys["previous_secret_keys"] = tuple(
+            parse_secret_key(k, "CALLER_MEMORY_SECRET_KEY_PREVIOUS") for k in previous
+        )
+    return keys
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float:
@@ -176,6 +197,9 @@ class Settings:
     #: ``CALLER_MEMORY_SECRET_KEY`` (32 bytes): encrypts webhook signing secrets at rest. None: webhooks
     #: cannot be registered, and registered ones are not sent (logged).
     secret_key: bytes | None = None
+    #: ``CALLER_MEMORY_SECRET_KEY_PREVIOUS``: keys used before the current one (comma separated), during a
+    #: rotation: what they sealed still opens; new seals use ``secret_key``.
+    previous_secret_keys: tuple[bytes, ...] = ()
     #: ``CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS``: hosts (exact names or IP literals) webhooks may reach whatever
     #: they resolve to, over http:// too (development and tests); everything else must be public https.
     webhook_allow_hosts: tuple[str, ...] = ()
@@ -232,8 +256,7 @@ class Settings:
         seconds["access_log"] = _flag(env, "CALLER_MEMORY_ACCESS_LOG")
         seconds["webhook_history"] = _flag(env, "CALLER_MEMORY_WEBHOOK_HISTORY")
         seconds["redis_decimal_times"] = _flag(env, "CALLER_MEMORY_REDIS_DECIMAL_TIMES")
-        if env.get("CALLER_MEMORY_SECRET_KEY", "").strip():
-            seconds["secret_key"] = parse_secret_key(env["CALLER_MEMORY_SECRET_KEY"])
+        seconds.update(_secret_keys(env))
         archive = env.get("CALLER_MEMORY_ARCHIVE_URL", "").strip()
         if archive:
             if not archive.startswith(("file:", "s3://", "/", ".")):

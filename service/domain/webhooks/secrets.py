@@ -1,9 +1,9 @@
 """Signing secrets of webhook endpoints: made, kept encrypted at rest, and used to sign each attempt.
 
 - A secret is ``whsec_`` and the base64 of 24 random bytes, the form the Standard Webhooks libraries read.
-- At rest it is sealed with AES-256-GCM under ``CALLER_MEMORY_SECRET_KEY`` (32 bytes, base64), with the
-  project and endpoint id as associated data, so that a sealed secret copied to another endpoint does not
-  open. The store never sees a secret in the clear.
+- At rest it is sealed (``domain/sealing.py``: AES-256-GCM under ``CALLER_MEMORY_SECRET_KEY``, the previous
+  keys still opening), with the project and endpoint id as associated data, so that a sealed secret copied
+  to another endpoint does not open. The store never sees a secret in the clear.
 - Signatures are made by the ``standardwebhooks`` package (the specification's own implementation), so that
   any receiver library verifies them: ``webhook-signature: v1,<base64 HMAC-SHA256 of id.timestamp.body>``,
   one per live secret (the new and, during a rotation's grace period, the old), space separated.
@@ -12,21 +12,16 @@
 from __future__ import annotations
 
 import base64
-import os
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from standardwebhooks.webhooks import Webhook
 
 from ..errors import CallerMemoryError
+from ..sealing import SealedFormError, Sealer, SealOpenError
 
 SECRET_PREFIX = "whsec_"
-#: The sealed form's version byte (a later key scheme can be told apart).
-_SEALED_V1 = b"\x01"
-_NONCE_BYTES = 12
 
 
 class SecretKeyMissing(CallerMemoryError):
@@ -47,45 +42,44 @@ def new_secret() -> str:
 
 
 class SecretBox:
-    """Seals and opens endpoint secrets with the operator's key (None: webhooks cannot be used)."""
+    """Seals and opens endpoint secrets with the operator's key (None: webhooks cannot be used); the
+    sealing itself is :mod:`..sealing`'s, shared with the other secrets kept at rest."""
 
-    def __init__(self, key: bytes | None) -> None:
-        self._aead = AESGCM(key) if key is not None else None
+    def __init__(self, key: bytes | None, previous: Sequence[bytes] = ()) -> None:
+        self._sealer = Sealer(key, previous)
 
     @property
     def configured(self) -> bool:
-        return self._aead is not None
+        return self._sealer.configured
 
-    def _cipher(self) -> AESGCM:
-        if self._aead is None:
+    def _check(self) -> None:
+        if not self._sealer.configured:
             raise SecretKeyMissing(
                 "webhooks need CALLER_MEMORY_SECRET_KEY (32 random bytes in base64), which encrypts their "
                 "signing secrets at rest; the operator has not set it"
             )
-        return self._aead
 
     def seal(self, secret: str, project: str, endpoint_id: str) -> bytes:
-        nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._cipher().encrypt(nonce, secret.encode(), _associated(project, endpoint_id))
-        return _SEALED_V1 + nonce + sealed
+        self._check()
+        return self._sealer.seal(secret, _PURPOSE, project, endpoint_id)
 
     def open(self, sealed: bytes, project: str, endpoint_id: str) -> str:
-        if not sealed.startswith(_SEALED_V1) or len(sealed) < 1 + _NONCE_BYTES + 16:
+        self._check()
+        try:
+            return self._sealer.open(sealed, _PURPOSE, project, endpoint_id)
+        except SealedFormError:
             raise SecretKeyError(
                 f"the signing secret of webhook {endpoint_id} is not in a form this version reads"
-            )
-        nonce, body = sealed[1 : 1 + _NONCE_BYTES], sealed[1 + _NONCE_BYTES :]
-        try:
-            return self._cipher().decrypt(nonce, body, _associated(project, endpoint_id)).decode()
-        except InvalidTag:
+            ) from None
+        except SealOpenError:
             raise SecretKeyError(
                 f"the signing secret of webhook {endpoint_id} does not open with CALLER_MEMORY_SECRET_KEY "
-                "(was the key changed?)"
+                "(nor CALLER_MEMORY_SECRET_KEY_PREVIOUS: was the key changed?)"
             ) from None
 
 
-def _associated(project: str, endpoint_id: str) -> bytes:
-    return f"caller-memory webhook secret\x00{project}\x00{endpoint_id}".encode()
+#: The associated data's purpose (the bytes sealed secrets of earlier versions were bound to).
+_PURPOSE = "caller-memory webhook secret"
 
 
 def signature_headers(
