@@ -14,7 +14,12 @@ from typing import Any
 import redis.asyncio
 from caller_memory.service.domain.clock import DAY_MS, HOUR_MS
 from caller_memory.service.domain.store import CallerRef, RecordStatus
-from caller_memory.service.domain.store.webhooks import Delivery, Settlement
+from caller_memory.service.domain.store.webhooks import (
+    DELIVERED_KEPT_PER_ENDPOINT,
+    Delivery,
+    DeliveryStatus,
+    Settlement,
+)
 from caller_memory.service.storage.redis import keys, webhook_enqueue
 from caller_memory.service.storage.redis.store import RedisStore
 from caller_memory.service.storage.redis.transport import Command, RedisTransport
@@ -685,3 +690,24 @@ async def test_closing_the_store_sends_and_answers_the_enqueue_of_its_last_turn(
         assert await reopened.get_delivery(P, d.delivery_id, t) == d
     finally:
         await reopened.close()
+
+
+async def test_an_endpoint_keeps_a_bounded_number_of_delivered_deliveries_the_newest(
+    redis_store: RedisStore, redis_client: Client
+) -> None:
+    t = now_ms()
+    made = [delivery(t, "wh_1") for _ in range(DELIVERED_KEPT_PER_ENDPOINT + 3)]
+    assert await redis_store.enqueue_deliveries(made, None, t, t)
+    claimed = await redis_store.claim_deliveries(P, "wh_1", t, len(made), owner="w", lease_until=t + LEASE)
+    assert len(claimed) == len(made)
+    for n, d in enumerate(claimed):
+        assert await redis_store.settle_delivery(P, d.delivery_id, "w", Settlement.DELIVERED, t + 1 + n)
+    delivered = keys.webhook_queue_keys(P, "wh_1")[0][:-1] + "v"
+    assert await redis_client.zcard(delivered) == DELIVERED_KEPT_PER_ENDPOINT
+    # The three settled first are gone, hash and listing; the newest are kept.
+    for d in claimed[:3]:
+        assert not await redis_client.exists(keys.webhook_delivery_key(P, "wh_1", d.delivery_id))
+        assert await redis_client.zscore(delivered, d.delivery_id) is None
+    assert await redis_client.exists(keys.webhook_delivery_key(P, "wh_1", claimed[3].delivery_id))
+    listed = await redis_store.list_deliveries(P, DeliveryStatus.DELIVERED, t + 2 + len(made), limit=1)
+    assert [d.delivery_id for d in listed] == [claimed[-1].delivery_id]

@@ -63,6 +63,9 @@ KEPT_ATTEMPTS = 10
 #: How long a delivered delivery is kept (without its payload) for the listing, at most: a day, or less when
 #: its ``expires_at`` comes first.
 DELIVERED_KEPT_MS = 24 * 3600 * 1000
+#: How many delivered deliveries an endpoint keeps at most: the oldest go first, so that what is kept for the
+#: listing stays bounded whatever the rate of deliveries (the listing shows 500 at most).
+DELIVERED_KEPT_PER_ENDPOINT = 1000
 #: Longest error text an attempt keeps.
 MAX_ERROR_CHARS = 200
 

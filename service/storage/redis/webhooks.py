@@ -65,6 +65,7 @@ from redis.exceptions import NoScriptError
 from ...domain.errors import StoreCorrupt
 from ...domain.store.webhooks import (
     DELIVERED_KEPT_MS,
+    DELIVERED_KEPT_PER_ENDPOINT,
     Delivery,
     DeliveryStatus,
     QueueStats,
@@ -331,6 +332,7 @@ class RedisWebhooks(RedisWebhookEnqueue):
                 http_status,
                 now_ms + DELIVERED_KEPT_MS,
                 kept_error(error),
+                DELIVERED_KEPT_PER_ENDPOINT,
             )
         # A delivered one stays indexed and listed for its caller (an erasure finds it there) until it goes.
         return bool(int(settled))

@@ -218,6 +218,9 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_queued
     ON webhook_deliveries (project, created_at, delivery_id) WHERE status = 'queued';
 CREATE INDEX IF NOT EXISTS webhook_deliveries_delivered
     ON webhook_deliveries (project, last_attempt_at DESC, delivery_id) WHERE status = 'delivered';
+-- An endpoint's delivered ones, latest first: the listing by endpoint, and the bound on how many are kept.
+CREATE INDEX IF NOT EXISTS webhook_deliveries_delivered_by_endpoint
+    ON webhook_deliveries (project, endpoint_id, last_attempt_at DESC, delivery_id) WHERE status = 'delivered';
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_subject ON webhook_deliveries (project, subject);
 -- By expiry for purges; status and created_at make it cover the queue's statistics too.
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_expiry ON webhook_deliveries (expires_at, status, created_at);

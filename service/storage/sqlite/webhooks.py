@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ...domain.store.webhooks import (
     DELIVERED_KEPT_MS,
+    DELIVERED_KEPT_PER_ENDPOINT,
     Delivery,
     DeliveryStatus,
     QueueStats,
@@ -311,6 +312,13 @@ class SQLiteWebhooks(WebhookStore):
                     "attempts = attempts + 1, last_attempt_at = ?, last_error = '', attempt_log = ?, "
                     "expires_at = min(expires_at, ?), lease_owner = NULL, lease_until = 0 WHERE id = ?",
                     (now_ms, log, now_ms + DELIVERED_KEPT_MS, row.id),
+                )
+                # Bounded whatever the rate: beyond the bound, the endpoint's oldest delivered ones go.
+                conn.execute(
+                    "DELETE FROM webhook_deliveries WHERE id IN (SELECT id FROM webhook_deliveries "
+                    f"WHERE project = ? AND endpoint_id = ? AND status = '{_DELIVERED}' "
+                    "ORDER BY last_attempt_at DESC, delivery_id DESC LIMIT 100 OFFSET ?)",
+                    (project, row.endpoint_id, DELIVERED_KEPT_PER_ENDPOINT),
                 )
                 return True
             status = _QUEUED if outcome is Settlement.RETRY else _FAILED

@@ -15,8 +15,9 @@ ARGV[1]  now_ms; ARGV[2] the prefix of the delivery hashes, "cm:{wq:<project>:<e
   claim      limit, owner, lease_until: leases due deliveries, earliest due first (then id). Returns them.
   settle     delivery id, owner, outcome (delivered | retry | failed), next_attempt_at, error, the HTTP
              status (0: none), until when a delivered one is kept at most, the error as the attempt keeps it
-             (one line, cut short). Records the attempt among the
-             kept ones; a delivered one loses its payload and is kept, listed in `delivered`. Returns
+             (one line, cut short), how many delivered ones the endpoint keeps at most. Records the attempt
+             among the kept ones; a delivered one loses its payload and is kept, listed in `delivered` (the
+             oldest delivered ones beyond the bound are deleted). Returns
              {1, subject} when recorded; {0, ""} when the delivery is gone or not leased by owner.
   redeliver  delivery id: a failed delivery queued again, due now, attempts 0. Returns it; a queued one as it
              is; {} if none (or delivered).
@@ -185,6 +186,14 @@ if op == 'settle' then
     unlist(id)
     redis.call('ZADD', expiry, kept, id)
     redis.call('ZADD', delivered, '-' .. ARGV[1], id)
+    -- Bounded whatever the rate: beyond ARGV[12] delivered ones, the oldest (the highest scores) go. One is
+    -- added per call, so one goes per call once the bound is met; a lowered bound is caught up 100 at a time.
+    local over = math.min(redis.call('ZCARD', delivered) - tonumber(ARGV[12]), 100)
+    if over > 0 then
+      for _, old in ipairs(redis.call('ZRANGE', delivered, -over, -1)) do
+        drop(old)
+      end
+    end
     extend()
     return {1, d[4]}
   end
