@@ -67,7 +67,7 @@ lint: install-test
 # ranges (test-frameworks-low). They wait on installs and servers more than they compute, so running them side
 # by side saves minutes.
 FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py \
-                   tests/frameworks/test_pipecat_doc.py tests/frameworks/test_livekit_doc.py
+                   tests/frameworks/test_docs_offline.py
 BESIDE := test-floors test-dist test-frameworks-low
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.

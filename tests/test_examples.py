@@ -5,21 +5,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import re
 import socket
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
 import pytest
 from caller_memory.service.domain.webhooks.secrets import signature_headers
+
+from tests.support.processes import post, running, wait_for_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,53 +130,6 @@ def test_a_framework_example_says_what_to_install_when_its_framework_or_plugin_i
 RECEIVER = ROOT / "examples" / "webhook_receiver.py"
 #: A signing secret in the form the service makes (whsec_ and the base64 of 24 bytes).
 SECRET = "whsec_" + base64.b64encode(b"example-receiver-secret!").decode()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for_line(path: Path, pattern: str, timeout: float = 20.0) -> str:
-    """The first line of the file at ``path`` that matches ``pattern``, once a process has written it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text().splitlines() if path.exists() else []:
-            if re.search(pattern, line):
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no line matching {pattern!r} in {path.name}: {path.read_text()!r}")
-
-
-@contextlib.contextmanager
-def running(
-    command: list[str], out: Path, env: dict[str, str], cwd: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A process whose standard output and error go to ``out`` (and ``out`` with ``.err``), stopped after."""
-    with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
-        try:
-            yield process
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def post(url: str, body: bytes, headers: dict[str, str], token: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as refused:
-        with refused:
-            return refused.code, refused.read()
 
 
 def signed(body: bytes, secret: str, at: datetime, delivery_id: str = "msg_example") -> dict[str, str]:

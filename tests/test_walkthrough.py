@@ -8,11 +8,9 @@ import contextlib
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,46 +19,14 @@ import orjson
 import pytest
 from caller_memory.service.http import bodies
 
+from tests.support.processes import post, running, wait_for_line
+from tests.support.service_process import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
 RECEIVER = ROOT / "examples" / "webhook_receiver.py"
 DEV_SECRETS = re.compile(r"^export (CALLER_MEMORY_[A-Z_]+)=(\S+)$", re.MULTILINE)
 JSON_HEADER = {"Content-Type": "application/json"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for_line(path: Path, pattern: str, timeout: float = 20.0) -> str:
-    """The first line of the file at ``path`` that matches ``pattern``, once a process has written it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text().splitlines() if path.exists() else []:
-            if re.search(pattern, line):
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no line matching {pattern!r} in {path.name}: {path.read_text()!r}")
-
-
-@contextlib.contextmanager
-def running(
-    command: list[str], out: Path, env: dict[str, str], cwd: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A process whose standard output and error go to ``out`` (and ``out`` with ``.err``), stopped after."""
-    with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
-        try:
-            yield process
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 @contextlib.contextmanager
@@ -73,18 +39,6 @@ def dev_service(folder: Path, **env: str) -> Iterator[tuple[str, dict[str, str]]
     with running([str(ROOT / "scripts" / "run-dev")], folder / "service.out", clean, folder):
         wait_for_line(folder / "service.err", r"listening on http://")
         yield f"http://127.0.0.1:{port}", dict(DEV_SECRETS.findall((folder / ".dev-secrets").read_text()))
-
-
-def post(url: str, body: bytes, headers: dict[str, str], token: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as refused:
-        with refused:
-            return refused.code, refused.read()
 
 
 def step(number: int) -> str:
