@@ -25,8 +25,10 @@ from .domain.identifiers import Pseudonymizer
 from .domain.limits import MAX_BODY_BYTES
 from .domain.links import LinkService
 from .domain.memory import MemoryService
+from .domain.platforms.service import PlatformConnections
 from .domain.registry import ProjectRegistry
 from .domain.retention import Sweeper
+from .domain.sealing import Sealer
 from .domain.store import Store
 from .domain.tokens import TokenService
 from .domain.webhooks.delivery import Deliverer, Slots
@@ -38,6 +40,7 @@ from .http.app_keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.openapi import ROUTE_TABLES
+from .http.platform_routes import PLATFORMS
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
 from .storage import open_store
@@ -123,6 +126,12 @@ def build_services(
     )
 
 
+def build_platforms(settings: Settings, services: Services) -> PlatformConnections:
+    """Platform connections, their secrets sealed with the operator's key (the previous ones still open)."""
+    sealer = Sealer(settings.secret_key, settings.previous_secret_keys)
+    return PlatformConnections(services.store, sealer, services.clock, audit=services.audit)
+
+
 def create_app(
     settings: Settings, *, clock: Clock | None = None, store: Store | None = None
 ) -> web.Application:
@@ -152,6 +161,7 @@ def create_app(
     app[WEBHOOKS] = webhooks = build_webhooks(
         settings, services, metrics, service=webhook_service, slots=slots
     )
+    app[PLATFORMS] = build_platforms(settings, services)
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()

@@ -1,4 +1,4 @@
-"""Command line: ``caller-memory serve | project ... | token ...``.
+"""Command line: ``caller-memory serve | project ... | token ... | platform ...``.
 
 The management commands work directly against the configured store (the same one the service uses), so an
 operator can bootstrap a project and its first admin token without the HTTP API.
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from pydantic import ValidationError
 
 from .config import DEFAULT_PORT, MAX_WORKERS, Settings, SettingsError, parse_workers
 from .domain.documents import parse_document
@@ -28,6 +29,7 @@ from .domain.errors import CallerMemoryError
 from .http.app_keys import Services
 
 if TYPE_CHECKING:
+    from .domain.projects import Project
     from .workers import SupervisorLink
 
 log = logging.getLogger("caller_memory")
@@ -120,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     create = token.add_parser("create", help="mint a token; the secret is printed once")
     create.add_argument("project")
-    create.add_argument("--role", required=True, choices=["agent", "analytics", "admin"])
+    create.add_argument("--role", required=True, choices=["agent", "analytics", "admin", "platform"])
     create.add_argument("--label", default="")
     create.add_argument(
         "--agent",
@@ -132,6 +134,20 @@ def _parser() -> argparse.ArgumentParser:
     revoke = token.add_parser("revoke", help="revoke a token")
     revoke.add_argument("project")
     revoke.add_argument("token_id")
+
+    platform = sub.add_parser("platform", help="manage a project's platform connections").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    put = platform.add_parser(
+        "put", help="connect or change a connection from a JSON file (as PUT .../platforms/{platform} takes)"
+    )
+    for each in (put, platform.add_parser("get", help="print a connection (never its secret)")):
+        each.add_argument("project")
+        each.add_argument("platform")
+    put.add_argument("file", type=Path, help="the connection's JSON body ('-': read it from stdin)")
+    remove = platform.add_parser("delete", help="remove a connection and its secret")
+    remove.add_argument("project")
+    remove.add_argument("platform")
     return parser
 
 
@@ -191,6 +207,8 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
     if args.command == "project" and args.action == "show":
         return (await services.projects.get(args.project)).stored_document()
     project = await services.projects.get(args.project)
+    if args.command == "platform":
+        return await _platform(args, services, project)
     if args.action == "create":
         minted = await services.tokens.mint(
             project.project_id,
@@ -205,6 +223,34 @@ async def _manage(args: argparse.Namespace, services: Services) -> Any:
         return {"tokens": [token_body(r) for r in await services.tokens.list(project.project_id)]}
     await services.tokens.revoke(project.project_id, args.token_id, actor=CLI_ACTOR)
     return {"revoked": args.token_id}
+
+
+async def _platform(args: argparse.Namespace, services: Services, project: Project) -> Any:
+    """``platform put|get|delete``: the same use case as the HTTP API, audited as the command line."""
+    from .app import build_platforms
+    from .domain.platforms.connections import ConnectionBody
+    from .domain.platforms.service import connection_view
+
+    platforms = build_platforms(services.settings, services)
+    if args.action == "get":
+        return connection_view(await platforms.get(project, args.platform))
+    if args.action == "delete":
+        await platforms.delete(project, args.platform, actor=CLI_ACTOR)
+        return {"deleted": args.platform}
+    try:
+        raw = sys.stdin.buffer.read() if str(args.file) == "-" else args.file.read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"error: cannot read {args.file}: {exc.strerror}") from None
+    try:
+        body = ConnectionBody.model_validate(parse_document(raw, what=str(args.file)))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False)
+        )
+        raise SystemExit(f"error: {args.file}: {problems}") from None
+    connection, created = await platforms.put(project, args.platform, body, actor=CLI_ACTOR)
+    log.info("platform %s %s", args.platform, "connected" if created else "changed")
+    return connection_view(connection)
 
 
 def _serve(

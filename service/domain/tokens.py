@@ -72,14 +72,31 @@ class Role(enum.StrEnum):
     AGENT = "agent"
     ANALYTICS = "analytics"
     ADMIN = "admin"
+    #: Pasted into a hosted voice platform's console: only the endpoints platforms call
+    #: (:func:`platform_may_call`).
+    PLATFORM = "platform"
 
 
 #: What each role may do. ``admin`` may do everything in its project.
 _GRANTS: dict[Role, frozenset[Role]] = {
     Role.AGENT: frozenset({Role.AGENT}),
     Role.ANALYTICS: frozenset({Role.ANALYTICS}),
-    Role.ADMIN: frozenset({Role.AGENT, Role.ANALYTICS, Role.ADMIN}),
+    Role.ADMIN: frozenset({Role.AGENT, Role.ANALYTICS, Role.ADMIN, Role.PLATFORM}),
+    Role.PLATFORM: frozenset({Role.PLATFORM}),
 }
+
+#: What a ``platform`` token may call in its project, besides nothing: the hooks platforms call
+#: (``/platforms/<platform>/<hook>``) and the memory proxy's completions. Never the connection's own
+#: management (``/platforms/<platform>``, admin), never memory, transcripts or anything else.
+_PLATFORM_PATHS = re.compile(
+    r"/v1/projects/(?P<project>[^/]+)/(?:platforms/[a-z0-9]+/[a-z0-9_-]+|llm/chat/completions)", re.ASCII
+)
+
+
+def platform_may_call(path: str, project: str) -> bool:
+    """Whether a ``platform`` token of ``project`` may call ``path`` (the request's path, as sent: percent-escapes undecoded)."""
+    match = _PLATFORM_PATHS.fullmatch(path)
+    return match is not None and match["project"] == project
 
 
 @dataclass(frozen=True, slots=True)

@@ -341,6 +341,9 @@ class AuditRecord(TypedDict):
             "link.created",
             "link.renewed",
             "link.removed",
+            "platform.connected",
+            "platform.updated",
+            "platform.disconnected",
         ),
     ]
     details: Annotated[

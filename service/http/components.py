@@ -17,6 +17,8 @@ from ..domain.conversations.messages import DEFAULT_SOURCE, SOURCES
 from ..domain.conversations.requests import AppendBody, StartBody, SummaryBody
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
 from ..domain.links import LinkBody
+from ..domain.platforms.connections import ConnectionBody
+from ..domain.platforms.service import PlatformConnection
 from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
 from ..domain.webhooks import views as hooks
@@ -40,6 +42,7 @@ RESPONSES: tuple[Any, ...] = (
     bodies.Memory,
     bodies.MintedToken,
     bodies.Problem,
+    PlatformConnection,
     RepeatCallerReport,
     bodies.SweepList,
     bodies.SweepRun,
@@ -62,6 +65,7 @@ RESPONSES: tuple[Any, ...] = (
 #: Request bodies validated by pydantic. The configuration has its own pair (configuration_schemas).
 REQUESTS: tuple[type[BaseModel], ...] = (
     AppendBody,
+    ConnectionBody,
     EndRequest,
     LinkBody,
     StartBody,

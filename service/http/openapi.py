@@ -21,6 +21,7 @@ from . import (
     conversation_routes,
     dashboard,
     link_routes,
+    platform_routes,
     routes,
     webhook_routes,
 )
@@ -43,6 +44,7 @@ ROUTE_TABLES = (
     dashboard.routes,
     webhook_routes.routes,
     link_routes.routes,
+    platform_routes.routes,
 )
 
 

@@ -111,6 +111,11 @@ def shared_parameters() -> dict[str, Json]:
             "The conversation id given by the voice platform; the end of a conversation is applied once per id.",
             {"type": "string", "pattern": CONVERSATION_ID_PATTERN, "examples": ["call-1"]},
         ),
+        "platform": path(
+            "platform",
+            "A hosted voice platform.",
+            {"type": "string", "enum": ["agora", "vapi", "retell", "elevenlabs", "telnyx"]},
+        ),
         "webhook_id": path(
             "webhook_id", "A webhook endpoint's id.", {"type": "string", "pattern": "^wh_[0-9a-f]{16}$"}
         ),
@@ -216,6 +221,14 @@ BODY_EXAMPLES: dict[str, Json] = {
         "description": "CRM",
     },
     "WebhookRotate": {"grace_seconds": 86400},
+    "ConnectionBody": {
+        "secret": "whsec_example",
+        "state_map": {"caller_name": "caller_name"},
+        "channel": "phone",
+        "analysis_qa_key": None,
+        "end_grace": "PT2H",
+        "options": {},
+    },
     "ProjectConfig": {
         "memory": {
             "repeat_caller": {

@@ -12,14 +12,14 @@ from ..domain.attestation import MAX_ATTESTATION_CHARS
 from ..domain.clock import iso_utc
 from ..domain.conversations.ending import Outcome
 from ..domain.documents import parse_document
-from ..domain.errors import InvalidInput, MalformedRequest, StoreUnavailable, UnsupportedCharset
+from ..domain.errors import Forbidden, InvalidInput, MalformedRequest, StoreUnavailable, UnsupportedCharset
 from ..domain.fields import entity_tags
 from ..domain.limits import MAX_VALUE_BYTES
 from ..domain.memory import ErasureReceipt, MemoryView
 from ..domain.projects import Project, validation_problem
 from ..domain.registry import check_project_id
 from ..domain.store import TokenRecord
-from ..domain.tokens import Principal, Role
+from ..domain.tokens import Principal, Role, platform_may_call
 from ..domain.trust import CallTrust
 from . import bodies
 from .app_keys import METRICS, SERVICES, Services
@@ -120,6 +120,10 @@ async def authorize(request: web.Request, role: Role | None) -> tuple[Services, 
         principal.require_operator()
     else:
         principal.require(request.match_info["project"], role)
+        if principal.role is Role.PLATFORM and not platform_may_call(
+            request.rel_url.raw_path, principal.project or ""
+        ):
+            raise Forbidden("a token with role 'platform' may call only the endpoints platforms call")
     request[PRINCIPAL] = principal
     return services, principal
 

@@ -123,6 +123,8 @@ CONFIG_DEPENDENT = [
     "POST /v1/projects/{project}/conversations/{conversation_id}/end",
     # Whether a receiver's URL may be registered depends on what its host resolves to (SSRF rules).
     "POST /v1/projects/{project}/webhooks",
+    # A connection's state_map must name the project's state keys, and its first PUT needs a secret.
+    "PUT /v1/projects/{project}/platforms/{platform}",
     # Whether an attestation is one a provider sends is a table, not a pattern; whether an identifier may be
     # linked, on both callers' state (linked elsewhere, memory of its own, five already); and an unlink
     # needs a link made first (so it also answers 404 most of the time: see LINKS_ONLY).

@@ -53,6 +53,7 @@ def concrete(path: str, token_id: str) -> str:
         "webhook_id": "wh_0123456789abcdef",
         "delivery_id": "msg_nothing",
         "other": "email:ada@example.com",
+        "platform": "agora",
     }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 

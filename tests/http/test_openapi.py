@@ -217,6 +217,7 @@ PATH_VALUES = {
     "webhook_id": "wh_0123456789abcdef",
     "delivery_id": "msg_nothing",
     "other": "email:ada@example.com",
+    "platform": "agora",
 }
 #: A body each operation that takes one accepts.
 BODIES: dict[str, Any] = {
@@ -230,6 +231,7 @@ BODIES: dict[str, Any] = {
     "create_webhook": {"url": "http://127.0.0.1:9/hook", "events": ["caller.erased"]},
     "rotate_webhook": {},
     "create_link": {"identifier": "email:ada@example.com"},
+    "put_connection": {"secret": "s3cret", "state_map": {"name": "a"}},
 }
 
 
@@ -390,6 +392,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     await transcript_walkthrough(check, client)
     await webhook_walkthrough(check, client)
     await link_walkthrough(check, config)
+    await platform_walkthrough(check)
 
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
     records = await check("GET", audit, "/v1/projects/shop/audit?limit=1", 200)
@@ -540,6 +543,23 @@ async def webhook_walkthrough(check: Checker, client: TestClient[web.Request, we
     await check("DELETE", one, path, 404)
 
 
+async def platform_walkthrough(check: Checker) -> None:
+    """Platform connections: made (201), changed (200), refused (422: an unknown platform, a state key the
+    project lacks), read, deleted; then 404."""
+    one, path = "/v1/projects/{project}/platforms/{platform}", "/v1/projects/shop/platforms/agora"
+    body = {"secret": "s3cret", "state_map": {"name": "a"}}
+    await check("PUT", one, path, 201, json=body)
+    await check("PUT", one, path, 200, json={"channel": "sip"})
+    await check("PUT", one, path, 422, json={"state_map": {"name": "zz"}})
+    await check("PUT", one, "/v1/projects/shop/platforms/twilio", 422, json=body)
+    await check("GET", one, path, 200)
+    await check("GET", one, "/v1/projects/shop/platforms/twilio", 422)
+    await check("DELETE", one, "/v1/projects/shop/platforms/twilio", 422)
+    await check("DELETE", one, path, 204)
+    await check("DELETE", one, path, 404)
+    await check("GET", one, path, 404)
+
+
 #: Each operation's own outcomes (what the walkthrough above must reach); the answers every authenticated
 #: operation shares are checked on every operation by check_shared_answers and the overload tests.
 OWN: dict[str, set[str]] = {
@@ -583,6 +603,9 @@ OWN: dict[str, set[str]] = {
     "create_link": {"200", "201", "403", "409", "422"},
     "list_links": {"200", "422"},
     "delete_link": {"200", "404", "422"},
+    "put_connection": {"200", "201", "422"},
+    "get_connection": {"200", "404", "422"},
+    "delete_connection": {"204", "404", "422"},
 }
 #: Which role a token needs to be refused (403) by an operation that requires a role.
 TOO_WEAK = {"operator": "admin", "admin": "agent", "agent": "analytics", "analytics": "agent"}

@@ -43,6 +43,7 @@ from .core import (
     TokenRecord,
 )
 from .links import LinkStore
+from .platforms import PlatformStore
 from .refs import CallerRef
 from .transcripts import TranscriptStore
 from .webhooks import WebhookStore
@@ -71,7 +72,8 @@ __all__ = [
 ]
 
 
-class Store(CoreStore, TranscriptStore, WebhookStore, ArchiveStore, LinkStore, ABC):
+class Store(CoreStore, TranscriptStore, WebhookStore, ArchiveStore, LinkStore, PlatformStore, ABC):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
-    (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`)
-    and linked identifiers (:class:`LinkStore`): what every backend implements."""
+    (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`),
+    linked identifiers (:class:`LinkStore`) and platform connections (:class:`PlatformStore`): what every
+    backend implements."""

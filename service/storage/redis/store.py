@@ -48,6 +48,7 @@ from .analytics import RedisAnalytics
 from .archive import RedisArchiveIndex
 from .cluster import ClusterTransport, is_cluster_url
 from .links import LINK_SCRIPTS, RedisLinks, alias_profile
+from .platforms import RedisPlatforms
 from .retention import RedisRetention
 from .transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
 from .transport import (
@@ -97,7 +98,14 @@ def _token_from_hash(token_id: str, data: Mapping[bytes, bytes]) -> TokenRecord:
 
 
 class RedisStore(
-    RedisRetention, RedisTranscripts, RedisAnalytics, RedisWebhooks, RedisArchiveIndex, RedisLinks, Store
+    RedisRetention,
+    RedisTranscripts,
+    RedisAnalytics,
+    RedisWebhooks,
+    RedisArchiveIndex,
+    RedisLinks,
+    RedisPlatforms,
+    Store,
 ):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
     Redis Cluster (``redis+cluster://``, ``rediss+cluster://``; see :func:`~caller_memory.service.storage.redis.cluster.parse_cluster_url`).

@@ -267,3 +267,10 @@ CREATE TABLE IF NOT EXISTS erased_conversations (
     PRIMARY KEY (project, subject, conversation_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS erased_conversations_by_expiry ON erased_conversations (expires_at);
+-- Each project's platform connections (storage/sqlite/platforms.py): the domain's document, its secret sealed.
+CREATE TABLE IF NOT EXISTS platform_connections (
+    project TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    document BLOB NOT NULL,
+    PRIMARY KEY (project, platform)
+) WITHOUT ROWID;

@@ -41,6 +41,7 @@ from ...domain.store.webhooks import Delivery
 from ..codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .archive import SQLiteArchiveIndex
 from .links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
+from .platforms import SQLitePlatforms
 from .retention import ERASED_SUBJECT, SQLiteRetention
 from .transcripts import SQLiteTranscripts
 from .webhooks import SQLiteWebhooks
@@ -100,7 +101,15 @@ def _migrate(conn: sqlite3.Connection) -> None:
     )
 
 
-class SQLiteStore(SQLiteRetention, SQLiteTranscripts, SQLiteWebhooks, SQLiteArchiveIndex, SQLiteLinks, Store):
+class SQLiteStore(
+    SQLiteRetention,
+    SQLiteTranscripts,
+    SQLiteWebhooks,
+    SQLiteArchiveIndex,
+    SQLiteLinks,
+    SQLitePlatforms,
+    Store,
+):
     """:class:`Store` on one SQLite file (retention: :class:`~caller_memory.service.storage.sqlite.retention.SQLiteRetention`; conversation
     memory: :class:`~caller_memory.service.storage.sqlite.transcripts.SQLiteTranscripts`; webhooks:
     :class:`~caller_memory.service.storage.sqlite.webhooks.SQLiteWebhooks`; linked identifiers: :class:`~caller_memory.service.storage.sqlite.links.SQLiteLinks`)."""
