@@ -36,7 +36,9 @@ AUTH_TEXT = (
     "(`CALLER_MEMORY_OPERATOR_TOKEN`); it manages projects and may do anything a project admin may do in "
     "every project (so it can mint a project's first admin token). **Project tokens** "
     "(`cm_<token_id>_<secret>`) are minted per project and carry one role: `agent` (read memory), "
-    "`analytics` (for the analytics endpoints) or `admin` (everything in the project). "
+    "`analytics` (for the analytics endpoints), `admin` (everything in the project) or `platform` (only "
+    "what a hosted voice platform calls: `/platforms/{platform}/{hook}` and `/llm/chat/completions`; "
+    "everything else answers 403). "
     "A project token sees nothing of another project: that project is reported as not found (404)."
 )
 
