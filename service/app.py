@@ -41,6 +41,7 @@ from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.openapi import ROUTE_TABLES
 from .http.platform_routes import PLATFORMS
+from .http.proxy_routes import PROXY, build_proxy
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
 from .storage import open_store
@@ -162,6 +163,8 @@ def create_app(
         settings, services, metrics, service=webhook_service, slots=slots
     )
     app[PLATFORMS] = build_platforms(settings, services)
+    # The memory proxy's upstreams follow the webhooks' destination rules (and their allow list).
+    app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy)
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
@@ -219,6 +222,7 @@ def create_app(
         await webhooks.sender.close()
 
     app.cleanup_ctx.append(store_lifecycle)
+    app.cleanup_ctx.append(proxy.lifecycle)  # closed before the store: its transcript writes finish first
     app.cleanup_ctx.append(sweep_schedule)
     app.cleanup_ctx.append(delivery_worker)
     for table in ROUTE_TABLES:  # the same tables /openapi.json is assembled from

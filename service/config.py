@@ -51,6 +51,7 @@ _WHOLE = (
     ("CALLER_MEMORY_MAX_CONNECTIONS", "max_connections", 1),
     ("CALLER_MEMORY_WEBHOOK_CONCURRENCY", "webhook_concurrency", 1),
     ("CALLER_MEMORY_READ_CACHE_ENTRIES", "read_cache_entries", 1),
+    ("CALLER_MEMORY_MAX_STREAMS_PER_PROJECT", "max_streams_per_project", 1),
 )
 #: The read cache's staleness bound may not exceed this many seconds.
 MAX_READ_CACHE_SECONDS = 5.0
@@ -177,6 +178,9 @@ class Settings:
     #: Beyond it that project's requests get 429 with ``Retry-After: 1`` while other projects are served,
     #: so that one tenant (slow bodies, a burst) cannot take every slot. See :attr:`project_in_flight`.
     max_in_flight_per_project: int | None = None
+    #: Memory proxy streams of one project that read memory (``CALLER_MEMORY_MAX_STREAMS_PER_PROJECT``), apart
+    #: from the in-flight bounds: beyond it a completion still goes upstream, without memory (flagged).
+    max_streams_per_project: int = 512
     #: Seconds a client has to send a request's head (request line and headers) once its connection is
     #: open, or once it sent the first byte of the next request on a kept-alive connection
     #: (``CALLER_MEMORY_HEADER_TIMEOUT``); then the connection is closed (with a 408). aiohttp has no such

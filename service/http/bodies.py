@@ -344,6 +344,8 @@ class AuditRecord(TypedDict):
             "platform.connected",
             "platform.updated",
             "platform.disconnected",
+            "llm.set",
+            "llm.deleted",
         ),
     ]
     details: Annotated[

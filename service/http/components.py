@@ -23,6 +23,7 @@ from ..domain.projects import _ISO_DURATION, PSEUDONYM_PREFIX, ProjectConfig
 from ..domain.reports import RepeatCallerReport
 from ..domain.webhooks import views as hooks
 from ..domain.webhooks.service import WebhookCreate, WebhookRotate
+from ..proxy.upstream import LlmConfig, LlmUpstream
 from . import bodies
 from .schemas import EndRequest, MemoryPatch, TokenCreate
 
@@ -39,6 +40,7 @@ RESPONSES: tuple[Any, ...] = (
     bodies.LinkCreated,
     bodies.LinkList,
     bodies.LinkRemoved,
+    LlmUpstream,
     bodies.Memory,
     bodies.MintedToken,
     bodies.Problem,
@@ -68,6 +70,7 @@ REQUESTS: tuple[type[BaseModel], ...] = (
     ConnectionBody,
     EndRequest,
     LinkBody,
+    LlmConfig,
     StartBody,
     SummaryBody,
     TokenCreate,

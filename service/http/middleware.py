@@ -131,7 +131,8 @@ def service_middleware(
     async def serve(request: web.Request, handler: Handler) -> web.StreamResponse:
         nonlocal in_flight
         started = time.perf_counter()
-        counted = request.path.startswith("/v1/")
+        # Memory proxy streams have their own per-project bound (http/proxy_routes.py), not these slots.
+        counted = request.path.startswith("/v1/") and "/llm/chat/completions" not in request.path
         project = None
         deadline = None
         try:

@@ -22,6 +22,7 @@ from . import (
     dashboard,
     link_routes,
     platform_routes,
+    proxy_routes,
     routes,
     webhook_routes,
 )
@@ -45,6 +46,7 @@ ROUTE_TABLES = (
     webhook_routes.routes,
     link_routes.routes,
     platform_routes.routes,
+    proxy_routes.routes,
 )
 
 
@@ -63,6 +65,8 @@ def _tag(path: str) -> str:
         return "conversation"
     if "/webhooks" in path:
         return "webhook"
+    if path.endswith("/llm") or "/llm/" in path:
+        return "proxy"
     return "memory" if "/callers/" in path else "token" if "/tokens" in path else "project"
 
 
@@ -103,6 +107,11 @@ def build_openapi() -> dict[str, Any]:
                 "name": "webhook",
                 "description": f"Webhook endpoints (signed deliveries of {events_text()}; see `webhooks`) and "
                 "their failed deliveries.",
+            },
+            {
+                "name": "proxy",
+                "description": "The memory proxy: the project's upstream model, and OpenAI Chat Completions "
+                "with the caller's memory (docs/proxy.md).",
             },
             {"name": "operator", "description": "Expiry sweeps; the operator token only."},
             {"name": "audit", "description": "The project's audit log."},

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
+from caller_memory.sdk.testing import ScriptedModel
 from caller_memory.service.app import create_app
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
@@ -127,7 +128,9 @@ def test_errors_are_problem_documents_and_refs_resolve(doc: dict[str, Any]) -> N
     for method, path, _, op in operations(doc):
         for status, response in op["responses"].items():
             content = resolve(doc, response).get("content", {})
-            if status.startswith(("4", "5")) and path != "/readyz":
+            # The memory proxy's 502 is OpenAI's error shape, which OpenAI clients read (docs/proxy.md).
+            openai_shaped = path.endswith("/chat/completions") and status == "502"
+            if status.startswith(("4", "5")) and path != "/readyz" and not openai_shaped:
                 assert list(content) == ["application/problem+json"], (method, path, status)
 
     def walk(node: Any) -> None:
@@ -232,6 +235,9 @@ BODIES: dict[str, Any] = {
     "rotate_webhook": {},
     "create_link": {"identifier": "email:ada@example.com"},
     "put_connection": {"secret": "s3cret", "state_map": {"name": "a"}},
+    "put_llm": {"base_url": "http://127.0.0.1:9/v1", "api_key": "k"},
+    "chat_completions": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+    "chat_completions_doubled": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
 }
 
 
@@ -302,7 +308,7 @@ def unreached(doc: dict[str, Any]) -> set[tuple[str, str]]:
     read (500); a store that does not answer (readyz's 503); a header value that is not UTF-8 on an
     operation with neither a body nor an entity-tag header (400: aiohttp's client sends only UTF-8, and
     tests/http/test_bad_input.py sends such headers on a raw socket)."""
-    out = {("readyz", "503")}
+    out = {("readyz", "503")} | {(name, "503") for name in PROXY_STREAMS}
     for _, _, op in authenticated(doc):
         out.add((op["operationId"], "500"))
         if op["operationId"] not in BODIES and op["operationId"] not in ENTITY_TAGS:
@@ -310,6 +316,9 @@ def unreached(doc: dict[str, Any]) -> set[tuple[str, str]]:
     return out
 
 
+#: The memory proxy's completions: never counted among the requests in flight (their 503 is a store that does
+#: not answer while authenticating, which no test here provokes).
+PROXY_STREAMS = {"chat_completions", "chat_completions_doubled"}
 #: Operations that read If-Match or If-None-Match (a malformed one is a 400).
 ENTITY_TAGS = {"read_memory", "patch_memory", "delete_field", "conversation_history"}
 
@@ -393,6 +402,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     await webhook_walkthrough(check, client)
     await link_walkthrough(check, config)
     await platform_walkthrough(check)
+    await llm_walkthrough(check)
 
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
     records = await check("GET", audit, "/v1/projects/shop/audit?limit=1", 200)
@@ -560,6 +570,29 @@ async def platform_walkthrough(check: Checker) -> None:
     await check("GET", one, path, 404)
 
 
+async def llm_walkthrough(check: Checker) -> None:
+    """The memory proxy: the upstream set (201, 200, 422), read; completions through it (200), refused (422),
+    to an upstream nobody listens on (502), under both paths; the upstream removed (204, 404), then 404."""
+    one, completions = "/v1/projects/{project}/llm", "/v1/projects/{project}/llm/chat/completions"
+    doubled = completions + "/chat/completions"
+    path = "/v1/projects/shop/llm"
+    body = BODIES["chat_completions"]
+    async with ScriptedModel(["Hello.", "Hello again."]) as model:
+        await check("PUT", one, path, 201, json={"base_url": model.base_url, "api_key": "k"})
+        await check("PUT", one, path, 200, json={"base_url": model.base_url, "api_key": "k", "timeout": 5})
+        await check("PUT", one, path, 422, json={"base_url": "https://10.0.0.1/v1", "api_key": "k"})
+        await check("GET", one, path, 200)
+        await check("POST", completions, path + "/chat/completions", 200, json=body)
+        await check("POST", doubled, path + "/chat/completions/chat/completions", 200, json=body)
+        await check("POST", completions, path + "/chat/completions", 422, json={"messages": []})
+    await check("PUT", one, path, 200, json=BODIES["put_llm"])
+    await check("POST", completions, path + "/chat/completions", 502, json=body)
+    await check("POST", doubled, path + "/chat/completions/chat/completions", 502, json=body)
+    await check("DELETE", one, path, 204)
+    await check("DELETE", one, path, 404)
+    await check("GET", one, path, 404)
+
+
 #: Each operation's own outcomes (what the walkthrough above must reach); the answers every authenticated
 #: operation shares are checked on every operation by check_shared_answers and the overload tests.
 OWN: dict[str, set[str]] = {
@@ -604,6 +637,11 @@ OWN: dict[str, set[str]] = {
     "list_links": {"200", "422"},
     "delete_link": {"200", "404", "422"},
     "put_connection": {"200", "201", "422"},
+    "put_llm": {"200", "201", "422"},
+    "get_llm": {"200", "404"},
+    "delete_llm": {"204", "404"},
+    "chat_completions": {"200", "422", "502"},
+    "chat_completions_doubled": {"200", "502"},
     "get_connection": {"200", "404", "422"},
     "delete_connection": {"204", "404", "422"},
 }
@@ -692,6 +730,8 @@ async def check_overloaded_and_slow(seen: set[tuple[str, str]], doc: dict[str, A
         check = Checker(client, doc, seen)
         release, holder = await hold_the_only_slot(client)
         for method, template, op in authenticated(doc):
+            if op["operationId"] in PROXY_STREAMS:
+                continue  # not counted in flight: the proxy's streams have a bound of their own
             await check(method, template, concrete(template), 503, json=BODIES.get(op["operationId"]))
         release.set()
         async with await holder as resp:

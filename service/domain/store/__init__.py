@@ -43,6 +43,7 @@ from .core import (
     TokenRecord,
 )
 from .links import LinkStore
+from .llm import LlmStore
 from .platforms import PlatformStore
 from .refs import CallerRef
 from .transcripts import TranscriptStore
@@ -72,8 +73,8 @@ __all__ = [
 ]
 
 
-class Store(CoreStore, TranscriptStore, WebhookStore, ArchiveStore, LinkStore, PlatformStore, ABC):
+class Store(CoreStore, TranscriptStore, WebhookStore, ArchiveStore, LinkStore, LlmStore, PlatformStore, ABC):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
     (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`),
-    linked identifiers (:class:`LinkStore`) and platform connections (:class:`PlatformStore`): what every
-    backend implements."""
+    linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`) and platform
+    connections (:class:`PlatformStore`): what every backend implements."""

@@ -48,6 +48,7 @@ from .analytics import RedisAnalytics
 from .archive import RedisArchiveIndex
 from .cluster import ClusterTransport, is_cluster_url
 from .links import LINK_SCRIPTS, RedisLinks, alias_profile
+from .llm import RedisLlm
 from .platforms import RedisPlatforms
 from .retention import RedisRetention
 from .transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
@@ -104,6 +105,7 @@ class RedisStore(
     RedisWebhooks,
     RedisArchiveIndex,
     RedisLinks,
+    RedisLlm,
     RedisPlatforms,
     Store,
 ):

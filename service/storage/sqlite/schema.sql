@@ -267,6 +267,8 @@ CREATE TABLE IF NOT EXISTS erased_conversations (
     PRIMARY KEY (project, subject, conversation_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS erased_conversations_by_expiry ON erased_conversations (expires_at);
+-- The memory proxy's upstream of each project (storage/sqlite/llm.py): the domain's document, its API key sealed.
+CREATE TABLE IF NOT EXISTS llm_upstreams (project TEXT PRIMARY KEY, document BLOB NOT NULL) WITHOUT ROWID;
 -- Each project's platform connections (storage/sqlite/platforms.py): the domain's document, its secret sealed.
 CREATE TABLE IF NOT EXISTS platform_connections (
     project TEXT NOT NULL,

@@ -41,6 +41,7 @@ from ...domain.store.webhooks import Delivery
 from ..codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .archive import SQLiteArchiveIndex
 from .links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
+from .llm import SQLiteLlm
 from .platforms import SQLitePlatforms
 from .retention import ERASED_SUBJECT, SQLiteRetention
 from .transcripts import SQLiteTranscripts
@@ -107,6 +108,7 @@ class SQLiteStore(
     SQLiteWebhooks,
     SQLiteArchiveIndex,
     SQLiteLinks,
+    SQLiteLlm,
     SQLitePlatforms,
     Store,
 ):
