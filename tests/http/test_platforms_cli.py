@@ -44,6 +44,10 @@ async def test_connections_are_managed_from_the_command_line_and_audited(tmp_pat
     unknown = run_cli(tmp_path, "platform", "get", "cheese-shop", "twilio", env=KEY_ENV)
     assert unknown.returncode != 0 and "telnyx" in unknown.stderr
 
+    minted = run_cli(tmp_path, "token", "create", "cheese-shop", "--role", "platform", "--label", "retell")
+    assert minted.returncode == 0, minted.stderr
+    assert json.loads(minted.stdout)["role"] == "platform"
+
     deleted = run_cli(tmp_path, "platform", "delete", "cheese-shop", "retell", env=KEY_ENV)
     assert deleted.returncode == 0, deleted.stderr
     gone = run_cli(tmp_path, "platform", "get", "cheese-shop", "retell", env=KEY_ENV)
@@ -60,4 +64,5 @@ async def test_connections_are_managed_from_the_command_line_and_audited(tmp_pat
         ("platform.updated", "cli"),
         ("platform.disconnected", "cli"),
     ]
+    assert ("token.created", "cli") in [(r.action, r.actor) for r in records]
     assert SECRET not in json.dumps([r.details for r in records])
