@@ -46,6 +46,7 @@ async def test_a_platform_token_is_refused_everywhere_else(api: Api) -> None:
             assert_problem(reply, 403)
             refused += 1
     assert refused >= 30
+    assert allowed >= 1  # the memory proxy's completions (the platforms' hooks come with their adapters)
     # Nothing was read or changed: memory, tokens and the (absent) connections as they were.
     memory = await api.call("GET", f"/v1/projects/victim/callers/{CALLER}/memory", token=admin)
     assert memory.body["fields"] == {"a": 1}
