@@ -43,7 +43,7 @@ from ..proxy.binding import (
     Outcome,
     conversation_of,
 )
-from ..proxy.requests import Completion, Recorded, read_completion
+from ..proxy.requests import MAX_COMPLETION_BYTES, Completion, Recorded, read_completion
 from ..proxy.upstream import LlmConfig, UpstreamService, upstream_view
 from .app_keys import Services
 from .metrics import Metrics
@@ -276,6 +276,7 @@ COMPLETION_DOC = documented(
             "content": {JSON: {"schema": OPENAI_ERROR}},
         },
         **body_errors(),
+        "413": problem(f"The body is larger than {MAX_COMPLETION_BYTES} bytes (4 MiB)."),
     },
     body={
         "required": True,
@@ -315,7 +316,7 @@ class _Memory:
 async def _complete(request: web.Request) -> web.StreamResponse:
     project = await _caller_project(request)
     proxy = request.app[PROXY]
-    completion = read_completion(await read_body(request))
+    completion = read_completion(await read_body(request.clone(client_max_size=MAX_COMPLETION_BYTES)))
     conversation_id = conversation_of(request.headers.get(BINDING_HEADER))
     upstream = await proxy.upstreams.get(project)
     project_id = project.project_id

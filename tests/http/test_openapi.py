@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import io
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.app_keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
 from caller_memory.service.http.operations import documented_operations
+from caller_memory.service.proxy.requests import MAX_COMPLETION_BYTES
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
@@ -662,6 +664,7 @@ async def check_shared_answers(check: Checker, client: TestClient[web.Request, w
     tokens = {role: await mint(client, role) for role in ("admin", "agent", "analytics")}
     as_json = {"Content-Type": "application/json"}
     big = b'{"x": "' + b"y" * MAX_BODY_BYTES + b'"}'
+    proxy_big = b'{"x": "' + b"y" * MAX_COMPLETION_BYTES + b'"}'  # completions carry a call's history
     for method, template, op in authenticated(check.doc):
         name, responses = op["operationId"], op["responses"]
         path, body = concrete(template), BODIES.get(op["operationId"])
@@ -676,7 +679,8 @@ async def check_shared_answers(check: Checker, client: TestClient[web.Request, w
             await check(method, template, concrete(template, project="Bad!"), 422, json=body)
         if body is not None:
             await check(method, template, path, 400, data=b"{", headers=dict(as_json))
-            await check(method, template, path, 413, data=big, headers=dict(as_json))
+            too_big = io.BytesIO(proxy_big) if name in PROXY_STREAMS else big
+            await check(method, template, path, 413, data=too_big, headers=dict(as_json))
             await check(method, template, path, 415, data=b"{}", headers={"Content-Type": "text/plain"})
     for _ in range(25):  # beyond the failed authentications one address may make in a minute
         async with client.get("/v1/projects/shop", headers={"Authorization": "Bearer cm_000000000000_x"}):

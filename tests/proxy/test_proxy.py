@@ -6,6 +6,7 @@ nothing fails for memory (a store that does not answer, a project at its stream 
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from tests.proxy.conftest import (
     open_shop,
     proxy_settings,
 )
-from tests.proxy.upstream import EVENTS, events, gzipped, status, upstream
+from tests.proxy.upstream import EVENTS, events, flood, gzipped, status, upstream
 
 SYSTEM: Any = [{"role": "system", "content": "You sell cheese."}, {"role": "system", "content": "Be brief."}]
 #: What Vapi, Agora and ElevenLabs add to a request, with the caller's number in it.
@@ -383,3 +384,40 @@ async def test_the_upstream_is_configured_by_an_admin_and_its_key_never_shown(sh
         "POST", BASE + "/llm/chat/completions", token=shop.agent, json={"model": "m", "messages": question()}
     )
     assert reply.status == 404
+
+
+async def test_a_slow_client_pauses_the_upstream(shop: Shop) -> None:
+    """A client that stops reading: the upstream's writes stop soon after (what is in flight is the sockets'
+    and the proxy's bounded buffers), not the whole answer read into the proxy; then it all arrives."""
+    total = 128 * 1024 * 1024
+    shop.up.answers.append(flood(total, shop.up))
+    path = BASE + "/llm/chat/completions"
+    headers = {"Authorization": f"Bearer {shop.agent}", "X-Caller-Memory-Conversation": CONVERSATION}
+    body = {"model": "m", "messages": question(), "stream": True}
+    async with shop.api.session.post(shop.api.base_url + path, json=body, headers=headers) as response:
+        assert response.status == 200
+        received = len(await response.content.readany())
+        await asyncio.sleep(1.0)  # not reading
+        held = shop.up.written
+        await asyncio.sleep(0.5)
+        assert shop.up.written == held, "the upstream kept writing to a client that does not read"
+        assert held < 48 * 1024 * 1024, held  # about 12 MiB on loopback: the kernel's socket buffers
+        async for chunk in response.content.iter_any():
+            received += len(chunk)
+    assert received == total
+
+
+async def test_a_long_history_is_taken_up_to_4_mib(shop: Shop) -> None:
+    """Platforms send the whole call at every turn: far more than the API's other bodies may hold."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x" * 1000} for i in range(300)]
+    path = BASE + "/llm/chat/completions"
+    reply = await shop.api.call("POST", path, token=shop.agent, json={"model": "m", "messages": turns})
+    assert reply.status == 200
+    assert len(shop.up.got[-1].body) > 300_000
+    huge = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]})
+    headers = {"Authorization": f"Bearer {shop.agent}", "Content-Type": "application/json"}
+    async with shop.api.session.post(
+        shop.api.base_url + path, data=io.BytesIO(huge), headers=headers
+    ) as refused:
+        assert refused.status == 413
+    assert len(shop.up.got) == 1

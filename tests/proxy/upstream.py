@@ -57,6 +57,8 @@ class Upstream:
     sent_at: list[float] = field(default_factory=list)
     cancelled_at: list[float] = field(default_factory=list)
     url: str = ""
+    #: Bytes a :func:`flood` answer has written.
+    written: int = 0
     #: Set when a handler was cancelled.
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -86,6 +88,23 @@ def events(pause: float = 0.0, hold: asyncio.Event | None = None, up: Upstream |
                     await hold.wait()
                 if pause:
                     await asyncio.sleep(pause)
+        await response.write_eof()
+        return response
+
+    return answer
+
+
+def flood(total: int, up: Upstream) -> Answer:
+    """A stream of ``total`` bytes in 64 KiB events, written as fast as the reader takes them; the bytes
+    written so far are counted in ``up.written``."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"
+        while up.written < total:
+            await response.write(chunk)
+            up.written += len(chunk)
         await response.write_eof()
         return response
 
