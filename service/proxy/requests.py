@@ -10,7 +10,10 @@
   accumulated however the platform keeps its history.
 - The transcript takes the request's ``user``, ``assistant`` and ``tool`` messages (their text content only),
   each with a derived id: a hash of its role, its position among the request's messages and its content, so
-  that a turn sent again names the same ids and the store keeps it once.
+  that a turn sent again names the same ids and the store keeps it once. A message that carries Agora's turn
+  metadata (its ``turn_id``, and ``metadata`` with ``source``, ``interrupted``, ``original``...) keeps them,
+  and its id is derived from its turn, its role and its index among that turn's messages of that role: an
+  assistant message interrupted in turn N is recorded from turn N+1's request, which knows what was spoken.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
+from ..domain.conversations.messages import MAX_INT, SOURCES, MessageIn
 from ..domain.errors import InvalidInput, MalformedRequest
 
 #: The ``name`` of the memory message: how it is found (and removed) in a later request.
@@ -62,14 +67,19 @@ class Recorded:
     role: str
     content: str
     turn_id: int
+    #: What of the platform's message metadata the transcript keeps (Agora's), already checked.
+    metadata: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "message_id": self.message_id,
             "role": self.role,
             "content": self.content,
             "turn_id": self.turn_id,
         }
+        if self.metadata:
+            found["metadata"] = self.metadata
+        return found
 
 
 @dataclass(slots=True)
@@ -80,6 +90,8 @@ class Completion:
     document: dict[str, Any]
     messages: list[dict[str, Any]]
     stream: bool
+    #: The messages as the platform sent them (with their extensions), beside ``messages``.
+    originals: list[dict[str, Any]]
 
     def upstream_body(self, memory: str | None, model: str | None) -> bytes:
         """The body that goes upstream: the messages with ``memory`` (when there is one) after the leading
@@ -101,16 +113,28 @@ class Completion:
         far: an assistant's answer shares its question's turn)."""
         found: list[Recorded] = []
         turn = 0
-        for position, message in enumerate(self.messages):
+        seen_in_turn: dict[tuple[int, str], int] = {}
+        for position, (message, original) in enumerate(zip(self.messages, self.originals, strict=True)):
             role = message.get("role")
             if role == "user":
                 turn += 1
             if role not in RECORDED_ROLES:
                 continue
+            role = str(role)
             content = text_of(message.get("content"))
             if not content:
                 continue  # an assistant message of tool calls only: nothing said
-            found.append(Recorded(message_id(str(role), position, content), str(role), content, turn))
+            platform_turn = original.get("turn_id")
+            if type(platform_turn) is int and 0 <= platform_turn <= MAX_INT:
+                index = seen_in_turn.get((platform_turn, role), 0)
+                seen_in_turn[(platform_turn, role)] = index + 1
+                ident = turn_message_id(role, platform_turn, index)
+                recorded = Recorded(ident, role, content, platform_turn, kept_metadata(role, original))
+            else:
+                recorded = Recorded(message_id(role, position, content), role, content, turn)
+            checked = checked_message(recorded)
+            if checked is not None:
+                found.append(checked)
         return found
 
 
@@ -129,6 +153,7 @@ def read_completion(body: bytes) -> Completion:
     if len(messages) > MAX_MESSAGES:
         raise InvalidInput(f"messages holds more than {MAX_MESSAGES} messages", field="messages")
     kept: list[dict[str, Any]] = []
+    originals: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidInput(
@@ -137,9 +162,10 @@ def read_completion(body: bytes) -> Completion:
         if message.get("name") == MEMORY_NAME:
             continue  # an earlier memory message: replaced, never accumulated
         kept.append({k: v for k, v in message.items() if k in MESSAGE_MEMBERS})
+        originals.append(message)
     stripped = {k: v for k, v in document.items() if k not in STRIPPED and k != "messages"}
     stream = document.get("stream") is True
-    return Completion(stripped, kept, stream)
+    return Completion(stripped, kept, stream, originals)
 
 
 def text_of(content: Any) -> str:
@@ -150,6 +176,46 @@ def text_of(content: Any) -> str:
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         return "".join(p for p in parts if isinstance(p, str))
     return ""
+
+
+def kept_metadata(role: str, message: dict[str, Any]) -> dict[str, Any] | None:
+    """What the transcript keeps of a message's platform metadata (Agora's): its source when it fits the
+    role, and an assistant's interruption (what was meant to be said, and when it was cut)."""
+    meta = message.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    kept: dict[str, Any] = {}
+    source = meta.get("source")
+    if isinstance(source, str) and source in SOURCES[role]:
+        kept["source"] = source
+    if role == "assistant" and meta.get("interrupted") is True:
+        kept["interrupted"] = True
+        if isinstance(meta.get("original"), str):
+            kept["original"] = meta["original"]
+        stamp = meta.get("interrupt_timestamp")
+        if type(stamp) is int and 0 <= stamp <= MAX_INT:
+            kept["interrupt_timestamp"] = stamp
+    return kept or None
+
+
+def checked_message(recorded: Recorded) -> Recorded | None:
+    """``recorded`` if the transcript takes it (without its metadata if only that is refused); else None, so
+    that one odd message never keeps the others of a request out of the transcript."""
+    try:
+        MessageIn.model_validate(recorded.as_dict())
+    except ValidationError:
+        if recorded.metadata is None:
+            return None
+        return checked_message(
+            Recorded(recorded.message_id, recorded.role, recorded.content, recorded.turn_id)
+        )
+    return recorded
+
+
+def turn_message_id(role: str, turn: int, index: int) -> str:
+    """The id of a message with the platform's turn metadata: its turn, role and index in the turn."""
+    digest = hashlib.sha256(f"turn\x00{turn}\x00{role}\x00{index}".encode()).hexdigest()
+    return f"px-{digest[:32]}"
 
 
 def message_id(role: str, position: int, content: str) -> str:

@@ -421,3 +421,44 @@ async def test_a_long_history_is_taken_up_to_4_mib(shop: Shop) -> None:
     ) as refused:
         assert refused.status == 413
     assert len(shop.up.got) == 1
+
+
+async def test_agoras_turn_metadata_is_kept_in_the_transcript(shop: Shop) -> None:
+    """With Agora's turn metadata, a message keeps its turn and source, and an assistant message interrupted
+    in one turn is recorded from the next turn's request with what was meant to be said; nothing of it goes
+    upstream."""
+    joke = "Why did the scarecrow win an award? Because he was outstanding in his field!"
+    messages: Any = [
+        *SYSTEM,
+        {"role": "assistant", "content": "How can I help?", "turn_id": 1, "metadata": {"source": "greeting"}},
+        {
+            "role": "user",
+            "content": "Tell me a joke.",
+            "turn_id": 2,
+            "metadata": {"source": "asr", "user": "7"},
+        },
+        {
+            "role": "assistant",
+            "content": "Why did the scarecrow ",
+            "turn_id": 2,
+            "metadata": {"source": "llm", "interrupted": True, "original": joke, "interrupt_timestamp": 5},
+        },
+        {"role": "user", "content": "A story instead.", "turn_id": 3, "metadata": {"source": "asr"}},
+    ]
+    client = shop.client()
+    await client.chat.completions.create(model="m", messages=messages, extra_body={"turn_id": 3})
+    await client.chat.completions.create(model="m", messages=messages, extra_body={"turn_id": 3})
+    sent = shop.up.got[-1].document
+    assert all(set(m) <= {"role", "content", "name"} for m in sent["messages"]), sent["messages"]
+    assert "turn_id" not in sent
+    await history(shop, 4)
+    reply = await shop.api.call("GET", f"{BASE}/conversations/{CONVERSATION}/history", token=shop.agent)
+    stored = reply.body["contents"]
+    assert [(m["role"], m["turn_id"], m["metadata"].get("source")) for m in stored] == [
+        ("assistant", 1, "greeting"),
+        ("user", 2, "asr"),
+        ("assistant", 2, "llm"),
+        ("user", 3, "asr"),
+    ]
+    assert stored[2]["metadata"]["interrupted"] is True and stored[2]["metadata"]["original"] == joke
+    assert stored[2]["content"] == "Why did the scarecrow "
