@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 import orjson
@@ -64,6 +65,7 @@ from .responses import json_response
 from .routes import actor, project_for, read_body, read_model
 
 log = logging.getLogger("caller_memory.proxy")
+T = TypeVar("T")
 routes = web.RouteTableDef()
 
 LLM_PATH = "/v1/projects/{project}/llm"
@@ -368,7 +370,12 @@ async def _relay(
     upstream = await proxy.upstreams.get(project)
     accept = "text/event-stream" if completion.stream else "application/json"
     try:
-        answer = await proxy.client.open(upstream, body, accept)
+        # A client that goes while the upstream has not answered yet closes the upstream's request too.
+        answer = await _while_connected(request, proxy.client.open(upstream, body, accept))
+    except _ClientGone:
+        memory.cancel()
+        log.info("proxy: the client closed the connection before the upstream answered; closing the upstream")
+        raise ConnectionResetError("the client closed the connection") from None
     except UpstreamFailed as exc:
         found = await _settled(memory)
         proxy.failures.labels(exc.code).inc()
@@ -408,28 +415,43 @@ async def _pump(request: web.Request, answer: aiohttp.ClientResponse, response: 
                 return
             await response.write(chunk)  # waits while the client's buffer is full: the upstream pauses
 
-    copying = asyncio.create_task(copy())
     try:
-        while True:
-            done, _ = await asyncio.wait({copying}, timeout=DISCONNECT_POLL_S)
-            if done:
-                copying.result()
-                return True
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                log.info("proxy: the client closed the connection; closing the upstream")
-                return False
+        await _while_connected(request, copy())
+        return True
+    except _ClientGone:
+        log.info("proxy: the client closed the connection; closing the upstream")
+        return False
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
         log.warning("proxy: the stream ended early (%s)", type(exc).__name__)
         if request.transport is not None:
             request.transport.close()  # the client sees a cut answer, not a complete one
         return False
     finally:
-        if not copying.done():
-            copying.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await copying
         answer.close()
+
+
+class _ClientGone(Exception):
+    """The client closed its connection."""
+
+
+async def _while_connected(request: web.Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`_ClientGone` (``work`` cancelled) as soon as the client's connection
+    closes: aiohttp does not cancel a handler whose client goes (``handler_cancellation`` is off), so the
+    connection is looked at every :data:`DISCONNECT_POLL_S` seconds."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise _ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def _settled(memory: asyncio.Task[_Memory]) -> _Memory:

@@ -28,7 +28,7 @@ from tests.proxy.conftest import (
     open_shop,
     proxy_settings,
 )
-from tests.proxy.upstream import EVENTS, events, flood, gzipped, status, upstream
+from tests.proxy.upstream import EVENTS, events, flood, gzipped, silent, status, upstream
 
 SYSTEM: Any = [{"role": "system", "content": "You sell cheese."}, {"role": "system", "content": "Be brief."}]
 #: What Vapi, Agora and ElevenLabs add to a request, with the caller's number in it.
@@ -165,6 +165,18 @@ async def test_a_client_that_goes_closes_the_upstream_within_100_ms(shop: Shop) 
     async with asyncio.timeout(2):
         await shop.up.closed.wait()
     assert shop.up.cancelled_at, "the upstream connection stayed open"
+    assert shop.up.cancelled_at[0] - gone_at < 0.1
+    hold.set()
+
+
+async def test_a_client_that_goes_before_the_upstream_answers_closes_it_within_100_ms(shop: Shop) -> None:
+    hold = asyncio.Event()
+    shop.up.answers.append(silent(hold))
+    with pytest.raises(openai.APITimeoutError):
+        await shop.client(timeout=0.3).chat.completions.create(model="m", messages=question())
+    gone_at = time.monotonic()
+    async with asyncio.timeout(2):
+        await shop.up.closed.wait()
     assert shop.up.cancelled_at[0] - gone_at < 0.1
     hold.set()
 

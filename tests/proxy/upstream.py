@@ -94,6 +94,16 @@ def events(pause: float = 0.0, hold: asyncio.Event | None = None, up: Upstream |
     return answer
 
 
+def silent(hold: asyncio.Event) -> Answer:
+    """Nothing at all (not even the answer's head) until ``hold`` is set."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await hold.wait()
+        return await events()(request)
+
+    return answer
+
+
 def flood(total: int, up: Upstream) -> Answer:
     """A stream of ``total`` bytes in 64 KiB events, written as fast as the reader takes them; the bytes
     written so far are counted in ``up.written``."""
