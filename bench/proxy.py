@@ -10,13 +10,14 @@ What runs, each in its own OS process:
 - the upstream: an OpenAI-compatible model on loopback (``bench/proxy.py --upstream PORT``) answering every
   completion with a stream of server-sent events: the first at once, then five more 5 ms apart, then
   ``[DONE]``;
-- the service: ``python -m caller_memory.service serve`` on a SQLite file, with CALLER_MEMORY_SECRET_KEY and
+- the service: ``python -m caller_memory.service serve`` on a private redis-server with the read cache on
+  (CALLER_MEMORY_READ_CACHE_SECONDS=1), or on a SQLite file (``--store sqlite``), with CALLER_MEMORY_SECRET_KEY and
   CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS=127.0.0.1 so that the upstream on loopback can be configured; one project
   with conversation memory on, an upstream, a started conversation whose caller has three fields;
 - the load: this process, 32 streams at once, each a closed loop of streamed completions.
 
-Rounds alternate between the upstream called directly and the proxy (bound requests: the memory is read and
-injected, the transcript recorded); time to first byte is from sending the request to the first body byte.
+Rounds alternate between the upstream called directly, the proxy (bound requests: the memory is read and
+injected, the transcript recorded) and the proxy unbound (the relay alone: no memory read); time to first byte is from sending the request to the first body byte.
 Reported: the median and p99 of each side (over all rounds), their differences (targets: <= 2 ms at the
 median, <= 5 ms at p99), and the service's CPU time per proxied completion (from /proc). Results in
 bench/results/proxy.json (or ``--output``).
@@ -139,6 +140,12 @@ def main() -> None:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--store",
+        choices=("redis", "sqlite"),
+        default="redis",
+        help="redis: with the read cache on (default)",
+    )
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "proxy.json")
     args = parser.parse_args()
     if args.upstream:
@@ -152,31 +159,35 @@ def main() -> None:
         upstream = h.spawn([sys.executable, __file__, "--upstream", str(port)], log=log)
         h.wait_http(f"http://127.0.0.1:{port}/readyz", upstream, log, 30.0)
         upstream_url = f"http://127.0.0.1:{port}/v1"
+        store_env: dict[str, str] = {}
+        if args.store == "redis":
+            store_url = h.start_redis().url
+            store_env["CALLER_MEMORY_READ_CACHE_SECONDS"] = "1"
+        else:
+            store_url = f"sqlite:///{workdir}/proxy.db"
         service = h.start_service(
-            "service-sqlite",
-            f"sqlite:///{workdir}/proxy.db",
+            f"service-{args.store}",
+            store_url,
             workdir,
             base64.b64encode(secrets.token_bytes(32)),
             None,
             CALLER_MEMORY_SECRET_KEY=base64.b64encode(secrets.token_bytes(32)).decode(),
             CALLER_MEMORY_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
+            **store_env,
         )
         agent = setup(service, upstream_url)
+        proxied_url = f"{service.url}/v1/projects/{PROJECT}/llm/chat/completions"
+        auth = {"Content-Type": "application/json", "Authorization": f"Bearer {agent}"}
         sides = {
             "direct": (upstream_url + "/chat/completions", {"Content-Type": "application/json"}),
-            "proxy": (
-                f"{service.url}/v1/projects/{PROJECT}/llm/chat/completions",
-                {
-                    "Content-Type": "application/json",
-                    "Authorization": f"Bearer {agent}",
-                    "X-Caller-Memory-Conversation": CONVERSATION,
-                },
-            ),
+            "proxy": (proxied_url, {**auth, "X-Caller-Memory-Conversation": CONVERSATION}),
+            # The relay alone: no conversation named, so no memory read and nothing recorded.
+            "proxy-unbound": (proxied_url, auth),
         }
-        times: dict[str, list[float]] = {"direct": [], "proxy": []}
+        times: dict[str, list[float]] = {side: [] for side in sides}
         cpu, proxied = 0.0, 0
         for number in range(rounds):
-            order = ["direct", "proxy"] if number % 2 == 0 else ["proxy", "direct"]
+            order = list(sides) if number % 2 == 0 else list(reversed(sides))
             for side in order:
                 url, headers = sides[side]
                 before = cpu_seconds(service.pid)
@@ -188,7 +199,12 @@ def main() -> None:
                 print(
                     f"round {number + 1} {side}: {len(got)} completions, median {statistics.median(got) * 1000:.2f} ms"
                 )
-        result: dict[str, Any] = {"streams": STREAMS, "rounds": rounds, "seconds_per_round": seconds}
+        result: dict[str, Any] = {
+            "store": args.store,
+            "streams": STREAMS,
+            "rounds": rounds,
+            "seconds_per_round": seconds,
+        }
         for side, found in times.items():
             result[side] = {
                 "requests": len(found),
@@ -197,6 +213,12 @@ def main() -> None:
             }
         result["added_p50_ms"] = result["proxy"]["ttfb_p50_ms"] - result["direct"]["ttfb_p50_ms"]
         result["added_p99_ms"] = result["proxy"]["ttfb_p99_ms"] - result["direct"]["ttfb_p99_ms"]
+        result["unbound_added_p50_ms"] = (
+            result["proxy-unbound"]["ttfb_p50_ms"] - result["direct"]["ttfb_p50_ms"]
+        )
+        result["unbound_added_p99_ms"] = (
+            result["proxy-unbound"]["ttfb_p99_ms"] - result["direct"]["ttfb_p99_ms"]
+        )
         result["service_cpu_ms_per_completion"] = cpu / max(1, proxied) * 1000
         result["targets"] = {
             "added_p50_ms <= 2": result["added_p50_ms"] <= 2,
