@@ -2,8 +2,9 @@
 
 - A request is bound to a conversation of its project that has started (the store has its header, with the
   caller's pseudonym); anything else (no header, an unknown id, a transcript erased or deleted) is unbound:
-  it goes upstream without memory. Which caller a conversation is of never changes, so a binding is kept
-  per conversation in this process once found.
+  it goes upstream without memory. Which caller a conversation is of does not change while the conversation
+  is remembered, so a binding is kept per conversation in this process once found, for
+  :data:`BINDING_SECONDS` (a transcript deleted or forgotten since is then seen).
 - The memory is the caller's live fields, read at every request through the store's memory read, which on
   Redis is the read cache (``CALLER_MEMORY_READ_CACHE_SECONDS``): a write to that caller through any process
   invalidates it there, so the memory a request carries is never staler than the cache's bound, and on
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,8 @@ BINDING_HEADER = "X-Caller-Memory-Conversation"
 MEMORY_HEADER = "X-Caller-Memory"
 #: Seconds a memory read may take before the completion goes on without it (the SDK's read budget).
 READ_BUDGET_S = 0.15
+#: Seconds a process keeps a conversation's binding before reading it again.
+BINDING_SECONDS = 60.0
 _CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 
 
@@ -86,16 +90,16 @@ class Binder:
         self._store = store
         self._clock = clock
         self._entries = entries
-        self._bindings: OrderedDict[tuple[str, str], Binding] = OrderedDict()
+        self._bindings: OrderedDict[tuple[str, str], tuple[float, Binding]] = OrderedDict()
         self._recorded: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
 
     async def bind(self, project: str, conversation_id: str) -> Binding | None:
         """The conversation's binding, or None when it is not a started conversation of ``project``."""
         key = (project, conversation_id)
         found = self._bindings.get(key)
-        if found is not None:
+        if found is not None and time.monotonic() - found[0] < BINDING_SECONDS:
             self._bindings.move_to_end(key)
-            return found
+            return found[1]
         header, _ = await self._store.read_conversation(
             ConversationKey(project, conversation_id), self._clock.now_ms()
         )
@@ -104,7 +108,8 @@ class Binder:
         if header.status in (TranscriptStatus.ERASED, TranscriptStatus.DELETED):
             return None
         binding = Binding(project, conversation_id, header.subject)
-        self._bindings[key] = binding
+        self._bindings[key] = (time.monotonic(), binding)
+        self._bindings.move_to_end(key)
         if len(self._bindings) > self._entries:
             self._bindings.popitem(last=False)
         return binding
@@ -137,7 +142,3 @@ class Binder:
         done.update(ids)
         if len(self._recorded) > self._entries:
             self._recorded.popitem(last=False)
-
-    def forget(self, project: str, conversation_id: str) -> None:
-        self._bindings.pop((project, conversation_id), None)
-        self._recorded.pop((project, conversation_id), None)
