@@ -44,6 +44,7 @@ from .core import (
 )
 from .links import LinkStore
 from .llm import LlmStore
+from .platform_events import PlatformEventStore
 from .platforms import PlatformStore
 from .refs import CallerRef
 from .transcripts import TranscriptStore
@@ -73,8 +74,19 @@ __all__ = [
 ]
 
 
-class Store(CoreStore, TranscriptStore, WebhookStore, ArchiveStore, LinkStore, LlmStore, PlatformStore, ABC):
+class Store(
+    CoreStore,
+    TranscriptStore,
+    WebhookStore,
+    ArchiveStore,
+    LinkStore,
+    LlmStore,
+    PlatformStore,
+    PlatformEventStore,
+    ABC,
+):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
     (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`),
-    linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`) and platform
-    connections (:class:`PlatformStore`): what every backend implements."""
+    linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`), platform
+    connections (:class:`PlatformStore`) and the platform events already seen (:class:`PlatformEventStore`):
+    what every backend implements."""

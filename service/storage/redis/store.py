@@ -49,6 +49,7 @@ from .archive import RedisArchiveIndex
 from .cluster import ClusterTransport, is_cluster_url
 from .links import LINK_SCRIPTS, RedisLinks, alias_profile
 from .llm import RedisLlm
+from .platform_events import PLATFORM_EVENT_SCRIPTS, RedisPlatformEvents
 from .platforms import RedisPlatforms
 from .retention import RedisRetention
 from .transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
@@ -107,6 +108,7 @@ class RedisStore(
     RedisLinks,
     RedisLlm,
     RedisPlatforms,
+    RedisPlatformEvents,
     Store,
 ):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
@@ -164,7 +166,7 @@ class RedisStore(
         # The transport registers the scripts it knows (redis_transport.SCRIPTS); conversation memory's and
         # the links' are registered the same way, with the client the transport registered its own with.
         client = self._transport.scripts["patch"].registered_client
-        for name in (*TRANSCRIPT_SCRIPTS, *LINK_SCRIPTS):
+        for name in (*TRANSCRIPT_SCRIPTS, *LINK_SCRIPTS, *PLATFORM_EVENT_SCRIPTS):
             self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:

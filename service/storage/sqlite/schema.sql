@@ -276,3 +276,21 @@ CREATE TABLE IF NOT EXISTS platform_connections (
     document BLOB NOT NULL,
     PRIMARY KEY (project, platform)
 ) WITHOUT ROWID;
+-- Platform events already seen (storage/sqlite/platform_events.py): an event id's hash, kept until expires_at.
+CREATE TABLE IF NOT EXISTS platform_events (
+    project TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    event TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, platform, event)
+);
+CREATE INDEX IF NOT EXISTS platform_events_by_expiry ON platform_events (expires_at);
+-- A platform's first end event of a conversation, held until its analysis or its due time (platform_events.py).
+CREATE TABLE IF NOT EXISTS platform_held_ends (
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    document BLOB NOT NULL,
+    due_at INTEGER NOT NULL,
+    PRIMARY KEY (project, conversation_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS platform_held_ends_by_due ON platform_held_ends (due_at);

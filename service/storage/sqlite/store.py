@@ -42,6 +42,7 @@ from ..codec import decode_end_analytics, decode_entry, encode_end_analytics, en
 from .archive import SQLiteArchiveIndex
 from .links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
 from .llm import SQLiteLlm
+from .platform_events import SQLitePlatformEvents
 from .platforms import SQLitePlatforms
 from .retention import ERASED_SUBJECT, SQLiteRetention
 from .transcripts import SQLiteTranscripts
@@ -110,6 +111,7 @@ class SQLiteStore(
     SQLiteLinks,
     SQLiteLlm,
     SQLitePlatforms,
+    SQLitePlatformEvents,
     Store,
 ):
     """:class:`Store` on one SQLite file (retention: :class:`~caller_memory.service.storage.sqlite.retention.SQLiteRetention`; conversation
