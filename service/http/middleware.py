@@ -5,9 +5,10 @@ request metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
@@ -30,6 +31,60 @@ from .responses import problem_response
 log = logging.getLogger("caller_memory.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class InFlight:
+    """The service's slots for requests in flight under /v1: ``limit`` in all, ``share`` per project (the
+    project named by the path). The middleware takes one for each request; a memory proxy completion is
+    not counted as a whole (its streams have their own bound) but takes one for its memory read only, while
+    that read runs (:data:`IN_FLIGHT` on the request)."""
+
+    __slots__ = ("count", "limit", "per_project", "share")
+
+    def __init__(self, limit: int, share: int) -> None:
+        self.limit = limit
+        self.share = share
+        self.count = 0
+        self.per_project: dict[str, int] = {}
+
+    def full(self) -> bool:
+        return self.count >= self.limit
+
+    def take(self, project: str | None) -> bool:
+        """Take a slot (False, nothing taken: the service or the project holds all it may)."""
+        if self.count >= self.limit:
+            return False
+        if project is not None:
+            held = self.per_project.get(project, 0)
+            if held >= self.share:
+                return False
+            self.per_project[project] = held + 1
+        self.count += 1
+        return True
+
+    def give_back(self, project: str | None) -> None:
+        self.count -= 1
+        if project is not None:
+            # Emptied entries go: project names come from paths, which anyone may make up.
+            held = self.per_project[project] - 1
+            if held:
+                self.per_project[project] = held
+            else:
+                del self.per_project[project]
+
+    @contextlib.asynccontextmanager
+    async def slot(self, project: str) -> AsyncIterator[bool]:
+        """A slot of ``project`` while the block runs (yields False, nothing held, when none is free)."""
+        taken = self.take(project)
+        try:
+            yield taken
+        finally:
+            if taken:
+                self.give_back(project)
+
+
+#: The in-flight slots, on a memory proxy completion's request (its memory read takes one while it runs).
+IN_FLIGHT = web.RequestKey("in_flight", InFlight)
 
 _HTTP_DETAILS = {
     404: "no such endpoint; see /openapi.json for the API",
@@ -119,9 +174,8 @@ def service_middleware(
     - marks every answer ``X-Content-Type-Options: nosniff``;
     - counts and times the request for /metrics.
     """
-    in_flight = 0
-    per_project: dict[str, int] = {}
     share = min(limit, project_limit or limit)
+    slots = InFlight(limit, share)
     busy = (
         f"requests of this project hold {share} of the service's {limit} slots for requests in flight, "
         "the most one project may hold; retry shortly"
@@ -129,25 +183,25 @@ def service_middleware(
 
     @web.middleware
     async def serve(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal in_flight
         started = time.perf_counter()
-        # Memory proxy streams have their own per-project bound (http/proxy_routes.py), not these slots.
-        counted = request.path.startswith("/v1/") and "/llm/chat/completions" not in request.path
+        counted = request.path.startswith("/v1/")
+        if counted and "/llm/chat/completions" in request.path:
+            # Memory proxy streams have their own per-project bound (http/proxy_routes.py): a completion
+            # takes a slot for its memory read only, while it runs.
+            counted = False
+            request[IN_FLIGHT] = slots
         project = None
         deadline = None
         try:
             if counted:
-                if in_flight >= limit:
-                    counted = False
-                    raise Overloaded(f"the service has {limit} requests in flight, its limit; retry shortly")
                 project = request.match_info.get("project")
-                if project is not None:
-                    held = per_project.get(project, 0)
-                    if held >= share:
-                        counted = False
-                        raise TooManyRequests(busy, 1)
-                    per_project[project] = held + 1
-                in_flight += 1
+                if not slots.take(project):
+                    counted = False
+                    if slots.full():
+                        raise Overloaded(
+                            f"the service has {limit} requests in flight, its limit; retry shortly"
+                        )
+                    raise TooManyRequests(busy, 1)
             if body_timeout is not None and not request.content.is_eof():
                 # Only a body still on its way costs a timer (a GET's, or a small body that came with its
                 # head, is complete already).
@@ -161,14 +215,7 @@ def service_middleware(
             if deadline is not None:
                 deadline.cancel()
             if counted:
-                in_flight -= 1
-                if project is not None:
-                    # Emptied entries go: project names come from paths, which anyone may make up.
-                    held = per_project[project] - 1
-                    if held:
-                        per_project[project] = held
-                    else:
-                        del per_project[project]
+                slots.give_back(project)
         metrics.observe(request, response.status, started)
         # Every answer's media type is the one it declares: no browser may guess another (a JSON error
         # quoting client text must never be read as HTML).

@@ -48,6 +48,7 @@ from ..proxy.requests import MAX_COMPLETION_BYTES, Completion, Recorded, read_co
 from ..proxy.upstream import LlmConfig, UpstreamService, upstream_view
 from .app_keys import Services
 from .metrics import Metrics
+from .middleware import IN_FLIGHT, InFlight
 from .openapi_parts import (
     JSON,
     NO_STORE_HEADERS,
@@ -217,8 +218,8 @@ async def delete_llm(request: web.Request) -> web.Response:
 
 MEMORY_HEADER_TEXT = (
     "`bound`: the caller's memory went upstream (or the caller has none); `unbound`: no started conversation "
-    "was named; `unavailable`: the memory was not read in time (the store down or slow, or the project at "
-    "its stream bound)."
+    "was named; `unavailable`: the memory was not read in time (the store down or slow, the project at "
+    "its stream bound, or no in-flight slot free for the read)."
 )
 MEMORY_HEADER_SCHEMA = {"type": "string", "enum": [o.value for o in Outcome]}
 OPENAI_ERROR = {
@@ -287,7 +288,8 @@ COMPLETION_DOC = documented(
     },
     description="A `platform` token may call it too (the custom LLM's API key on a hosted platform). "
     "Bind the request to a started conversation with the `X-Caller-Memory-Conversation` "
-    "header: one system message with the caller's memory (as data) then goes upstream after the leading "
+    "header (or, without it, through Vapi's `call.id` or ElevenLabs' `elevenlabs_extra_body."
+    "caller_memory_conversation`): one system message with the caller's memory (as data) then goes upstream after the leading "
     "system messages, and the request's messages are recorded in the conversation (derived ids: a turn "
     "sent twice is stored once). Platform metadata (Vapi `call`, `customer`, `phoneNumber`, `metadata`; "
     "Agora `context` and its per-message extensions; ElevenLabs `elevenlabs_extra_body`) and `user` never "
@@ -319,7 +321,8 @@ async def _complete(request: web.Request) -> web.StreamResponse:
     project = await _caller_project(request)
     proxy = request.app[PROXY]
     completion = read_completion(await read_body(request.clone(client_max_size=MAX_COMPLETION_BYTES)))
-    conversation_id = conversation_of(request.headers.get(BINDING_HEADER))
+    # The header names the conversation; without it, the platform's own fields (Vapi, ElevenLabs) may.
+    conversation_id = conversation_of(request.headers.get(BINDING_HEADER)) or completion.conversation
     upstream = await proxy.upstreams.get(project)
     project_id = project.project_id
     held = proxy.streams.get(project_id, 0)
@@ -328,7 +331,8 @@ async def _complete(request: web.Request) -> web.StreamResponse:
         proxy.streams[project_id] = held + 1
     proxy.open_streams.inc()
     try:
-        memory = asyncio.create_task(_read_memory(proxy, project, conversation_id, bounded=not counted))
+        read = _read_memory(proxy, project, conversation_id, bounded=not counted, slots=request.get(IN_FLIGHT))
+        memory = asyncio.create_task(read)
 
         async def body() -> bytes:
             found = await memory
@@ -463,12 +467,29 @@ async def _settled(memory: asyncio.Task[_Memory]) -> _Memory:
 
 
 async def _read_memory(
-    proxy: Proxy, project: Project, conversation_id: str | None, *, bounded: bool
+    proxy: Proxy,
+    project: Project,
+    conversation_id: str | None,
+    *,
+    bounded: bool,
+    slots: InFlight | None,
 ) -> _Memory:
     if conversation_id is None:
         return _Memory(Outcome.UNBOUND)
     if bounded:
         return _Memory(Outcome.UNAVAILABLE)  # the project is at its stream bound: no store work
+    if slots is None:
+        return await _read_within_budget(proxy, project, conversation_id)
+    # The read takes one of the project's in-flight slots while it runs (not the stream): none free, the
+    # completion goes without memory, never refused.
+    async with slots.slot(project.project_id) as taken:
+        if not taken:
+            log.info("proxy: no in-flight slot free for the memory read; going without memory")
+            return _Memory(Outcome.UNAVAILABLE)
+        return await _read_within_budget(proxy, project, conversation_id)
+
+
+async def _read_within_budget(proxy: Proxy, project: Project, conversation_id: str) -> _Memory:
     found = _Memory(Outcome.UNAVAILABLE)
     try:
         async with asyncio.timeout(READ_BUDGET_S):

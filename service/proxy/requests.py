@@ -5,6 +5,11 @@
   but OpenAI's own members: its ``turn_id``, ``timestamp`` and ``metadata``); ElevenLabs'
   ``elevenlabs_extra_body`` and ``user_id``; and ``user``, which is never set. What is left is the request as
   the platform sent it.
+- The platforms' own binding fields are read before they go: Vapi's ``call.id`` names the conversation
+  ``vapi:<call.id>`` (the one its ``assistant-request`` started), and ElevenLabs' ``elevenlabs_extra_body``
+  (the ``custom_llm_extra_body`` the initiation answered) names it in ``caller_memory_conversation``. A value
+  that is not a conversation id binds nothing (the request goes on without memory, counted unbound): a call
+  never fails for a platform's field.
 - The memory message is one ``system`` message named :data:`MEMORY_NAME`, placed after the leading system
   (and developer) messages; any message of that name in the request is removed first, so that it is never
   accumulated however the platform keeps its history.
@@ -19,6 +24,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +33,7 @@ from pydantic import ValidationError
 
 from ..domain.conversations.messages import MAX_INT, SOURCES, MessageIn
 from ..domain.errors import InvalidInput, MalformedRequest
+from ..domain.limits import CONVERSATION_ID_PATTERN
 
 #: The ``name`` of the memory message: how it is found (and removed) in a later request.
 MEMORY_NAME = "caller_memory"
@@ -50,6 +57,11 @@ STRIPPED = frozenset(
 MESSAGE_MEMBERS = frozenset(
     {"role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio"}
 )
+#: The member of ElevenLabs' ``elevenlabs_extra_body`` that names the conversation.
+EXTRA_BODY_MEMBER = "caller_memory_conversation"
+#: The prefix of a Vapi call's conversation id (SPEC 15: ``vapi:<call.id>``).
+VAPI_PREFIX = "vapi:"
+_CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 #: Roles the transcript keeps.
 RECORDED_ROLES = frozenset({"user", "assistant", "tool"})
 LEADING_ROLES = frozenset({"system", "developer"})
@@ -92,6 +104,8 @@ class Completion:
     stream: bool
     #: The messages as the platform sent them (with their extensions), beside ``messages``.
     originals: list[dict[str, Any]]
+    #: The conversation the platform's own fields name (Vapi, ElevenLabs), if any.
+    conversation: str | None = None
 
     def upstream_body(self, memory: str | None, model: str | None) -> bytes:
         """The body that goes upstream: the messages with ``memory`` (when there is one) after the leading
@@ -165,7 +179,23 @@ def read_completion(body: bytes) -> Completion:
         originals.append(message)
     stripped = {k: v for k, v in document.items() if k not in STRIPPED and k != "messages"}
     stream = document.get("stream") is True
-    return Completion(stripped, kept, stream, originals)
+    return Completion(stripped, kept, stream, originals, platform_conversation(document))
+
+
+def platform_conversation(document: dict[str, Any]) -> str | None:
+    """The conversation a platform's own fields name: Vapi's ``call.id`` (as ``vapi:<call.id>``), else
+    ElevenLabs' ``elevenlabs_extra_body.caller_memory_conversation``; None when neither names a well-formed
+    conversation id."""
+    found: Any = None
+    call = document.get("call")
+    extra = document.get("elevenlabs_extra_body")
+    if isinstance(call, dict) and isinstance(call.get("id"), str):
+        found = VAPI_PREFIX + call["id"]
+    elif isinstance(extra, dict):
+        found = extra.get(EXTRA_BODY_MEMBER)
+    if isinstance(found, str) and _CONVERSATION_ID.match(found):
+        return found
+    return None
 
 
 def text_of(content: Any) -> str:
