@@ -75,6 +75,24 @@ async def serve_upstream(port: int) -> None:
     await asyncio.Event().wait()
 
 
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown",
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": sys.version.split()[0],
+        "aiohttp": aiohttp.__version__,
+    }
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -152,6 +170,7 @@ def main() -> None:
         asyncio.run(serve_upstream(args.upstream))
         return
     rounds, seconds = (2, 1.0) if args.smoke else (4, 5.0) if args.quick else (6, 20.0)
+    load_start = os.getloadavg()
     workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     try:
         port = h.free_port()
@@ -200,6 +219,9 @@ def main() -> None:
                     f"round {number + 1} {side}: {len(got)} completions, median {statistics.median(got) * 1000:.2f} ms"
                 )
         result: dict[str, Any] = {
+            "machine": machine(),
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
             "store": args.store,
             "streams": STREAMS,
             "rounds": rounds,
