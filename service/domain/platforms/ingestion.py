@@ -1,0 +1,387 @@
+"""The ingestion rules of SPEC 15, once, for every platform adapter: what a call start and an end event do
+to the conversations and memory, whichever platform sent them (records: service/domain/platforms/records.py;
+verification, before any of this: service/domain/platforms/verification.py).
+
+- :meth:`PlatformIngestion.start`: the caller's memory read and the conversation started (resume offered)
+  within the adapter's budget, failing open (an answer without memory, flagged); a call-start retry (same
+  platform and caller, started under :data:`RETRY_WINDOW_MS` ago, no messages yet) is answered from the
+  conversation it started, never superseding it; the conversation is due for an inactivity end ``end_grace``
+  after its start.
+- :meth:`PlatformIngestion.end`: an event with the analysis ends the call at once (with the event held before
+  it, if any); an event without it is held in the store and the end runs ``analysis_grace`` after it
+  (:meth:`PlatformIngestion.run_held_ends`, from any process, after a restart too) unless the analysis comes.
+  The end stores the transcript's user, assistant and tool messages (redacted by the append path), the
+  platform's summary, and the state: the checkpoint with the mapped extracted data over it; an end for a
+  conversation that never started starts one first. Duplicates and conflicts are answered as outcomes
+  (:class:`EndAnswer`), never refused: a platform retries what it sees refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from ..clock import Clock
+from ..conversations.ending import ConversationService
+from ..conversations.lifecycle import Lifecycle
+from ..conversations.service import TranscriptService
+from ..errors import CallerMemoryError, Conflict, InvalidInput, Overloaded, StoreUnavailable
+from ..memory import MemoryService
+from ..projects import Project
+from ..registry import ProjectRegistry
+from ..sealing import Sealer
+from ..store import CallerRef, Outcome, Store
+from ..store.transcripts import ConversationKey, Header, TranscriptStatus
+from ..trust import CallTrust
+from .connections import Connection, parse_end_grace
+from .records import (
+    CallEnd,
+    CallStart,
+    SpokenMessage,
+    clamped,
+    handoff_label,
+    in_ms,
+    kept_messages,
+    mapped_state,
+    qa_value,
+)
+
+#: A call start for the same platform and caller within this long of a conversation started without
+#: messages is a retry of that start (platforms retry a start they saw no answer to).
+RETRY_WINDOW_MS = 60_000
+#: How long an end event without the analysis waits for the one with it (SPEC 15: ``analysis_grace``).
+ANALYSIS_GRACE_MS = 600_000
+#: An append's messages at most (conversations/messages.py MAX_BATCH).
+_BATCH = 100
+
+EndOutcome = Literal["ended", "started_and_ended", "late", "held", "duplicate", "conflict", "ignored"]
+
+
+@dataclass(frozen=True, slots=True)
+class StartAnswer:
+    """What an adapter renders at a call start. ``memory``: the caller's fields (decoded JSON values) the
+    call may see, None when they could not be read in time (``fail_open``); ``retried``: answered from the
+    conversation an earlier start made (``conversation_id`` is that one)."""
+
+    conversation_id: str
+    memory: dict[str, Any] | None
+    withheld: tuple[str, ...] = ()
+    returning_caller: bool = False
+    resume: Mapping[str, Any] | None = None
+    fail_open: bool = False
+    retried: bool = False
+    started: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class EndAnswer:
+    """What became of an end event (always a 2xx for the platform): ``ended`` (``started_and_ended`` when
+    it started the conversation too), ``late`` (the service had ended it: its state applied as a late end),
+    ``held`` (waiting for the analysis), ``duplicate`` (ended already or held already), ``conflict`` (ended
+    already by a different end), ``ignored`` (nothing to store: a caller the project does not keep)."""
+
+    outcome: EndOutcome
+    conversation_id: str
+    persisted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EndSettings:
+    """The parts of a connection an end needs (kept with a held end, so that its runner needs no more)."""
+
+    platform: str
+    channel: str
+    state_map: dict[str, str]
+    analysis_qa_key: str | None
+
+    @classmethod
+    def of(cls, connection: Connection) -> EndSettings:
+        return cls(
+            connection.platform, connection.channel, dict(connection.state_map), connection.analysis_qa_key
+        )
+
+
+#: The associated data's purpose: a held end's caller opens only for its project and conversation.
+HELD_CALLER_PURPOSE = "caller-memory held platform end"
+
+
+def _encode_held(settings: EndSettings, end: CallEnd, received_ms: int, sealed_caller: bytes) -> bytes:
+    return orjson.dumps(
+        {
+            "v": 1,
+            "received": received_ms,
+            "settings": {
+                "platform": settings.platform,
+                "channel": settings.channel,
+                "state_map": settings.state_map,
+                "analysis_qa_key": settings.analysis_qa_key,
+            },
+            "end": {
+                "conversation_id": end.conversation_id,
+                # The caller's number is needed to end the call: it is kept sealed (never in the clear in
+                # the store), only until the end runs.
+                "caller": base64.b64encode(sealed_caller).decode(),
+                "messages": [[m.role, m.content, m.original, m.turn_id] for m in end.messages],
+                "summary": end.summary,
+                "extracted": dict(end.extracted),
+                "ended_at": end.ended_at,
+                "started_at": end.started_at,
+                "end_reason": end.end_reason,
+                "transfer_label": end.transfer_label,
+                "attestation": end.attestation,
+            },
+        }
+    )
+
+
+def _decode_held(document: bytes, sealer: Sealer, project: str) -> tuple[EndSettings, CallEnd, int]:
+    data = orjson.loads(document)
+    s, e = data["settings"], data["end"]
+    settings = EndSettings(s["platform"], s["channel"], dict(s["state_map"]), s["analysis_qa_key"])
+    end = CallEnd(
+        platform=settings.platform,
+        conversation_id=e["conversation_id"],
+        caller=sealer.open(base64.b64decode(e["caller"]), HELD_CALLER_PURPOSE, project, e["conversation_id"]),
+        messages=tuple(SpokenMessage(m[0], m[1], m[2], m[3]) for m in e["messages"]),
+        summary=e["summary"],
+        extracted=e["extracted"],
+        ended_at=e["ended_at"],
+        started_at=e["started_at"],
+        end_reason=e["end_reason"],
+        transfer_label=e["transfer_label"],
+        carries_analysis=False,
+        attestation=e["attestation"],
+    )
+    return settings, end, int(data["received"])
+
+
+def merged(first: CallEnd, analysis: CallEnd) -> CallEnd:
+    """The two end events of one call as one: the analysis event's parts, the first's where it has none."""
+    return CallEnd(
+        platform=analysis.platform,
+        conversation_id=analysis.conversation_id,
+        caller=analysis.caller or first.caller,
+        messages=analysis.messages if len(analysis.messages) >= len(first.messages) else first.messages,
+        summary=analysis.summary if analysis.summary is not None else first.summary,
+        extracted={**first.extracted, **analysis.extracted},
+        ended_at=first.ended_at if first.ended_at is not None else analysis.ended_at,
+        started_at=first.started_at if first.started_at is not None else analysis.started_at,
+        end_reason=first.end_reason or analysis.end_reason,
+        transfer_label=analysis.transfer_label or first.transfer_label,
+        carries_analysis=True,
+        attestation=analysis.attestation or first.attestation,
+    )
+
+
+@dataclass(slots=True)
+class PlatformIngestion:
+    store: Store
+    memory: MemoryService
+    transcripts: TranscriptService
+    lifecycle: Lifecycle
+    conversations: ConversationService
+    clock: Clock
+    #: Seals a held end's caller (CALLER_MEMORY_SECRET_KEY); without a key, an end never waits.
+    sealer: Sealer
+    analysis_grace_ms: int = ANALYSIS_GRACE_MS
+    #: End times a platform sent outside [the conversation's start, the time received] (for the metrics).
+    clamped_times: int = field(default=0)
+    #: Call starts answered without memory (store slow or down).
+    failed_open: int = field(default=0)
+
+    # Call start ---------------------------------------------------------------------------------------------
+
+    async def start(self, project: Project, connection: Connection, start: CallStart) -> StartAnswer:
+        """Read memory and start the conversation within ``start.budget_s``; an answer in any case."""
+        try:
+            async with asyncio.timeout(start.budget_s):
+                return await self._start(project, connection, start)
+        except (TimeoutError, StoreUnavailable, Overloaded):
+            self.failed_open += 1
+            return StartAnswer(start.conversation_id, None, fail_open=True, started=False)
+        except InvalidInput:
+            # A caller the service cannot read as a number (withheld, anonymous): a call without memory.
+            return StartAnswer(start.conversation_id, {}, started=False)
+
+    async def _start(self, project: Project, connection: Connection, start: CallStart) -> StartAnswer:
+        caller = self.memory.caller(project, start.caller)
+        call = CallTrust.of(start.attestation, False)
+        now = self.clock.now_ms()
+        ref = CallerRef(project.project_id, caller.subject)
+        earlier = [] if caller.blacklisted else await self.store.caller_conversations(ref, now)
+        retry = next(
+            (
+                h
+                for h in earlier
+                if h.key.conversation_id.startswith(f"{start.platform}:")
+                and h.started_at >= now - RETRY_WINDOW_MS
+                and h.messages == 0
+                and not h.ended_by
+                and h.status is TranscriptStatus.OPEN
+            ),
+            None,
+        )
+        view = await self.memory.read(project, start.caller, call)
+        fields = {name: orjson.loads(value) for name, value in view.fields.items()}
+        returning = bool(fields) or any(
+            h.key.conversation_id != (retry.key.conversation_id if retry else start.conversation_id)
+            for h in earlier
+        )
+        if retry is not None:
+            return StartAnswer(
+                retry.key.conversation_id, fields, view.withheld, returning, None, retried=True
+            )
+        started = await self.lifecycle.start(
+            project,
+            start.conversation_id,
+            {"caller": start.caller, "channel": connection.channel, "attestation": start.attestation}
+            if start.attestation is not None
+            else {"caller": start.caller, "channel": connection.channel},
+        )
+        if started["stored"]:
+            grace_ms = int(parse_end_grace(connection.end_grace).total_seconds() * 1000)
+            key = ConversationKey(project.project_id, start.conversation_id)
+            await self.store.reschedule(key, now + grace_ms)
+        resume = started.get("resume")
+        return StartAnswer(
+            start.conversation_id,
+            fields,
+            view.withheld,
+            returning,
+            resume,
+            started=bool(started["stored"]),
+        )
+
+    # Call end -----------------------------------------------------------------------------------------------
+
+    async def end(self, project: Project, connection: Connection, end: CallEnd) -> EndAnswer:
+        """One end event. Without the analysis it is held (``held``; ``duplicate`` when one is held already)
+        and the end runs when the analysis comes or ``analysis_grace`` after it; with it, the end runs now,
+        with what a held event had."""
+        now = self.clock.now_ms()
+        settings = EndSettings.of(connection)
+        if not end.carries_analysis and self.sealer.configured:
+            header = await self._header(project, end.conversation_id, now)
+            if header is not None and header.ended_by == "explicit":
+                return EndAnswer("duplicate", end.conversation_id)
+            kept = await self.store.hold_platform_end(
+                project.project_id,
+                end.conversation_id,
+                _encode_held(settings, end, now, self._seal(project, end)),
+                now + self.analysis_grace_ms,
+            )
+            return EndAnswer("held" if kept else "duplicate", end.conversation_id)
+        held = await self.store.take_platform_end(project.project_id, end.conversation_id)
+        received = now
+        if held is not None:
+            _, first, received = _decode_held(held, self.sealer, project.project_id)
+            end = merged(first, end)
+        return await self._run_end(project, settings, end, received)
+
+    async def run_held_ends(self, projects: ProjectRegistry, *, limit: int = 100) -> int:
+        """Run the held ends whose analysis did not come within ``analysis_grace`` (any process; each is
+        taken by one). Returns how many ran."""
+        ran = 0
+        for project_id, conversation_id in await self.store.due_platform_ends(self.clock.now_ms(), limit):
+            held = await self.store.take_platform_end(project_id, conversation_id)
+            if held is None:
+                continue  # another process took it
+            try:
+                settings, end, received = _decode_held(held, self.sealer, project_id)
+                project = await projects.get(project_id)
+                await self._run_end(project, settings, end, received)
+            except (StoreUnavailable, Overloaded):
+                # Held again, to be run at the next pass: a held end is never lost to an outage.
+                await self.store.hold_platform_end(project_id, conversation_id, held, self.clock.now_ms())
+                raise
+            except (CallerMemoryError, ValueError):
+                continue  # the project is gone, refuses it, or its caller no longer opens: nothing to keep
+            ran += 1
+        return ran
+
+    def _seal(self, project: Project, end: CallEnd) -> bytes:
+        return self.sealer.seal(end.caller, HELD_CALLER_PURPOSE, project.project_id, end.conversation_id)
+
+    async def _header(self, project: Project, conversation_id: str, now: int) -> Header | None:
+        header, _ = await self.store.read_conversation(
+            ConversationKey(project.project_id, conversation_id), now
+        )
+        return header
+
+    async def _run_end(
+        self, project: Project, settings: EndSettings, end: CallEnd, received: int
+    ) -> EndAnswer:
+        conversation_id = end.conversation_id
+        header = await self._header(project, conversation_id, self.clock.now_ms())
+        answer: EndOutcome = "ended"
+        if header is not None and header.ended_by == "explicit":
+            return EndAnswer("duplicate", conversation_id)
+        if header is None or header.status in (TranscriptStatus.DELETED, TranscriptStatus.ERASED):
+            started = await self.lifecycle.start(
+                project, conversation_id, {"caller": end.caller, "channel": settings.channel}
+            )
+            if not started["stored"]:
+                return EndAnswer("ignored", conversation_id)
+            header = await self._header(project, conversation_id, self.clock.now_ms())
+            answer = "started_and_ended"
+            if header is None:
+                return EndAnswer("ignored", conversation_id)
+        late = header.ended_by in ("inactivity", "superseded")
+        start_ms = header.started_at
+        ended_at = received
+        if end.ended_at is not None:
+            ended_at, outside = clamped(in_ms(end.ended_at, start_ms), start_ms, received)
+            if outside:
+                self.clamped_times += 1
+        if not late:
+            await self._store_transcript(project, settings, end, header, received)
+        checkpoint = orjson.loads(header.checkpoint) if header.checkpoint else None
+        state = mapped_state(checkpoint, end.extracted, settings.state_map)
+        outcome = Outcome(
+            qa=qa_value(end.extracted, settings.analysis_qa_key),
+            handoff_to=handoff_label(end.transfer_label, [project.default_region]),
+        )
+        try:
+            result = await self.conversations.end(
+                project,
+                conversation_id,
+                end.caller,
+                state,
+                outcome,
+                channel=settings.channel,
+                received_at=received,
+                ended_at=ended_at,
+                end_reason=end.end_reason,
+                call=CallTrust.of(end.attestation, False),
+            )
+        except Conflict:
+            return EndAnswer("conflict", conversation_id)
+        if result.late:
+            answer = "late"
+        return EndAnswer(answer, conversation_id, tuple(result.persisted))
+
+    async def _store_transcript(
+        self, project: Project, settings: EndSettings, end: CallEnd, header: Header, received: int
+    ) -> None:
+        messages = kept_messages(
+            settings.platform, end.messages, header.turn_id + 1 if header.messages else 0
+        )
+        for at in range(0, len(messages), _BATCH):
+            await self.transcripts.append(
+                project,
+                end.conversation_id,
+                {"caller": end.caller, "channel": settings.channel, "messages": messages[at : at + _BATCH]},
+                received_at=received,
+            )
+        through = messages[-1]["turn_id"] if messages else header.turn_id
+        if end.summary and through >= 0:  # a summary is of turns: a conversation without any has none
+            await self.transcripts.put_summary(
+                project,
+                end.conversation_id,
+                {"text": end.summary, "through_turn": through, "caller": end.caller},
+            )
