@@ -346,6 +346,7 @@ class AuditRecord(TypedDict):
             "platform.disconnected",
             "llm.set",
             "llm.deleted",
+            "conversation.step_up",
         ),
     ]
     details: Annotated[

@@ -13,6 +13,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode
 from pydantic_core import CoreSchema
 
 from ..domain.conversations import views
+from ..domain.conversations.call_trust import TrustBody
 from ..domain.conversations.messages import DEFAULT_SOURCE, SOURCES
 from ..domain.conversations.requests import AppendBody, StartBody, SummaryBody
 from ..domain.limits import MAX_TTL_SECONDS, MIN_TTL_SECONDS
@@ -74,6 +75,7 @@ REQUESTS: tuple[type[BaseModel], ...] = (
     StartBody,
     SummaryBody,
     TokenCreate,
+    TrustBody,
     WebhookCreate,
     WebhookRotate,
 )

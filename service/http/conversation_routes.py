@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from ..domain.conversations.call_trust import ConversationTrust
 from ..domain.conversations.requests import EVERYONE, Reader, read_append
 from ..domain.conversations.service import TranscriptService
 from ..domain.fields import entity_tags
@@ -304,6 +305,34 @@ async def put_summary(request: web.Request) -> web.Response:
         project, conversation_id, document, reader=reader_for(request[PRINCIPAL], project)
     )
     return json_response(status, headers=NO_STORE)
+
+
+@routes.post(CONVERSATION + "/trust")
+@documented(
+    "agent",
+    "Raise the call's trust: a step-up check passed",
+    {
+        "204": response("Kept: the call counts as stepped up until it ends."),
+        "404": TRANSCRIPT_NOT_FOUND,
+        "409": problem("The conversation has ended: a step-up holds for a call in progress."),
+        "422": problem(
+            f"{BAD_CONVERSATION}, `step_up` not `true`, or an unknown member; `errors` names the field."
+        ),
+        **body_errors(),
+    },
+    body=request_body("TrustBody", '`{"step_up": true}`.'),
+    description="A conversation keeps the trust of its start (its attestation, a step-up). After the "
+    "caller passes the business's own check (a PIN, a one-time code), this raises step-up for the rest "
+    "of the call: what reads memory for the call later (the memory proxy, a platform's end) shows the "
+    "fields the project keeps for stepped-up calls. It never lowers the attestation. Audited.",
+    links={"204": {"ConversationStatus": TRANSCRIPT_LINKS["ConversationStatus"]}},
+)
+async def raise_trust(request: web.Request) -> web.Response:
+    services, project, conversation_id = await conversation_for(request, Role.AGENT)
+    document = await read_json(request)
+    trust = ConversationTrust(services.store, services.clock, services.audit)
+    await trust.raise_step_up(project, conversation_id, document, actor=actor(request))
+    return web.Response(status=204)
 
 
 @routes.get(CONVERSATION + "/context")

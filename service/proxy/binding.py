@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import re
 import time
@@ -27,6 +28,7 @@ import orjson
 from caller_memory.sdk.render import PREAMBLE
 
 from ..domain.clock import Clock
+from ..domain.conversations.call_trust import stored_call_trust
 from ..domain.errors import InvalidInput
 from ..domain.limits import CONVERSATION_ID_PATTERN
 from ..domain.projects import Project
@@ -119,10 +121,21 @@ class Binder:
         if binding.subject in project.blacklist:
             return None
         now = self._clock.now_ms()
-        stored = await self._store.read_fields(CallerRef(project.project_id, binding.subject), now)
+        caller = CallerRef(project.project_id, binding.subject)
+        withheld: tuple[str, ...] = ()
+        if project.trust.levels:  # the call's stored trust (its start's attestation, a step-up since)
+            stored, call = await asyncio.gather(
+                self._store.read_fields(caller, now),
+                stored_call_trust(self._store, project.project_id, binding.conversation_id, now),
+            )
+            withheld = project.trust.withheld(call)
+        else:
+            stored = await self._store.read_fields(caller, now)
         fields: dict[str, Any] = {}
         for name in sorted(stored):
             field = stored[name]
+            if name in withheld:
+                continue
             if now >= min(field.expires_at, field.written_at + project.ttl_ms.get(name, 0)):
                 continue
             fields[name] = orjson.loads(field.value)

@@ -233,6 +233,7 @@ BODIES: dict[str, Any] = {
     "start_conversation": {"caller": "+14155550100", "channel": "voice"},
     "append_messages": {"messages": []},
     "put_summary": {"text": "A summary.", "through_turn": 0},
+    "raise_trust": {"step_up": True},
     "create_webhook": {"url": "http://127.0.0.1:9/hook", "events": ["caller.erased"]},
     "rotate_webhook": {},
     "create_link": {"identifier": "email:ada@example.com"},
@@ -468,6 +469,10 @@ async def transcript_walkthrough(check: Checker, client: TestClient[web.Request,
     await check("PUT", summary, base + "t-1/summary", 200, json={"text": "Said hello.", "through_turn": 1})
     await check("PUT", summary, base + "t-0/summary", 404, json={"text": "x", "through_turn": 0})
     await check("PUT", summary, base + "t-1/summary", 422, json={"text": "x", "through_turn": 5})
+    trust = one + "/trust"
+    await check("POST", trust, base + "t-1/trust", 204, json={"step_up": True})
+    await check("POST", trust, base + "t-0/trust", 404, json={"step_up": True})
+    await check("POST", trust, base + "t-1/trust", 422, json={"step_up": False})
     await check("GET", context, base + "t-1/context?max_tokens=100", 200)
     await check("GET", context, base + "t-0/context", 404)
     await check("GET", context, base + "t-1/context?max_tokens=0", 422)
@@ -477,6 +482,7 @@ async def transcript_walkthrough(check: Checker, client: TestClient[web.Request,
     ended = await check("POST", one + "/end", base + "t-1/end", 200, json=end)
     assert ended["late"] is False
     await check("POST", append, base + "t-1/messages", 409, json={"messages": [{**hello, "turn_id": 2}]})
+    await check("POST", one + "/trust", base + "t-1/trust", 409, json={"step_up": True})
     # A callback is offered the dropped call.
     resumed = await check("POST", start, base + "t-2/start", 200, json=who)
     assert resumed["resume"]["conversation_id"] == "t-1"
@@ -621,6 +627,7 @@ OWN: dict[str, set[str]] = {
     "delete_conversation": {"204", "404", "422"},
     "conversation_history": {"200", "304", "400", "404", "410", "422"},
     "put_summary": {"200", "404", "410", "422"},
+    "raise_trust": {"204", "404", "409", "422"},
     "conversation_context": {"200", "404", "410", "422"},
     "caller_conversations": {"200", "422"},
     "list_conversations": {"200", "422"},

@@ -30,6 +30,7 @@ from ..store.transcripts import (
     TranscriptStatus,
 )
 from ..trust import CallTrust
+from .call_trust import keep_start_trust
 from .ending import (
     END_LEASE_MS,
     ConversationService,
@@ -342,6 +343,14 @@ class Lifecycle:
         if result.status not in (AppendStatus.APPENDED, AppendStatus.ENDED):
             refuse(result.status, conversation_id, result.detail)
         assert result.header is not None
+        await keep_start_trust(
+            self._store,
+            project.project_id,
+            conversation_id,
+            call,
+            expires_at_ms=result.header.expires_at,
+            now_ms=now,
+        )
         resume = await self._resume(project, candidates, now, reader, call)
         return {
             "conversation": self._transcripts.status_view(result.header, project, now),

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import orjson
 
 from ..clock import Clock
+from ..conversations.call_trust import stored_call_trust
 from ..conversations.ending import ConversationService
 from ..conversations.lifecycle import Lifecycle
 from ..conversations.service import TranscriptService
@@ -37,7 +38,7 @@ from ..registry import ProjectRegistry
 from ..sealing import Sealer
 from ..store import CallerRef, Outcome, Store
 from ..store.transcripts import ConversationKey, Header, TranscriptStatus
-from ..trust import CallTrust
+from ..trust import UNKNOWN_CALL, CallTrust
 from .connections import Connection, parse_end_grace
 from .records import (
     CallEnd,
@@ -346,6 +347,10 @@ class PlatformIngestion:
             qa=qa_value(end.extracted, settings.analysis_qa_key),
             handoff_to=handoff_label(end.transfer_label, [project.default_region]),
         )
+        # The trust the call's start brought (and any step-up since), else what the end event says.
+        call = await stored_call_trust(self.store, project.project_id, conversation_id, self.clock.now_ms())
+        if call is UNKNOWN_CALL and end.attestation:
+            call = CallTrust.of(end.attestation, False)
         try:
             result = await self.conversations.end(
                 project,
@@ -357,7 +362,7 @@ class PlatformIngestion:
                 received_at=received,
                 ended_at=ended_at,
                 end_reason=end.end_reason,
-                call=CallTrust.of(end.attestation, False),
+                call=call,
             )
         except Conflict:
             return EndAnswer("conflict", conversation_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from abc import ABC
 
 from .archive import ArchiveStore
+from .call_trust import CallTrustStore
 from .core import (
     BUCKET_KINDS,
     AnalyticsInput,
@@ -83,10 +84,11 @@ class Store(
     LlmStore,
     PlatformStore,
     PlatformEventStore,
+    CallTrustStore,
     ABC,
 ):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
     (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`),
     linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`), platform
-    connections (:class:`PlatformStore`) and the platform events already seen (:class:`PlatformEventStore`):
-    what every backend implements."""
+    connections (:class:`PlatformStore`), the platform events already seen (:class:`PlatformEventStore`) and
+    each conversation's call trust (:class:`CallTrustStore`): what every backend implements."""

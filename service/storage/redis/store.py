@@ -46,6 +46,7 @@ from ..codec import (
 from . import keys
 from .analytics import RedisAnalytics
 from .archive import RedisArchiveIndex
+from .call_trust import CALL_TRUST_SCRIPTS, RedisCallTrust
 from .cluster import ClusterTransport, is_cluster_url
 from .links import LINK_SCRIPTS, RedisLinks, alias_profile
 from .llm import RedisLlm
@@ -109,6 +110,7 @@ class RedisStore(
     RedisLlm,
     RedisPlatforms,
     RedisPlatformEvents,
+    RedisCallTrust,
     Store,
 ):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
@@ -166,7 +168,7 @@ class RedisStore(
         # The transport registers the scripts it knows (redis_transport.SCRIPTS); conversation memory's and
         # the links' are registered the same way, with the client the transport registered its own with.
         client = self._transport.scripts["patch"].registered_client
-        for name in (*TRANSCRIPT_SCRIPTS, *LINK_SCRIPTS, *PLATFORM_EVENT_SCRIPTS):
+        for name in (*TRANSCRIPT_SCRIPTS, *LINK_SCRIPTS, *PLATFORM_EVENT_SCRIPTS, *CALL_TRUST_SCRIPTS):
             self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:

@@ -294,3 +294,12 @@ CREATE TABLE IF NOT EXISTS platform_held_ends (
     PRIMARY KEY (project, conversation_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS platform_held_ends_by_due ON platform_held_ends (due_at);
+-- A conversation's call trust (storage/sqlite/call_trust.py): its start's attestation, step-up once passed.
+CREATE TABLE IF NOT EXISTS call_trust (
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    attestation TEXT NOT NULL,
+    step_up INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (project, conversation_id)
+) WITHOUT ROWID;

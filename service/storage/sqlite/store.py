@@ -40,6 +40,7 @@ from ...domain.store.links import ProfileMoved
 from ...domain.store.webhooks import Delivery
 from ..codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .archive import SQLiteArchiveIndex
+from .call_trust import SQLiteCallTrust
 from .links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
 from .llm import SQLiteLlm
 from .platform_events import SQLitePlatformEvents
@@ -112,6 +113,7 @@ class SQLiteStore(
     SQLiteLlm,
     SQLitePlatforms,
     SQLitePlatformEvents,
+    SQLiteCallTrust,
     Store,
 ):
     """:class:`Store` on one SQLite file (retention: :class:`~caller_memory.service.storage.sqlite.retention.SQLiteRetention`; conversation
