@@ -25,6 +25,7 @@ from .domain.identifiers import Pseudonymizer
 from .domain.limits import MAX_BODY_BYTES
 from .domain.links import LinkService
 from .domain.memory import MemoryService
+from .domain.platforms.ingestion import PlatformIngestion
 from .domain.platforms.service import PlatformConnections
 from .domain.registry import ProjectRegistry
 from .domain.retention import Sweeper
@@ -48,6 +49,8 @@ from .storage import open_store
 from .storage.archive_objects import ArchiveObjects
 
 log = logging.getLogger("caller_memory")
+#: The ingestion rules every platform adapter calls (service/domain/platforms/ingestion.py).
+INGESTION = web.AppKey("platform_ingestion", PlatformIngestion)
 
 #: Seconds between two publications of the read cache's counters to ``/metrics``.
 READ_CACHE_METRICS_S = 5.0
@@ -133,6 +136,20 @@ def build_platforms(settings: Settings, services: Services) -> PlatformConnectio
     return PlatformConnections(services.store, sealer, services.clock, audit=services.audit)
 
 
+def build_ingestion(settings: Settings, services: Services) -> PlatformIngestion:
+    """The ingestion rules of platform webhooks; a held end's caller sealed with the operator's key."""
+    sealer = Sealer(settings.secret_key, settings.previous_secret_keys)
+    return PlatformIngestion(
+        services.store,
+        services.memory,
+        services.transcripts,
+        services.lifecycle,
+        services.conversations,
+        services.clock,
+        sealer,
+    )
+
+
 def create_app(
     settings: Settings, *, clock: Clock | None = None, store: Store | None = None
 ) -> web.Application:
@@ -163,6 +180,7 @@ def create_app(
         settings, services, metrics, service=webhook_service, slots=slots
     )
     app[PLATFORMS] = build_platforms(settings, services)
+    app[INGESTION] = build_ingestion(settings, services)
     # The memory proxy's upstreams follow the webhooks' destination rules (and their allow list).
     app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy)
 
@@ -331,6 +349,15 @@ async def scheduled_sweep(app: web.Application) -> None:
 
 async def scheduled_inactivity_ends(app: web.Application) -> None:
     services = app[SERVICES]
+    # Platform calls whose analysis did not come within analysis_grace end first (held in the store: any
+    # replica runs them, after a restart too; each is taken by one).
+    try:
+        held = await app[INGESTION].run_held_ends(services.projects)
+    except CallerMemoryError as exc:
+        log.warning("held platform ends failed: %s", exc.detail)
+    else:
+        if held:
+            log.info("ended %d platform call(s) whose analysis did not come", held)
     try:
         ended = await services.lifecycle.run_due(services.projects, services.sweeper.holder)
     except CallerMemoryError as exc:
