@@ -19,6 +19,8 @@ import pytest
 from caller_memory.service.app import build_services
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
+from caller_memory.service.domain.conversations.ending import ConversationService
+from caller_memory.service.domain.conversations.events import EndedEvent
 from caller_memory.service.domain.conversations.messages import Message
 from caller_memory.service.domain.platforms.connections import Connection
 from caller_memory.service.domain.platforms.ingestion import EndAnswer, PlatformIngestion, StartAnswer
@@ -34,6 +36,7 @@ from caller_memory.service.domain.platforms.verification import (
 from caller_memory.service.domain.projects import Project
 from caller_memory.service.domain.sealing import Sealer
 from caller_memory.service.domain.store.transcripts import ConversationKey, TranscriptQuery
+from caller_memory.service.domain.webhooks.service import WebhookService
 from caller_memory.service.http.app_keys import Services
 
 from tests.conftest import CLUSTER, PSEUDONYM_KEY, empty_store_url
@@ -383,3 +386,39 @@ async def test_a_start_fails_open_within_its_budget(voice: FakeVoice) -> None:
         voice.shop, connection("shop"), CallStart(PLATFORM, f"{PLATFORM}:i1", CALLER, budget_s=0.0)
     )
     assert answer.fail_open and answer.memory is None and answer.conversation_id == f"{PLATFORM}:i1"
+
+
+class Heard:
+    """An end listener that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[EndedEvent] = []
+
+    async def conversation_ended(self, project: Project, event: EndedEvent) -> None:
+        self.events.append(event)
+
+
+async def test_a_platform_end_is_explicit_with_the_platform_as_its_source(voice: FakeVoice) -> None:
+    heard = Heard()
+    services = voice.services
+    told = ConversationService(
+        services.store, services.memory, services.analytics, voice.clock, listeners=(heard,)
+    )
+    voice.ingestion = PlatformIngestion(
+        services.store,
+        services.memory,
+        services.transcripts,
+        services.lifecycle,
+        told,
+        voice.clock,
+        Sealer(SEALING_KEY),
+    )
+    started = await voice.start("j1")
+    await voice.end(
+        started.conversation_id, analysis_data=ANALYSIS, reason="transferred", transferred_to="Sales desk"
+    )
+    (event,) = heard.events
+    assert (event.ended_by, event.source, event.end_reason) == ("explicit", PLATFORM, "transferred")
+    assert event.outcome["handoff_to"] == "Sales desk" and event.outcome["qa"] == "true"
+    data = WebhookService._ended_data(event)
+    assert data["source"] == PLATFORM and data["ended_by"] == "explicit"

@@ -132,6 +132,7 @@ def explicit_event(
     started_at: int = 0,
     expires_at: int = 0,
     late: bool = False,
+    source: str | None = None,
 ) -> EndedEvent:
     """What an explicit end (on time or late) tells the webhooks and the archive."""
     return EndedEvent(
@@ -147,6 +148,7 @@ def explicit_event(
         started_at=started_at,
         expires_at=expires_at,
         late=late,
+        source=source,
     )
 
 
@@ -225,6 +227,7 @@ class ConversationService:
         ended_at: int | None = None,
         end_reason: str | None = None,
         call: CallTrust | None = None,
+        source: str | None = None,
     ) -> ConversationEnd:
         """``received_at`` is when the request arrived (default: now); ``ended_at`` when the client says the
         conversation ended (its first attempt to send this). The write counts as made at the earlier of the
@@ -235,7 +238,8 @@ class ConversationService:
         ``made_at`` (a field written later stays), analytics stay as recorded, and ``late`` is true.
 
         ``call``: the call's trust (:mod:`.trust`); the state keys it does not qualify for are neither written
-        nor deleted, and listed in ``withheld``. Through a linked identifier, the end is the profile's."""
+        nor deleted, and listed in ``withheld``. Through a linked identifier, the end is the profile's.
+        ``source``: the platform whose end event this is (told to the webhooks), None for the API's."""
         check_conversation_id(conversation_id)
         if end_reason is not None and end_reason not in END_REASONS:
             raise InvalidInput(f"end_reason must be one of {', '.join(END_REASONS)}", field="end_reason")
@@ -287,6 +291,7 @@ class ConversationService:
                     channel=channel,
                     end_reason=end_reason,
                     outcome=outcome,
+                    source=source,
                 )
         result, ref = await self.persist(
             project,
@@ -313,6 +318,7 @@ class ConversationService:
                 channel=channel,
                 end_reason=end_reason,
                 outcome=outcome,
+                source=source,
             )
         if result.status is EndStatus.CONFLICT:
             raise Conflict(
@@ -351,6 +357,7 @@ class ConversationService:
                 repeat_caller=dict(repeat_caller),
                 started_at=verdict.started_at,
                 expires_at=verdict.expires_at,
+                source=source,
             )
         await self.process_end(project, event, recording, now)
         if verdict.claimed:
@@ -451,6 +458,7 @@ class ConversationService:
         channel: str | None,
         end_reason: str | None,
         outcome: Outcome,
+        source: str | None = None,
     ) -> ConversationEnd:
         now = self._clock.now_ms()
         result, ref = await self.persist(
@@ -482,6 +490,7 @@ class ConversationService:
             changes=changes,
             made_at=made_at,
             late=True,
+            source=source,
         )
         await self.process_end(project, event, None, now)
         return ConversationEnd(

@@ -34,6 +34,8 @@ class EndedEvent:
     started_at: int = 0
     expires_at: int = 0
     late: bool = False
+    #: The platform whose end event this is (``vapi``, ``retell``...; SPEC 15), None for the API's ends.
+    source: str | None = None
 
 
 class EndListener(Protocol):

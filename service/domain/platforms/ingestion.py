@@ -363,6 +363,7 @@ class PlatformIngestion:
                 ended_at=ended_at,
                 end_reason=end.end_reason,
                 call=call,
+                source=settings.platform,
             )
         except Conflict:
             return EndAnswer("conflict", conversation_id)

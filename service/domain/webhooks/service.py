@@ -378,6 +378,7 @@ class WebhookService:
             "persisted": sorted(event.persisted),
             "repeat_caller": event.repeat_caller,
             "started_at": iso_utc(floor_hour_ms(event.started_at)) if event.started_at else None,
+            **({"source": event.source} if event.source else {}),
         }
 
     async def _history(self, event: EndedEvent, now: int) -> dict[str, Any]:

@@ -120,6 +120,10 @@ class ConversationEndedData(TypedDict, total=False):
     persisted: list[str]
     repeat_caller: dict[str, Any]
     started_at: DateTime | None
+    source: Annotated[
+        str,
+        Field(description="The platform whose end event ended it (`vapi`, `retell`...); absent otherwise."),
+    ]
     summary: dict[str, Any] | None
     history: list[dict[str, Any]]
 
