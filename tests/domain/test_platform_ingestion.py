@@ -296,6 +296,22 @@ async def test_a_platform_conversation_ends_for_inactivity_only_end_grace_after_
     assert await voice.services.lifecycle.run_inactivity_ends(voice.services.projects) == 1
 
 
+async def test_turns_recorded_during_the_call_do_not_bring_the_inactivity_end_forward(
+    voice: FakeVoice,
+) -> None:
+    started = await voice.start("e2")
+    voice.clock.advance(60)
+    # What the memory proxy records of a turn: an append (its activity makes the conversation due
+    # end_after_inactivity later, which the platform's end_grace overrides).
+    turn = {"role": "user", "content": "Hello", "turn_id": 1, "metadata": {"source": "asr"}}
+    await voice.services.transcripts.append(voice.shop, started.conversation_id, {"messages": [turn]})
+    voice.clock.advance(31 * 60)
+    assert await voice.services.lifecycle.run_inactivity_ends(voice.services.projects) == 0
+    assert (await header_of(voice, started.conversation_id))[0].ended_by == ""
+    voice.clock.advance(90 * 60)
+    assert await voice.services.lifecycle.run_inactivity_ends(voice.services.projects) == 1
+
+
 async def test_an_end_with_no_start_starts_and_ends_one(voice: FakeVoice) -> None:
     answer = await voice.end(f"{PLATFORM}:never-started", transcript=TRANSCRIPT, analysis_data=ANALYSIS)
     assert answer.outcome == "started_and_ended"

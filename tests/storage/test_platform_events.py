@@ -54,3 +54,15 @@ async def test_a_held_end_is_kept_once_due_and_taken_once(store: Store) -> None:
     # Taken, it may be held again.
     assert await store.hold_platform_end(project, "retell:a1", b"again", now + 1) is True
     assert await store.take_platform_end(project, "retell:a1") == b"again"
+
+
+async def test_an_inactivity_hold_lasts_until_its_time_and_is_replaced(store: Store) -> None:
+    project = f"shop-{uuid.uuid4().hex[:8]}"
+    now = 1_800_000_000_000
+    assert await store.inactivity_end_held_until(project, "vapi:c-1", now) is None
+    await store.hold_inactivity_end(project, "vapi:c-1", now + 2 * HOUR, now)
+    assert await store.inactivity_end_held_until(project, "vapi:c-1", now + HOUR) == now + 2 * HOUR
+    assert await store.inactivity_end_held_until(project, "vapi:c-1", now + 2 * HOUR) is None
+    await store.hold_inactivity_end(project, "vapi:c-1", now + 3 * HOUR, now)
+    assert await store.inactivity_end_held_until(project, "vapi:c-1", now + 2 * HOUR) == now + 3 * HOUR
+    assert await store.inactivity_end_held_until(project, "vapi:c-2", now) is None

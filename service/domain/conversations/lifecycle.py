@@ -246,6 +246,10 @@ class ServiceEnds:
                 continue
             if header.status is not TranscriptStatus.OPEN:
                 continue
+            held = await self._store.inactivity_end_held_until(key.project, key.conversation_id, now)
+            if held is not None:  # a platform's call: ended for inactivity only end_grace after its start
+                await self._store.reschedule(key, held)
+                continue
             if await self.end_by_service(project, header, "inactivity") is not None:
                 ended += 1
         return ended

@@ -247,6 +247,9 @@ class PlatformIngestion:
         if started["stored"]:
             grace_ms = int(parse_end_grace(connection.end_grace).total_seconds() * 1000)
             key = ConversationKey(project.project_id, start.conversation_id)
+            await self.store.hold_inactivity_end(
+                project.project_id, start.conversation_id, now + grace_ms, now
+            )
             await self.store.reschedule(key, now + grace_ms)
         resume = started.get("resume")
         return StartAnswer(

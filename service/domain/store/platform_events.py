@@ -23,6 +23,18 @@ class PlatformEventStore(ABC):
         keep it until ``keep_until_ms``; False when it is still kept (its expiry unchanged). Atomic."""
 
     @abstractmethod
+    async def hold_inactivity_end(
+        self, project: str, conversation_id: str, until_ms: int, now_ms: int
+    ) -> None:
+        """Keep the conversation from an inactivity end until ``until_ms`` (a platform's call: its platform
+        sends nothing between start and end, the proxy's turns aside); a later hold replaces it."""
+
+    @abstractmethod
+    async def inactivity_end_held_until(self, project: str, conversation_id: str, now_ms: int) -> int | None:
+        """The time a hold keeps the conversation from an inactivity end, or None when none holds after
+        ``now_ms``."""
+
+    @abstractmethod
     async def hold_platform_end(
         self, project: str, conversation_id: str, document: bytes, due_ms: int
     ) -> bool:

@@ -25,6 +25,11 @@ def event_key(project: str, platform: str, event_id: str) -> str:
     return f"{keys.project_key(project)}:platform-event:{platform}:{digest}"
 
 
+def inactivity_hold_key(project: str, conversation_id: str) -> str:
+    """A platform conversation's hold on its inactivity end (its value the time it holds until)."""
+    return f"{keys.project_key(project)}:inactivity-hold:{conversation_id}"
+
+
 def held_member(project: str, conversation_id: str) -> bytes:
     return project.encode() + b"\x00" + conversation_id.encode()
 
@@ -42,6 +47,27 @@ class RedisPlatformEvents(PlatformEventStore):
                 "platform_event", [event_key(project, platform, event_id)], [now_ms, keep_until_ms]
             )
         return bool(int(reply))
+
+    async def hold_inactivity_end(
+        self, project: str, conversation_id: str, until_ms: int, now_ms: int
+    ) -> None:
+        async with Call("hold_inactivity_end", self._timeout):
+            await self._transport.run(
+                (
+                    "SET",
+                    inactivity_hold_key(project, conversation_id),
+                    until_ms,
+                    "PX",
+                    max(1, until_ms - now_ms),
+                )
+            )
+
+    async def inactivity_end_held_until(self, project: str, conversation_id: str, now_ms: int) -> int | None:
+        async with Call("inactivity_end_held_until", self._timeout):
+            (found,) = await self._transport.run(("GET", inactivity_hold_key(project, conversation_id)))
+        if found is None or int(found) <= now_ms:
+            return None
+        return int(found)
 
     async def hold_platform_end(
         self, project: str, conversation_id: str, document: bytes, due_ms: int

@@ -51,6 +51,30 @@ class SQLitePlatformEvents(PlatformEventStore):
 
         return await self._write(run)
 
+    async def hold_inactivity_end(
+        self, project: str, conversation_id: str, until_ms: int, now_ms: int
+    ) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM platform_inactivity_holds WHERE until_at <= ?", (now_ms,))
+            conn.execute(
+                "INSERT INTO platform_inactivity_holds (project, conversation_id, until_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (project, conversation_id) DO UPDATE SET until_at = excluded.until_at",
+                (project, conversation_id, until_ms),
+            )
+
+        await self._write(run)
+
+    async def inactivity_end_held_until(self, project: str, conversation_id: str, now_ms: int) -> int | None:
+        def run(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT until_at FROM platform_inactivity_holds "
+                "WHERE project = ? AND conversation_id = ? AND until_at > ?",
+                (project, conversation_id, now_ms),
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._read(run)
+
     async def hold_platform_end(
         self, project: str, conversation_id: str, document: bytes, due_ms: int
     ) -> bool:

@@ -303,3 +303,11 @@ CREATE TABLE IF NOT EXISTS call_trust (
     expires_at INTEGER NOT NULL,
     PRIMARY KEY (project, conversation_id)
 ) WITHOUT ROWID;
+-- A platform conversation's hold on its inactivity end, until its end_grace (storage/sqlite/platform_events.py).
+CREATE TABLE IF NOT EXISTS platform_inactivity_holds (
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    until_at INTEGER NOT NULL,
+    PRIMARY KEY (project, conversation_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS platform_inactivity_holds_by_time ON platform_inactivity_holds (until_at);
