@@ -271,11 +271,21 @@ async def test_two_end_events_make_one_end_in_either_order(voice: FakeVoice, ana
 
 async def test_an_end_after_supersession_and_after_an_inactivity_end_is_late(voice: FakeVoice) -> None:
     first = await voice.start("d1")
+    turn = {"role": "user", "content": "Brie?", "turn_id": 1, "metadata": {"source": "asr"}}
+    await voice.services.transcripts.append(voice.shop, first.conversation_id, {"messages": [turn]})
     voice.clock.advance(120)
     second = await voice.start("d2")  # supersedes d1
-    late = await voice.end(first.conversation_id, analysis_data={"analysis": {"cheese": "brie"}})
+    late = await voice.end(
+        first.conversation_id, summary="Asked for brie.", analysis_data={"analysis": {"cheese": "brie"}}
+    )
     assert late.outcome == "late"
     assert (await memory(voice))["cheese"] == "brie"
+    # Its summary added once: a second late end (another summary) leaves it.
+    again = await voice.end(first.conversation_id, summary="Something else.", analysis_data={})
+    assert again.outcome == "conflict"  # a different late end after the first: answered, not refused
+    header, messages = await header_of(voice, first.conversation_id)
+    assert header.ended_by == "superseded" and len(messages) == 1
+    assert orjson.loads(header.summary or b"{}")["text"] == "Asked for brie."
     # The second call: the service ends it for inactivity end_grace (2 h) after its start.
     voice.clock.advance(2 * 3600 + 1)
     assert await voice.services.lifecycle.run_inactivity_ends(voice.services.projects) == 1

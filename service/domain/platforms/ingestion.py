@@ -344,6 +344,14 @@ class PlatformIngestion:
                 self.clamped_times += 1
         if not late:
             await self._store_transcript(project, settings, end, header, received)
+        elif end.summary and header.summary is None and header.turn_id >= 0:
+            # Ended by the service before the platform's end came: its summary is added, once (the first
+            # late end's; a later one finds it there). Its messages are not added to an ended transcript.
+            await self.transcripts.put_summary(
+                project,
+                conversation_id,
+                {"text": end.summary, "through_turn": header.turn_id, "caller": end.caller},
+            )
         checkpoint = orjson.loads(header.checkpoint) if header.checkpoint else None
         state = mapped_state(checkpoint, end.extracted, settings.state_map)
         outcome = Outcome(
