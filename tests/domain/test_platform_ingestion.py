@@ -276,7 +276,10 @@ async def test_an_end_after_supersession_and_after_an_inactivity_end_is_late(voi
     voice.clock.advance(120)
     second = await voice.start("d2")  # supersedes d1
     late = await voice.end(
-        first.conversation_id, summary="Asked for brie.", analysis_data={"analysis": {"cheese": "brie"}}
+        first.conversation_id,
+        transcript=TRANSCRIPT,
+        summary="Asked for brie.",
+        analysis_data={"analysis": {"cheese": "brie"}},
     )
     assert late.outcome == "late"
     assert (await memory(voice))["cheese"] == "brie"
@@ -290,9 +293,20 @@ async def test_an_end_after_supersession_and_after_an_inactivity_end_is_late(voi
     voice.clock.advance(2 * 3600 + 1)
     assert await voice.services.lifecycle.run_inactivity_ends(voice.services.projects) == 1
     assert (await header_of(voice, second.conversation_id))[0].ended_by == "inactivity"
-    again = await voice.end(second.conversation_id, analysis_data={"analysis": {"day": "Monday"}})
+    again = await voice.end(
+        second.conversation_id,
+        transcript=TRANSCRIPT,
+        summary="Monday then.",
+        analysis_data={"analysis": {"day": "Monday"}},
+    )
     assert again.outcome == "late"
     assert await memory(voice) == {"cheese": "brie", "booking_day": "Monday"}
+    # Its transcript (it had none: the platform sends nothing during a call) and summary were added, once.
+    header, messages = await header_of(voice, second.conversation_id)
+    assert header.ended_by == "inactivity" and len(messages) == 3
+    assert orjson.loads(header.summary or b"{}")["text"] == "Monday then."
+    assert (await voice.end(second.conversation_id, transcript=TRANSCRIPT)).outcome == "conflict"
+    assert len((await header_of(voice, second.conversation_id))[1]) == 3
 
 
 async def test_a_platform_conversation_ends_for_inactivity_only_end_grace_after_its_start(

@@ -252,6 +252,29 @@ class TranscriptAppends:
             "tokens": header.tokens,
         }
 
+    async def add_late(self, project: Project, header: Header, raw_caller: str, messages: list[Any]) -> bool:
+        """A platform's transcript for a conversation the service ended before the platform's end came
+        (SPEC 15): validated, redacted and encoded as an append's messages are, and added once, to a
+        transcript without messages (:meth:`~caller_memory.service.domain.store.Store.add_late_messages`).
+        Whether it was added."""
+        body = parse_append({"messages": messages})
+        problem = check_batch_order(body.messages)
+        if problem is not None:
+            raise InvalidInput(problem, field="messages")
+        caller = self.caller(project, raw_caller)
+        if caller.subject != header.subject or not body.messages:
+            return False
+        now = self._clock.now_ms()
+        own = await self.redaction.owned(project, caller, header.subject, now)
+        redactor = self.redaction.redactor(project, caller, own, regions_of(project, caller, header.region))
+        encoded = await self.redaction.encode(body.messages, redactor, now)
+        if len(encoded) > self.max_messages or sum(len(m.body) for m in encoded) > self.max_bytes:
+            return False
+        added = await self._store.add_late_messages(header.key, encoded, now)
+        if added:
+            self._count_added(project, encoded)
+        return added
+
     def _count_added(self, project: Project, encoded: Sequence[NewMessage]) -> None:
         """Add what an append stored to the project's cached byte count (:meth:`_check_project_bytes`)."""
         cached = self._bytes_cache.get(project.project_id)

@@ -483,6 +483,10 @@ class TranscriptService:
             project, conversation_id, document, received_at=received_at, writer=writer
         )
 
+    async def add_late(self, project: Project, header: Header, raw_caller: str, messages: list[Any]) -> bool:
+        """:meth:`~caller_memory.service.domain.conversations.appends.TranscriptAppends.add_late`."""
+        return await self.appends.add_late(project, header, raw_caller, messages)
+
     async def put_summary(
         self, project: Project, conversation_id: str, document: Any, *, reader: Reader = EVERYONE
     ) -> ConversationStatus:

@@ -344,9 +344,14 @@ class PlatformIngestion:
                 self.clamped_times += 1
         if not late:
             await self._store_transcript(project, settings, end, header, received)
-        elif end.summary and header.summary is None and header.turn_id >= 0:
-            # Ended by the service before the platform's end came: its summary is added, once (the first
-            # late end's; a later one finds it there). Its messages are not added to an ended transcript.
+        else:
+            # Ended by the service before the platform's end came: its transcript is added once, to a
+            # transcript without messages, and its summary to one without a summary.
+            messages = kept_messages(settings.platform, end.messages)
+            if messages and header.messages == 0:
+                await self.transcripts.add_late(project, header, end.caller, messages)
+                header = await self._header(project, conversation_id, self.clock.now_ms()) or header
+        if late and end.summary and header.summary is None and header.turn_id >= 0:
             await self.transcripts.put_summary(
                 project,
                 conversation_id,

@@ -43,6 +43,7 @@ from .core import (
     RecordStatus,
     TokenRecord,
 )
+from .late_transcripts import LateTranscriptStore
 from .links import LinkStore
 from .llm import LlmStore
 from .platform_events import PlatformEventStore
@@ -85,10 +86,12 @@ class Store(
     PlatformStore,
     PlatformEventStore,
     CallTrustStore,
+    LateTranscriptStore,
     ABC,
 ):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
     (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`),
     linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`), platform
-    connections (:class:`PlatformStore`), the platform events already seen (:class:`PlatformEventStore`) and
-    each conversation's call trust (:class:`CallTrustStore`): what every backend implements."""
+    connections (:class:`PlatformStore`), the platform events already seen (:class:`PlatformEventStore`) each
+    conversation's call trust (:class:`CallTrustStore`) and a platform's late transcript
+    (:class:`LateTranscriptStore`): what every backend implements."""

@@ -48,6 +48,7 @@ from .analytics import RedisAnalytics
 from .archive import RedisArchiveIndex
 from .call_trust import CALL_TRUST_SCRIPTS, RedisCallTrust
 from .cluster import ClusterTransport, is_cluster_url
+from .late_transcripts import LATE_TRANSCRIPT_SCRIPTS, RedisLateTranscripts
 from .links import LINK_SCRIPTS, RedisLinks, alias_profile
 from .llm import RedisLlm
 from .platform_events import PLATFORM_EVENT_SCRIPTS, RedisPlatformEvents
@@ -111,6 +112,7 @@ class RedisStore(
     RedisPlatforms,
     RedisPlatformEvents,
     RedisCallTrust,
+    RedisLateTranscripts,
     Store,
 ):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a
@@ -168,7 +170,13 @@ class RedisStore(
         # The transport registers the scripts it knows (redis_transport.SCRIPTS); conversation memory's and
         # the links' are registered the same way, with the client the transport registered its own with.
         client = self._transport.scripts["patch"].registered_client
-        for name in (*TRANSCRIPT_SCRIPTS, *LINK_SCRIPTS, *PLATFORM_EVENT_SCRIPTS, *CALL_TRUST_SCRIPTS):
+        for name in (
+            *TRANSCRIPT_SCRIPTS,
+            *LINK_SCRIPTS,
+            *PLATFORM_EVENT_SCRIPTS,
+            *CALL_TRUST_SCRIPTS,
+            *LATE_TRANSCRIPT_SCRIPTS,
+        ):
             self._transport.scripts[name] = client.register_script(load_script(f"{name}.lua"))
 
     async def close(self) -> None:

@@ -41,6 +41,7 @@ from ...domain.store.webhooks import Delivery
 from ..codec import decode_end_analytics, decode_entry, encode_end_analytics, encode_entry
 from .archive import SQLiteArchiveIndex
 from .call_trust import SQLiteCallTrust
+from .late_transcripts import SQLiteLateTranscripts
 from .links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
 from .llm import SQLiteLlm
 from .platform_events import SQLitePlatformEvents
@@ -114,6 +115,7 @@ class SQLiteStore(
     SQLitePlatforms,
     SQLitePlatformEvents,
     SQLiteCallTrust,
+    SQLiteLateTranscripts,
     Store,
 ):
     """:class:`Store` on one SQLite file (retention: :class:`~caller_memory.service.storage.sqlite.retention.SQLiteRetention`; conversation
