@@ -406,6 +406,14 @@ async def test_an_unanswered_first_end_runs_analysis_grace_later_after_a_restart
         started.conversation_id, "call_ended", transcript=TRANSCRIPT, reason="dropped", analysis_data=ANALYSIS
     )
     assert held.outcome == "held"
+    # What the store holds is sealed: no number, nothing said, nothing extracted in the clear.
+    document = await voice.services.store.take_platform_end("shop", started.conversation_id)
+    assert document is not None
+    for clear in (b"4155550100", b"Gouda", b"gouda", b"Cheese shop"):
+        assert clear not in document
+    await voice.services.store.hold_platform_end(
+        "shop", started.conversation_id, document, clock.now_ms() + 600_000
+    )
     # The process goes; another starts on the same store.
     await voice.services.store.close()
     restarted = await open_services(store_url, clock)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -107,11 +107,30 @@ class EndSettings:
         )
 
 
-#: The associated data's purpose: a held end's caller opens only for its project and conversation.
-HELD_CALLER_PURPOSE = "caller-memory held platform end"
+#: The associated data's purpose: a held end opens only for its project and conversation.
+HELD_END_PURPOSE = "caller-memory held platform end"
 
 
-def _encode_held(settings: EndSettings, end: CallEnd, received_ms: int, sealed_caller: bytes) -> bytes:
+def _encode_held(
+    settings: EndSettings, end: CallEnd, received_ms: int, seal: Callable[[str], bytes]
+) -> bytes:
+    """A held end as the store keeps it: the connection's settings, and the end itself sealed (its caller's
+    number, what was said and the extracted data are never in the clear in the store)."""
+    sealed = seal(
+        orjson.dumps(
+            {
+                "caller": end.caller,
+                "messages": [[m.role, m.content, m.original, m.turn_id] for m in end.messages],
+                "summary": end.summary,
+                "extracted": dict(end.extracted),
+                "ended_at": end.ended_at,
+                "started_at": end.started_at,
+                "end_reason": end.end_reason,
+                "transfer_label": end.transfer_label,
+                "attestation": end.attestation,
+            }
+        ).decode()
+    )
     return orjson.dumps(
         {
             "v": 1,
@@ -122,32 +141,22 @@ def _encode_held(settings: EndSettings, end: CallEnd, received_ms: int, sealed_c
                 "state_map": settings.state_map,
                 "analysis_qa_key": settings.analysis_qa_key,
             },
-            "end": {
-                "conversation_id": end.conversation_id,
-                # The caller's number is needed to end the call: it is kept sealed (never in the clear in
-                # the store), only until the end runs.
-                "caller": base64.b64encode(sealed_caller).decode(),
-                "messages": [[m.role, m.content, m.original, m.turn_id] for m in end.messages],
-                "summary": end.summary,
-                "extracted": dict(end.extracted),
-                "ended_at": end.ended_at,
-                "started_at": end.started_at,
-                "end_reason": end.end_reason,
-                "transfer_label": end.transfer_label,
-                "attestation": end.attestation,
-            },
+            "end": base64.b64encode(sealed).decode(),
         }
     )
 
 
-def _decode_held(document: bytes, sealer: Sealer, project: str) -> tuple[EndSettings, CallEnd, int]:
+def _decode_held(
+    document: bytes, sealer: Sealer, project: str, conversation_id: str
+) -> tuple[EndSettings, CallEnd, int]:
     data = orjson.loads(document)
-    s, e = data["settings"], data["end"]
+    s = data["settings"]
     settings = EndSettings(s["platform"], s["channel"], dict(s["state_map"]), s["analysis_qa_key"])
+    e = orjson.loads(sealer.open(base64.b64decode(data["end"]), HELD_END_PURPOSE, project, conversation_id))
     end = CallEnd(
         platform=settings.platform,
-        conversation_id=e["conversation_id"],
-        caller=sealer.open(base64.b64decode(e["caller"]), HELD_CALLER_PURPOSE, project, e["conversation_id"]),
+        conversation_id=conversation_id,
+        caller=e["caller"],
         messages=tuple(SpokenMessage(m[0], m[1], m[2], m[3]) for m in e["messages"]),
         summary=e["summary"],
         extracted=e["extracted"],
@@ -187,7 +196,7 @@ class PlatformIngestion:
     lifecycle: Lifecycle
     conversations: ConversationService
     clock: Clock
-    #: Seals a held end's caller (CALLER_MEMORY_SECRET_KEY); without a key, an end never waits.
+    #: Seals a held end (CALLER_MEMORY_SECRET_KEY); without a key, an end never waits.
     sealer: Sealer
     analysis_grace_ms: int = ANALYSIS_GRACE_MS
     #: End times a platform sent outside [the conversation's start, the time received] (for the metrics).
@@ -276,14 +285,14 @@ class PlatformIngestion:
             kept = await self.store.hold_platform_end(
                 project.project_id,
                 end.conversation_id,
-                _encode_held(settings, end, now, self._seal(project, end)),
+                _encode_held(settings, end, now, lambda text: self._seal(project, end.conversation_id, text)),
                 now + self.analysis_grace_ms,
             )
             return EndAnswer("held" if kept else "duplicate", end.conversation_id)
         held = await self.store.take_platform_end(project.project_id, end.conversation_id)
         received = now
         if held is not None:
-            _, first, received = _decode_held(held, self.sealer, project.project_id)
+            _, first, received = _decode_held(held, self.sealer, project.project_id, end.conversation_id)
             end = merged(first, end)
         return await self._run_end(project, settings, end, received)
 
@@ -296,7 +305,7 @@ class PlatformIngestion:
             if held is None:
                 continue  # another process took it
             try:
-                settings, end, received = _decode_held(held, self.sealer, project_id)
+                settings, end, received = _decode_held(held, self.sealer, project_id, conversation_id)
                 project = await projects.get(project_id)
                 await self._run_end(project, settings, end, received)
             except (StoreUnavailable, Overloaded):
@@ -308,8 +317,8 @@ class PlatformIngestion:
             ran += 1
         return ran
 
-    def _seal(self, project: Project, end: CallEnd) -> bytes:
-        return self.sealer.seal(end.caller, HELD_CALLER_PURPOSE, project.project_id, end.conversation_id)
+    def _seal(self, project: Project, conversation_id: str, text: str) -> bytes:
+        return self.sealer.seal(text, HELD_END_PURPOSE, project.project_id, conversation_id)
 
     async def _header(self, project: Project, conversation_id: str, now: int) -> Header | None:
         header, _ = await self.store.read_conversation(
