@@ -470,3 +470,26 @@ async def test_a_platform_end_is_explicit_with_the_platform_as_its_source(voice:
     assert event.outcome["handoff_to"] == "Sales desk" and event.outcome["qa"] == "true"
     data = WebhookService._ended_data(event)
     assert data["source"] == PLATFORM and data["ended_by"] == "explicit"
+
+
+async def test_an_end_naming_another_callers_conversation_is_answered_and_changes_nothing(
+    voice: FakeVoice,
+) -> None:
+    started = await voice.start("k1")
+    other = "+14155550123"
+    answer = await voice.receive(
+        *voice.signed(
+            {
+                "type": "call_analyzed",
+                "conversation": started.conversation_id,
+                "from": other,
+                "transcript": TRANSCRIPT,
+                "analysis_data": ANALYSIS,
+            }
+        )
+    )
+    assert isinstance(answer, EndAnswer) and answer.outcome == "conflict"
+    header, messages = await header_of(voice, started.conversation_id)
+    assert header.ended_by == "" and messages == []
+    assert (await voice.services.memory.read(voice.shop, other)).fields == {}
+    assert voice.ingestion.transcripts_refused == 1

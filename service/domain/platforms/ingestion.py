@@ -31,7 +31,7 @@ from ..conversations.call_trust import stored_call_trust
 from ..conversations.ending import ConversationService
 from ..conversations.lifecycle import Lifecycle
 from ..conversations.service import TranscriptService
-from ..errors import CallerMemoryError, Conflict, InvalidInput, Overloaded, StoreUnavailable
+from ..errors import CallerMemoryError, Conflict, Gone, InvalidInput, Overloaded, StoreUnavailable
 from ..memory import MemoryService
 from ..projects import Project
 from ..registry import ProjectRegistry
@@ -203,6 +203,8 @@ class PlatformIngestion:
     clamped_times: int = field(default=0)
     #: Call starts answered without memory (store slow or down).
     failed_open: int = field(default=0)
+    #: End events whose transcript the conversation refused (another caller's, ended meanwhile, expired).
+    transcripts_refused: int = field(default=0)
 
     # Call start ---------------------------------------------------------------------------------------------
 
@@ -335,9 +337,12 @@ class PlatformIngestion:
         if header is not None and header.ended_by == "explicit":
             return EndAnswer("duplicate", conversation_id)
         if header is None or header.status in (TranscriptStatus.DELETED, TranscriptStatus.ERASED):
-            started = await self.lifecycle.start(
-                project, conversation_id, {"caller": end.caller, "channel": settings.channel}
-            )
+            try:
+                started = await self.lifecycle.start(
+                    project, conversation_id, {"caller": end.caller, "channel": settings.channel}
+                )
+            except Conflict:  # the id is another caller's: answered, never refused
+                return EndAnswer("conflict", conversation_id)
             if not started["stored"]:
                 return EndAnswer("ignored", conversation_id)
             header = await self._header(project, conversation_id, self.clock.now_ms())
@@ -351,21 +356,12 @@ class PlatformIngestion:
             ended_at, outside = clamped(in_ms(end.ended_at, start_ms), start_ms, received)
             if outside:
                 self.clamped_times += 1
-        if not late:
-            await self._store_transcript(project, settings, end, header, received)
-        else:
-            # Ended by the service before the platform's end came: its transcript is added once, to a
-            # transcript without messages, and its summary to one without a summary.
-            messages = kept_messages(settings.platform, end.messages)
-            if messages and header.messages == 0:
-                await self.transcripts.add_late(project, header, end.caller, messages)
-                header = await self._header(project, conversation_id, self.clock.now_ms()) or header
-        if late and end.summary and header.summary is None and header.turn_id >= 0:
-            await self.transcripts.put_summary(
-                project,
-                conversation_id,
-                {"text": end.summary, "through_turn": header.turn_id, "caller": end.caller},
-            )
+        try:
+            header = await self._keep_transcript(project, settings, end, header, received, late=late)
+        except (Conflict, Gone):
+            # The transcript is another caller's, was ended meanwhile or expired: the end's state still
+            # applies (a transcript refused is never the platform's fault, so never its error).
+            self.transcripts_refused += 1
         checkpoint = orjson.loads(header.checkpoint) if header.checkpoint else None
         state = mapped_state(checkpoint, end.extracted, settings.state_map)
         outcome = Outcome(
@@ -395,6 +391,35 @@ class PlatformIngestion:
         if result.late:
             answer = "late"
         return EndAnswer(answer, conversation_id, tuple(result.persisted))
+
+    async def _keep_transcript(
+        self,
+        project: Project,
+        settings: EndSettings,
+        end: CallEnd,
+        header: Header,
+        received: int,
+        *,
+        late: bool,
+    ) -> Header:
+        """The end's transcript and summary, on time or late; the header after them."""
+        conversation_id = end.conversation_id
+        if not late:
+            await self._store_transcript(project, settings, end, header, received)
+            return header
+        # Ended by the service before the platform's end came: its transcript is added once, to a
+        # transcript without messages, and its summary to one without a summary.
+        messages = kept_messages(settings.platform, end.messages)
+        if messages and header.messages == 0:
+            await self.transcripts.add_late(project, header, end.caller, messages)
+            header = await self._header(project, conversation_id, self.clock.now_ms()) or header
+        if end.summary and header.summary is None and header.turn_id >= 0:
+            await self.transcripts.put_summary(
+                project,
+                conversation_id,
+                {"text": end.summary, "through_turn": header.turn_id, "caller": end.caller},
+            )
+        return header
 
     async def _store_transcript(
         self, project: Project, settings: EndSettings, end: CallEnd, header: Header, received: int
