@@ -150,6 +150,8 @@ CONFIG_DEPENDENT = [
             ("GET", "/history"),
             ("PUT", "/summary"),
             ("GET", "/context"),
+            # A step-up is taken by an open conversation only (the run ends the seeded one early).
+            ("POST", "/trust"),
         )
     ),
 ]
