@@ -9,6 +9,7 @@ of the inactivity end, and the analysis_grace end run after a restart."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -493,3 +494,17 @@ async def test_an_end_naming_another_callers_conversation_is_answered_and_change
     assert header.ended_by == "" and messages == []
     assert (await voice.services.memory.read(voice.shop, other)).fields == {}
     assert voice.ingestion.transcripts_refused == 1
+
+
+async def test_a_start_fails_open_when_the_store_is_down(voice: FakeVoice, clock: FakeClock) -> None:
+    down = build_services(
+        Settings(pseudonym_key=PSEUDONYM_KEY, store_url="redis://127.0.0.1:1/0", store_timeout=0.2),
+        clock=clock,
+    )
+    began = time.monotonic()
+    answer = await ingestion_of(down).start(
+        voice.shop, connection("shop"), CallStart(PLATFORM, f"{PLATFORM}:m1", CALLER, budget_s=1.0)
+    )
+    assert time.monotonic() - began < 1.0
+    assert answer.fail_open and answer.memory is None and not answer.started
+    await down.store.close()
