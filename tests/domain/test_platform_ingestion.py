@@ -20,6 +20,7 @@ import pytest
 from caller_memory.service.app import build_services
 from caller_memory.service.config import Settings
 from caller_memory.service.domain.clock import FakeClock
+from caller_memory.service.domain.conversations.call_trust import ConversationTrust
 from caller_memory.service.domain.conversations.ending import ConversationService
 from caller_memory.service.domain.conversations.events import EndedEvent
 from caller_memory.service.domain.conversations.messages import Message
@@ -508,3 +509,49 @@ async def test_a_start_fails_open_when_the_store_is_down(voice: FakeVoice, clock
     assert time.monotonic() - began < 1.0
     assert answer.fail_open and answer.memory is None and not answer.started
     await down.store.close()
+
+
+async def test_a_platform_end_uses_the_trust_stored_with_its_conversation(voice: FakeVoice) -> None:
+    bank_config: dict[str, Any] = {
+        "memory": {
+            "repeat_caller": {
+                "state_keys": ["cheese", "booking_day"],
+                "field_classes": {"booking_day": "sensitive"},
+                "trust": {"sensitive": "step_up"},
+                "retention": "P30D",
+            },
+            "conversation": {"enabled": True},
+        }
+    }
+    voice.shop, _ = await voice.services.projects.apply("shop", bank_config, actor="test")
+    trust = ConversationTrust(voice.services.store, voice.clock, voice.services.audit)
+    unverified = await voice.start("n1")
+    answer = await voice.end(unverified.conversation_id, analysis_data=ANALYSIS)
+    assert answer.outcome == "ended" and answer.persisted == ("cheese",)
+    assert await memory(voice) == {"cheese": "gouda"}  # the sensitive field was not written
+    voice.clock.advance(3600)
+    verified = await voice.start("n2")
+    await trust.raise_step_up(voice.shop, verified.conversation_id, {"step_up": True}, actor="test")
+    answer = await voice.end(verified.conversation_id, analysis_data=ANALYSIS)
+    assert sorted(answer.persisted) == ["booking_day", "cheese"]
+    assert await memory(voice) == {"cheese": "gouda", "booking_day": "Friday"}
+
+
+async def test_an_end_time_outside_the_call_is_clamped_and_counted(voice: FakeVoice) -> None:
+    started = await voice.start("p1")
+    voice.clock.advance(120)
+    in_call = voice.clock.now_ms() - 60_000
+    await voice.end(started.conversation_id, ended_at=in_call)  # milliseconds, inside: as it is
+    assert voice.ingestion.clamped_times == 0
+    second = await voice.start("p2")
+    voice.clock.advance(120)
+    await voice.end(
+        second.conversation_id, ended_at=(voice.clock.now_ms() + 3_600_000) / 1000
+    )  # seconds, late
+    assert voice.ingestion.clamped_times == 1
+    third = await voice.start("p3")
+    voice.clock.advance(120)
+    await voice.end(
+        third.conversation_id, ended_at=(voice.clock.now_ms() - 86_400_000) * 1000
+    )  # microseconds
+    assert voice.ingestion.clamped_times == 2
