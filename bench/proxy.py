@@ -4,6 +4,7 @@ directly, in the same run, with 32 concurrent streams; and the service's CPU per
     .venv/bin/python bench/proxy.py            # 6 rounds of 20 s per side
     .venv/bin/python bench/proxy.py --quick    # 4 rounds of 5 s
     .venv/bin/python bench/proxy.py --smoke    # seconds: checks that everything runs (figures meaningless)
+    .venv/bin/python bench/proxy.py --read-probe   # the SQLite memory read alone, in this process (below)
 
 What runs, each in its own OS process:
 
@@ -18,7 +19,9 @@ What runs, each in its own OS process:
 
 Rounds alternate between the upstream called directly, the proxy (bound requests: the memory is read and
 injected, the transcript recorded) and the proxy unbound (the relay alone: no memory read); time to first byte is from sending the request to the first body byte.
-Reported: the median and p99 of each side (over all rounds), their differences (targets: <= 2 ms at the
+``--read-probe`` measures where the SQLite side's tail comes from: the store's memory read (its one reader
+thread) one at a time, 32 at once, and one at a time beside an event loop kept busy (as a serving process's
+is), in this process, with no server. Reported: the median and p99 of each side (over all rounds), their differences (targets: <= 2 ms at the
 median, <= 5 ms at p99), and the service's CPU time per proxied completion (from /proc). Results in
 bench/results/proxy.json (or ``--output``).
 """
@@ -93,6 +96,51 @@ def machine() -> dict[str, Any]:
     }
 
 
+async def read_probe() -> dict[str, Any]:
+    """The SQLite store's memory read: alone, 32 at once, and alone beside a busy event loop (the thread's
+    result waits for the loop's thread to give up the GIL: up to the switch interval, 5 ms by default)."""
+    from caller_memory.service.domain.store import CallerRef
+    from caller_memory.service.storage.sqlite.store import SQLiteStore
+
+    store = SQLiteStore(Path(tempfile.mkdtemp(prefix="bench-proxy-read-")) / "probe.db")
+    await store.open()
+    caller, now = CallerRef(PROJECT, "subject"), int(time.time() * 1000)
+    found: dict[str, Any] = {"switch_interval_s": sys.getswitchinterval()}
+
+    async def reads(count: int, into: list[float], pause: float = 0.0) -> None:
+        for _ in range(count):
+            started = time.perf_counter()
+            await store.read_fields(caller, now)
+            into.append(time.perf_counter() - started)
+            await asyncio.sleep(pause)
+
+    def summary(times: list[float]) -> dict[str, float]:
+        return {
+            "reads": len(times),
+            "p50_ms": statistics.median(times) * 1000,
+            "p99_ms": pct(times, 0.99) * 1000,
+        }
+
+    try:
+        for concurrency in (1, 32):
+            times: list[float] = []
+            await asyncio.gather(*(reads(3000 // concurrency, times) for _ in range(concurrency)))
+            found[f"concurrent_{concurrency}"] = summary(times)
+        busy_until = time.perf_counter() + 2.0
+
+        async def busy() -> None:
+            while time.perf_counter() < busy_until:
+                sum(range(20_000))  # about 0.3 ms of Python, as a request's handling is
+                await asyncio.sleep(0)
+
+        times = []
+        await asyncio.gather(busy(), reads(500, times, pause=0.001))
+        found["beside_a_busy_loop"] = summary(times)
+    finally:
+        await store.close()
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -158,6 +206,7 @@ def main() -> None:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--read-probe", action="store_true", help="the SQLite memory read alone")
     parser.add_argument(
         "--store",
         choices=("redis", "sqlite"),
@@ -168,6 +217,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.upstream:
         asyncio.run(serve_upstream(args.upstream))
+        return
+    if args.read_probe:
+        print(
+            json.dumps({"machine": machine(), "load_average": os.getloadavg(), **asyncio.run(read_probe())})
+        )
         return
     rounds, seconds = (2, 1.0) if args.smoke else (4, 5.0) if args.quick else (6, 20.0)
     load_start = os.getloadavg()
