@@ -331,7 +331,9 @@ async def _complete(request: web.Request) -> web.StreamResponse:
         proxy.streams[project_id] = held + 1
     proxy.open_streams.inc()
     try:
-        read = _read_memory(proxy, project, conversation_id, bounded=not counted, slots=request.get(IN_FLIGHT))
+        read = _read_memory(
+            proxy, project, conversation_id, bounded=not counted, slots=request.get(IN_FLIGHT)
+        )
         memory = asyncio.create_task(read)
 
         async def body() -> bytes:
