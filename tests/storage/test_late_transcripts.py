@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from caller_memory.service.domain.clock import HOUR_MS
 from caller_memory.service.domain.store import Store
 from caller_memory.service.domain.store.transcripts import EndClaim, Header, TranscriptStatus
 
@@ -47,7 +48,11 @@ async def test_a_service_ended_conversation_takes_a_late_transcript_once(store: 
         late = [message(0, "Hello, cheese shop.", t, role="assistant"), message(1, "Brie, please", t)]
         late += [message(1, "Brie it is.", t, role="assistant", message_id="retell-end-2")]
         at = t + 10 * MINUTE_MS
+        volume = await store.transcript_bytes(before.key.project, at, t - HOUR_MS)
         assert await store.add_late_messages(before.key, late, at) is True
+        # Its bytes count towards the project's bound like an append's.
+        added = sum(len(m.body) for m in late)
+        assert await store.transcript_bytes(before.key.project, at, t - HOUR_MS) == volume + added
         header, messages = await everything(store, before.key, at)
         assert messages == stored(late)
         assert header == dataclasses.replace(

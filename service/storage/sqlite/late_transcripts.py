@@ -1,5 +1,5 @@
 """SQLite backend, a platform's late transcript (service/domain/store/late_transcripts.py): the messages
-inserted and the header's counts set in one transaction. A mixin of
+inserted, the header's counts set and the bytes added to the project's volume in one transaction. A mixin of
 :class:`~caller_memory.service.storage.sqlite.store.SQLiteStore`."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ...domain.store.late_transcripts import SERVICE_ENDS, LateTranscriptStore
 from ...domain.store.transcripts import ConversationKey, NewMessage, TranscriptStatus
+from .transcripts import _add_volume
 
 T = TypeVar("T")
 
@@ -39,11 +40,13 @@ class SQLiteLateTranscripts(LateTranscriptStore):
                 "INSERT INTO transcript_messages (conv, turn_id, seq, message_id, body) VALUES (?, ?, ?, ?, ?)",
                 [(conv, m.turn_id, i, m.message_id, m.body) for i, m in enumerate(messages)],
             )
+            added = sum(len(m.body) for m in messages)
+            _add_volume(conn, key.project, now_ms, added, expires_at)
             conn.execute(
                 "UPDATE transcripts SET messages = ?, bytes = ?, tokens = ?, turn_id = ? WHERE id = ?",
                 (
                     len(messages),
-                    sum(len(m.body) for m in messages),
+                    added,
                     sum(m.tokens for m in messages),
                     max(m.turn_id for m in messages),
                     conv,

@@ -4,7 +4,8 @@ transcript_late.lua: a platform's transcript added once to a conversation the se
 
 KEYS[1..3] the header, the messages and their index (as in transcript_append.lua)
 ARGV: now_ms, N, then N times: turn_id, message id ("" none), tokens, body.
-Returns 1 when added, else 0.
+Returns the transcript's expiry (ms) when added (the service then adds the bytes to the project's
+count, transcript_tally.lua), else 0.
 ]]
 local hk, mk, ik = KEYS[1], KEYS[2], KEYS[3]
 local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -43,4 +44,4 @@ redis.call('APPEND', ik, table.concat(records))
 redis.call('HSET', hk, 'messages', n, 'bytes', bytes, 'tokens', tokens, 'turn_id', turn)
 redis.call('PEXPIREAT', mk, h.expires_at)
 redis.call('PEXPIREAT', ik, h.expires_at)
-return 1
+return tonumber(h.expires_at)
