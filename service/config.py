@@ -52,6 +52,8 @@ _WHOLE = (
     ("CALLER_MEMORY_WEBHOOK_CONCURRENCY", "webhook_concurrency", 1),
     ("CALLER_MEMORY_READ_CACHE_ENTRIES", "read_cache_entries", 1),
     ("CALLER_MEMORY_MAX_STREAMS_PER_PROJECT", "max_streams_per_project", 1),
+    # Never below the other endpoints' 64 KiB: a platform's bodies are never smaller than an agent's.
+    ("CALLER_MEMORY_PLATFORM_MAX_BODY", "platform_max_body", 64 * 1024),
 )
 #: The read cache's staleness bound may not exceed this many seconds.
 MAX_READ_CACHE_SECONDS = 5.0
@@ -181,6 +183,10 @@ class Settings:
     #: Memory proxy streams of one project that read memory (``CALLER_MEMORY_MAX_STREAMS_PER_PROJECT``), apart
     #: from the in-flight bounds: beyond it a completion still goes upstream, without memory (flagged).
     max_streams_per_project: int = 512
+    #: Bytes a body may hold on the endpoints that platforms call, the memory proxy's completions among them
+    #: (``CALLER_MEMORY_PLATFORM_MAX_BODY``): a platform sends the whole call at every turn. Every other
+    #: endpoint keeps 64 KiB.
+    platform_max_body: int = 4 * 1024 * 1024
     #: Seconds a client has to send a request's head (request line and headers) once its connection is
     #: open, or once it sent the first byte of the next request on a kept-alive connection
     #: (``CALLER_MEMORY_HEADER_TIMEOUT``); then the connection is closed (with a 408). aiohttp has no such

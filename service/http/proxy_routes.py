@@ -44,7 +44,7 @@ from ..proxy.binding import (
     Outcome,
     conversation_of,
 )
-from ..proxy.requests import MAX_COMPLETION_BYTES, Completion, Recorded, read_completion
+from ..proxy.requests import Completion, Recorded, read_completion
 from ..proxy.upstream import LlmConfig, UpstreamService, upstream_view
 from .app_keys import Services
 from .metrics import Metrics
@@ -89,6 +89,8 @@ class Proxy:
     client: ProxyClient
     services: Services
     max_streams: int
+    #: Bytes a completion's body may hold (``CALLER_MEMORY_PLATFORM_MAX_BODY``).
+    max_body: int
     outcomes: Counter
     failures: Counter
     open_streams: Gauge
@@ -125,6 +127,7 @@ def build_proxy(settings: Settings, services: Services, metrics: Metrics, policy
         client=ProxyClient(policy),
         services=services,
         max_streams=settings.max_streams_per_project,
+        max_body=settings.platform_max_body,
         outcomes=Counter(
             "caller_memory_proxy_completions",
             "Completions through the memory proxy, by what they carried (bound: with the caller's memory; "
@@ -279,7 +282,10 @@ COMPLETION_DOC = documented(
             "content": {JSON: {"schema": OPENAI_ERROR}},
         },
         **body_errors(),
-        "413": problem(f"The body is larger than {MAX_COMPLETION_BYTES} bytes (4 MiB)."),
+        "413": problem(
+            "The body is larger than `CALLER_MEMORY_PLATFORM_MAX_BODY` allows (4 MiB unless the operator set "
+            "another size)."
+        ),
     },
     body={
         "required": True,
@@ -320,7 +326,7 @@ class _Memory:
 async def _complete(request: web.Request) -> web.StreamResponse:
     project = await _caller_project(request)
     proxy = request.app[PROXY]
-    completion = read_completion(await read_body(request.clone(client_max_size=MAX_COMPLETION_BYTES)))
+    completion = read_completion(await read_body(request.clone(client_max_size=proxy.max_body)))
     # The header names the conversation; without it, the platform's own fields (Vapi, ElevenLabs) may.
     conversation_id = conversation_of(request.headers.get(BINDING_HEADER)) or completion.conversation
     upstream = await proxy.upstreams.get(project)

@@ -66,9 +66,6 @@ _CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 RECORDED_ROLES = frozenset({"user", "assistant", "tool"})
 LEADING_ROLES = frozenset({"system", "developer"})
 MAX_MESSAGES = 10_000
-#: Largest completion request read: platforms send a call's whole history at every turn (the API's other
-#: bodies are bounded far lower, ``domain.limits.MAX_BODY_BYTES``).
-MAX_COMPLETION_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

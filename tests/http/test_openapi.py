@@ -26,7 +26,6 @@ from caller_memory.service.http.access_log import RouteAccessLogger
 from caller_memory.service.http.app_keys import SERVICES
 from caller_memory.service.http.openapi import build_openapi
 from caller_memory.service.http.operations import documented_operations
-from caller_memory.service.proxy.requests import MAX_COMPLETION_BYTES
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
@@ -671,7 +670,8 @@ async def check_shared_answers(check: Checker, client: TestClient[web.Request, w
     tokens = {role: await mint(client, role) for role in ("admin", "agent", "analytics")}
     as_json = {"Content-Type": "application/json"}
     big = b'{"x": "' + b"y" * MAX_BODY_BYTES + b'"}'
-    proxy_big = b'{"x": "' + b"y" * MAX_COMPLETION_BYTES + b'"}'  # completions carry a call's history
+    # Completions carry a call's history: CALLER_MEMORY_PLATFORM_MAX_BODY, 4 MiB by default.
+    proxy_big = b'{"x": "' + b"y" * (4 * 1024 * 1024) + b'"}'
     for method, template, op in authenticated(check.doc):
         name, responses = op["operationId"], op["responses"]
         path, body = concrete(template), BODIES.get(op["operationId"])

@@ -474,3 +474,23 @@ async def test_agoras_turn_metadata_is_kept_in_the_transcript(shop: Shop) -> Non
     ]
     assert stored[2]["metadata"]["interrupted"] is True and stored[2]["metadata"]["original"] == joke
     assert stored[2]["content"] == "Why did the scarecrow "
+
+
+async def test_the_operator_sets_how_large_a_platforms_body_may_be(store_url: str, clock: FakeClock) -> None:
+    """CALLER_MEMORY_PLATFORM_MAX_BODY: a completion within it goes upstream, one beyond it is a 413 that
+    reaches nothing."""
+    async with (
+        upstream() as up,
+        running_api(store_url, clock, **proxy_settings(platform_max_body=100_000)) as api,
+    ):
+        shop = await open_shop(api, up)
+        try:
+            path = BASE + "/llm/chat/completions"
+            fits = {"model": "m", "messages": [{"role": "user", "content": "x" * 90_000}]}
+            assert (await api.call("POST", path, token=shop.agent, json=fits)).status == 200
+            too_big = {"model": "m", "messages": [{"role": "user", "content": "x" * 110_000}]}
+            reply = await api.call("POST", path, token=shop.agent, json=too_big)
+            assert reply.status == 413, reply.body
+            assert len(up.got) == 1
+        finally:
+            await shop.close()
