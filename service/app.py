@@ -136,8 +136,9 @@ def build_platforms(settings: Settings, services: Services) -> PlatformConnectio
     return PlatformConnections(services.store, sealer, services.clock, audit=services.audit)
 
 
-def build_ingestion(settings: Settings, services: Services) -> PlatformIngestion:
-    """The ingestion rules of platform webhooks; a held end's caller sealed with the operator's key."""
+def build_ingestion(settings: Settings, services: Services, metrics: Metrics) -> PlatformIngestion:
+    """The ingestion rules of platform webhooks; a held end's caller sealed with the operator's key; what
+    they meet counted in the metrics."""
     sealer = Sealer(settings.secret_key, settings.previous_secret_keys)
     return PlatformIngestion(
         services.store,
@@ -147,6 +148,7 @@ def build_ingestion(settings: Settings, services: Services) -> PlatformIngestion
         services.conversations,
         services.clock,
         sealer,
+        observe=lambda kind: metrics.platform_events.labels(kind=kind).inc(),
     )
 
 
@@ -180,7 +182,7 @@ def create_app(
         settings, services, metrics, service=webhook_service, slots=slots
     )
     app[PLATFORMS] = build_platforms(settings, services)
-    app[INGESTION] = build_ingestion(settings, services)
+    app[INGESTION] = build_ingestion(settings, services, metrics)
     # The memory proxy's upstreams follow the webhooks' destination rules (and their allow list).
     app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy)
 

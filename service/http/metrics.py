@@ -39,6 +39,8 @@ def multiprocess_dir() -> str | None:
     return next((value for value in map(os.environ.get, names) if value), None)
 
 
+#: The kinds of ``caller_memory_platform_events_total``, as the platform ingestion reports them.
+PLATFORM_EVENT_KINDS = ("clamped_time", "failed_open", "transcript_refused")
 #: Latency buckets for a service whose reads should take a few milliseconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -133,6 +135,16 @@ class Metrics:
         self.erasures = Counter(
             "caller_memory_erasures", "Callers erased on request.", registry=self.registry
         )
+        self.platform_events = Counter(
+            "caller_memory_platform_events",
+            "What the platform ingestion rules met, by kind: clamped_time (an end time outside the call, "
+            "clamped), failed_open (a call start answered without memory: the store slow or down), "
+            "transcript_refused (an end event's transcript the conversation refused; its state still applied).",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in PLATFORM_EVENT_KINDS:
+            self.platform_events.labels(kind=kind)  # shown at 0 before the first
         self.connections_closed = Counter(
             "caller_memory_connections_closed",
             "Connections the server closed to protect itself, by reason (header_timeout: no complete request "

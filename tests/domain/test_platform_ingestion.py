@@ -538,6 +538,8 @@ async def test_a_platform_end_uses_the_trust_stored_with_its_conversation(voice:
 
 
 async def test_an_end_time_outside_the_call_is_clamped_and_counted(voice: FakeVoice) -> None:
+    seen: list[str] = []
+    voice.ingestion.observe = seen.append  # what the service's metrics are told
     started = await voice.start("p1")
     voice.clock.advance(120)
     in_call = voice.clock.now_ms() - 60_000
@@ -555,3 +557,4 @@ async def test_an_end_time_outside_the_call_is_clamped_and_counted(voice: FakeVo
         third.conversation_id, ended_at=(voice.clock.now_ms() - 86_400_000) * 1000
     )  # microseconds
     assert voice.ingestion.clamped_times == 2
+    assert seen == ["clamped_time", "clamped_time"]

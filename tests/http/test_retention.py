@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from caller_memory.service.app import INGESTION
 from caller_memory.service.domain.clock import FakeClock, SystemClock
 from caller_memory.service.domain.retention import SWEEP_LEASE
 from caller_memory.service.http.app_keys import SERVICES
@@ -330,3 +331,14 @@ async def test_a_shortened_retention_applies_to_analytics_at_once_and_sweeps_rem
     assert await listed() == ["c2"] and "c1" not in await exported()
     third = await api.call("POST", end.format("c3"), token=shop["agent"], json=body)
     assert third.body["repeat_caller"]["REPEAT_CALLER_CONV_ID"] == "c2"
+
+
+async def test_what_the_platform_ingestion_meets_is_counted_in_the_metrics(api: Api) -> None:
+    before = (await api.call("GET", "/metrics")).body
+    for kind in ("clamped_time", "failed_open", "transcript_refused"):
+        assert f'caller_memory_platform_events_total{{kind="{kind}"}} 0.0' in before
+    # The app's ingestion reports to its own metrics (each app has its registry).
+    api.app[INGESTION].observe("clamped_time")
+    after = (await api.call("GET", "/metrics")).body
+    assert 'caller_memory_platform_events_total{kind="clamped_time"} 1.0' in after
+    assert 'caller_memory_platform_events_total{kind="failed_open"} 0.0' in after

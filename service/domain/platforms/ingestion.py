@@ -199,6 +199,9 @@ class PlatformIngestion:
     #: Seals a held end (CALLER_MEMORY_SECRET_KEY); without a key, an end never waits.
     sealer: Sealer
     analysis_grace_ms: int = ANALYSIS_GRACE_MS
+    #: Told each event the counts below count, by kind (the service's metrics): ``clamped_time``,
+    #: ``failed_open`` or ``transcript_refused``.
+    observe: Callable[[str], None] = field(default=lambda kind: None)
     #: End times a platform sent outside [the conversation's start, the time received] (for the metrics).
     clamped_times: int = field(default=0)
     #: Call starts answered without memory (store slow or down).
@@ -215,6 +218,7 @@ class PlatformIngestion:
                 return await self._start(project, connection, start)
         except (TimeoutError, StoreUnavailable, Overloaded):
             self.failed_open += 1
+            self.observe("failed_open")
             return StartAnswer(start.conversation_id, None, fail_open=True, started=False)
         except InvalidInput:
             # A caller the service cannot read as a number (withheld, anonymous): a call without memory.
@@ -356,12 +360,14 @@ class PlatformIngestion:
             ended_at, outside = clamped(in_ms(end.ended_at, start_ms), start_ms, received)
             if outside:
                 self.clamped_times += 1
+                self.observe("clamped_time")
         try:
             header = await self._keep_transcript(project, settings, end, header, received, late=late)
         except (Conflict, Gone):
             # The transcript is another caller's, was ended meanwhile or expired: the end's state still
             # applies (a transcript refused is never the platform's fault, so never its error).
             self.transcripts_refused += 1
+            self.observe("transcript_refused")
         checkpoint = orjson.loads(header.checkpoint) if header.checkpoint else None
         state = mapped_state(checkpoint, end.extracted, settings.state_map)
         outcome = Outcome(
