@@ -13,13 +13,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from yarl import URL
 
-from ..domain.webhooks.policy import RefusedAddress, WebhookPolicy, address_refusal
+from ..domain.webhooks.policy import RefusedAddress, WebhookPolicy
 from ..proxy.upstream import Upstream
 from .webhook_sender import CheckedResolver
 
@@ -54,23 +53,13 @@ class ProxyClient:
             await self._session.close()
             self._session = None
 
-    def _refusal(self, url: URL) -> str | None:
-        host = url.host or ""
-        if self._policy.allows_host(host):
-            return None
-        try:
-            literal = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            return None
-        return address_refusal(literal)
-
     async def open(
         self, upstream: Upstream, body: Callable[[], Awaitable[bytes]], accept: str
     ) -> aiohttp.ClientResponse:
         """The upstream's answer to a completion, its head read and its body not yet. ``body()`` is
         awaited once the connection is being made (the memory read runs meanwhile), and sent as it comes."""
         target = URL(upstream.completions_url)
-        if self._refusal(target) is not None:
+        if self._policy.literal_refusal(target.host or "") is not None:
             raise UpstreamFailed("upstream_refused", "the upstream's address is not allowed")
         headers = {
             "Authorization": f"Bearer {upstream.api_key}",

@@ -14,7 +14,6 @@ client.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from typing import Any
 
@@ -23,7 +22,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from ..domain.webhooks.delivery import SendResult
-from ..domain.webhooks.policy import RefusedAddress, WebhookPolicy, address_refusal
+from ..domain.webhooks.policy import RefusedAddress, WebhookPolicy
 
 #: Most bytes of a receiver's answer read before the connection is given up.
 MAX_ANSWER_BYTES = 64 * 1024
@@ -81,19 +80,9 @@ class HttpSender:
             await self._session.close()
             self._session = None
 
-    def _refusal(self, url: URL) -> str | None:
-        host = url.host or ""
-        if self._policy.allows_host(host):
-            return None
-        try:
-            literal = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            return None
-        return address_refusal(literal)
-
     async def send(self, url: str, headers: dict[str, str], body: bytes, limit_s: float) -> SendResult:
         target = URL(url)
-        refusal = self._refusal(target)
+        refusal = self._policy.literal_refusal(target.host or "")
         if refusal is not None:
             return SendResult(None, f"refused: {refusal}")
         try:

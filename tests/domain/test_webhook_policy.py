@@ -196,3 +196,13 @@ def test_an_allowed_host_may_be_private_and_plain_http_but_only_that_host() -> N
         policy.check_url("http://localhost:8080/hook")
     with pytest.raises(InvalidInput, match="loopback"):
         policy.check_url("https://127.0.0.2/hook")
+
+
+def test_a_host_written_as_an_address_is_refused_when_connecting_unless_allowed() -> None:
+    """What the webhook sender and the memory proxy's client both check before they connect."""
+    policy = WebhookPolicy.allowing(["127.0.0.1"])
+    assert policy.literal_refusal("127.0.0.1") is None  # allowed by name
+    assert policy.literal_refusal("10.0.0.7") == address_refusal(ipaddress.ip_address("10.0.0.7"))
+    assert policy.literal_refusal("[::1]") == address_refusal(ipaddress.ip_address("::1"))
+    assert policy.literal_refusal("receiver.example") is None  # a name: checked once resolved
+    assert policy.literal_refusal("93.184.216.34") is None  # public

@@ -162,6 +162,17 @@ class WebhookPolicy:
     def allows_host(self, host: str) -> bool:
         return _canonical_host(host) in self.allowed_hosts
 
+    def literal_refusal(self, host: str) -> str | None:
+        """Why a host written as an IP address (``[...]`` for IPv6) is refused; None when it is allowed or is a
+        name (a name is checked once resolved, by the connection's resolver)."""
+        if self.allows_host(host):
+            return None
+        try:
+            literal = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return None
+        return address_refusal(literal)
+
     def check_url(self, url: str) -> SplitResult:
         """The parsed URL, or :class:`InvalidInput` naming what is wrong (an IP literal host is checked
         here; a name is resolved and checked by :meth:`check_addresses`)."""
