@@ -19,6 +19,7 @@ from .domain.audit import AuditLog
 from .domain.clock import Clock, SystemClock
 from .domain.conversations.ending import ConversationService
 from .domain.conversations.lifecycle import Lifecycle, ServiceEnds
+from .domain.conversations.pending import PendingAnswers
 from .domain.conversations.service import TranscriptService
 from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
@@ -86,22 +87,25 @@ def build_services(
     archive = Archive(
         store, ArchiveObjects(settings.archive_url, timeout=max(5.0, settings.store_timeout)), clock
     )
-    # An erased caller's archived conversations go, then their webhook deliveries.
+    # The memory proxy's last answer of each call, recorded at the call's end (and dropped by an erasure).
+    pending = PendingAnswers(store, clock)
+    # An erased caller's archived conversations go, then their webhook deliveries, then their calls' last
+    # answers kept for the proxy.
     memory = MemoryService(
         store,
         pseudonymizer,
         clock,
         audit=audit,
-        erasure_listeners=(archive,) if webhooks is None else (archive, webhooks),
+        erasure_listeners=(archive, pending) if webhooks is None else (archive, webhooks, pending),
         erased_event=webhooks,
     )
     analytics = AnalyticsService(store)
     # Promote, then archive (the end's memory writes are done by then), then queue the webhooks.
     conversations = ConversationService(
-        store, memory, analytics, clock, listeners=(archive,), deliveries=webhooks
+        store, memory, analytics, clock, listeners=(archive,), deliveries=webhooks, pending=pending
     )
     # The service's ends first: the transcripts tell them of each conversation an append started.
-    ends = ServiceEnds(store, conversations, analytics, clock)
+    ends = ServiceEnds(store, conversations, analytics, clock, pending=pending)
     transcripts = TranscriptService(
         store,
         memory,
@@ -127,6 +131,7 @@ def build_services(
         sweeper=Sweeper(store, clock, batch=settings.sweep_batch, archive=archive),
         archive=archive,
         links=LinkService(store, memory, audit, clock),
+        pending=pending,
     )
 
 

@@ -14,6 +14,7 @@ from ..domain.audit import AuditLog
 from ..domain.clock import Clock
 from ..domain.conversations.ending import ConversationService
 from ..domain.conversations.lifecycle import Lifecycle
+from ..domain.conversations.pending import PendingAnswers
 from ..domain.conversations.service import TranscriptService
 from ..domain.errors import StoreUnavailable
 from ..domain.links import LinkService
@@ -44,6 +45,8 @@ class Services:
     lifecycle: Lifecycle
     archive: Archive
     links: LinkService
+    #: The memory proxy's last answer of each call, recorded at its end.
+    pending: PendingAnswers
 
     async def ping(self) -> None:
         try:

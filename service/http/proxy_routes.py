@@ -35,6 +35,7 @@ from ..domain.projects import Project
 from ..domain.sealing import Sealer
 from ..domain.tokens import Role
 from ..domain.webhooks.policy import WebhookPolicy
+from ..proxy.answers import AnswerReader, keep_answer
 from ..proxy.binding import (
     BINDING_HEADER,
     MEMORY_HEADER,
@@ -97,6 +98,9 @@ class Proxy:
     streams: dict[str, int] = field(default_factory=dict)
     #: Transcript writes under way (kept so that they are not collected, and awaited at shutdown).
     writes: set[asyncio.Task[None]] = field(default_factory=set)
+    #: Each conversation's latest transcript write: the next waits for it, so that a call's writes (and its
+    #: last answer) land in the order of its requests.
+    latest: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         yield
@@ -406,19 +410,29 @@ async def _relay(
         response.headers[MEMORY_HEADER] = found.outcome.value
         response.headers["X-Content-Type-Options"] = "nosniff"
         await response.prepare(request)
-        if await _pump(request, answer, response):
+        # The answer is read as it passes, to be kept as the call's last (recorded at the call's end).
+        reader = AnswerReader(stream=completion.stream) if found.binding and answer.status == 200 else None
+        whole = await _pump(request, answer, response, reader)
+        if whole:
             with contextlib.suppress(ConnectionError):
                 await response.write_eof()
     finally:
         answer.close()
     if found.binding is not None:
-        _record_later(proxy, project, found.binding, completion)
+        text = reader.text() if whole and reader is not None else None
+        _record_later(proxy, project, found.binding, completion, text)
     return response
 
 
-async def _pump(request: web.Request, answer: aiohttp.ClientResponse, response: web.StreamResponse) -> bool:
-    """Copy the upstream's body to the client chunk by chunk, until it ends (True), or the client goes, the
-    upstream fails or stays silent past its timeout (False: the answer is cut, the upstream closed)."""
+async def _pump(
+    request: web.Request,
+    answer: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    reader: AnswerReader | None,
+) -> bool:
+    """Copy the upstream's body to the client chunk by chunk (and to ``reader``), until it ends (True), or
+    the client goes, the upstream fails or stays silent past its timeout (False: the answer is cut, the
+    upstream closed)."""
 
     async def copy() -> None:
         while True:
@@ -426,6 +440,8 @@ async def _pump(request: web.Request, answer: aiohttp.ClientResponse, response: 
             if not chunk:
                 return
             await response.write(chunk)  # waits while the client's buffer is full: the upstream pauses
+            if reader is not None:
+                reader.feed(chunk)
 
     try:
         await _while_connected(request, copy())
@@ -513,26 +529,62 @@ async def _read_within_budget(proxy: Proxy, project: Project, conversation_id: s
     return found
 
 
-def _record_later(proxy: Proxy, project: Project, binding: Binding, completion: Completion) -> None:
-    """Append the request's messages not yet recorded, off the response's path."""
+def _record_later(
+    proxy: Proxy, project: Project, binding: Binding, completion: Completion, answer: str | None
+) -> None:
+    """Append the request's messages not yet recorded, then keep ``answer`` (the upstream's, read whole) as
+    the call's last, off the response's path."""
     recorded = completion.recorded()
     fresh = set(proxy.binder.unrecorded(binding, [m.message_id for m in recorded]))
     messages = [m for m in recorded if m.message_id in fresh]
-    if not messages:
+    if not messages and answer is None:
         return
-    task = asyncio.create_task(_record(proxy, project, binding, messages))
+    key = (binding.project, binding.conversation_id)
+    after = proxy.latest.get(key)
+    task = asyncio.create_task(
+        _record(proxy, project, binding, messages, completion=completion, answer=answer, after=after)
+    )
     proxy.writes.add(task)
-    task.add_done_callback(proxy.writes.discard)
+    proxy.latest[key] = task
+
+    def done(finished: asyncio.Task[None]) -> None:
+        proxy.writes.discard(finished)
+        if proxy.latest.get(key) is finished:
+            del proxy.latest[key]
+
+    task.add_done_callback(done)
 
 
-async def _record(proxy: Proxy, project: Project, binding: Binding, messages: list[Recorded]) -> None:
-    transcripts = proxy.services.transcripts
+async def _record(
+    proxy: Proxy,
+    project: Project,
+    binding: Binding,
+    messages: list[Recorded],
+    *,
+    completion: Completion,
+    answer: str | None,
+    after: asyncio.Task[None] | None,
+) -> None:
+    services = proxy.services
+    if after is not None:
+        await asyncio.wait({after})
     try:
         for start in range(0, len(messages), MAX_BATCH):
             batch = messages[start : start + MAX_BATCH]
             document = read_append(orjson.dumps({"messages": [m.as_dict() for m in batch]}))
-            await transcripts.append(project, binding.conversation_id, document)
+            await services.transcripts.append(project, binding.conversation_id, document)
             proxy.binder.mark_recorded(binding, [m.message_id for m in batch])
+        if answer is not None:
+            appends = services.transcripts.appends
+            await keep_answer(
+                appends,
+                services.pending,
+                services.clock,
+                project=project,
+                binding=binding,
+                completion=completion,
+                text=answer,
+            )
     except CallerMemoryError as exc:
         log.warning("proxy: the transcript was not recorded: %s", exc.detail)
     except Exception:

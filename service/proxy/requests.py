@@ -103,6 +103,8 @@ class Completion:
     originals: list[dict[str, Any]]
     #: The conversation the platform's own fields name (Vapi, ElevenLabs), if any.
     conversation: str | None = None
+    #: The request's turn when the platform numbers turns (Agora's top-level ``turn_id``).
+    turn: int | None = None
 
     def upstream_body(self, memory: str | None, model: str | None) -> bytes:
         """The body that goes upstream: the messages with ``memory`` (when there is one) after the leading
@@ -118,6 +120,22 @@ class Completion:
         if model is not None:
             document["model"] = model
         return orjson.dumps(document)
+
+    def answer(self, text: str) -> tuple[Recorded, int] | None:
+        """The streamed answer ``text`` as the next request would hold it (the same id, if spoken whole), and
+        how many assistant messages the transcript takes from this request (the answer is the next one);
+        None when the transcript would not take it."""
+        recorded = self.recorded()
+        before = sum(1 for m in recorded if m.role == "assistant")
+        if self.turn is not None:
+            index = sum(1 for m in recorded if m.role == "assistant" and m.turn_id == self.turn)
+            ident = turn_message_id("assistant", self.turn, index)
+            answer = Recorded(ident, "assistant", text, self.turn)
+        else:
+            turn = sum(1 for m in self.messages if m.get("role") == "user")
+            answer = Recorded(message_id("assistant", len(self.messages), text), "assistant", text, turn)
+        checked = checked_message(answer)
+        return None if checked is None else (checked, before)
 
     def recorded(self) -> list[Recorded]:
         """The messages the transcript takes, with derived ids and turn ids (the user messages counted so
@@ -176,7 +194,9 @@ def read_completion(body: bytes) -> Completion:
         originals.append(message)
     stripped = {k: v for k, v in document.items() if k not in STRIPPED and k != "messages"}
     stream = document.get("stream") is True
-    return Completion(stripped, kept, stream, originals, platform_conversation(document))
+    turn = document.get("turn_id")
+    turn = turn if type(turn) is int and 0 <= turn <= MAX_INT else None
+    return Completion(stripped, kept, stream, originals, platform_conversation(document), turn)
 
 
 def platform_conversation(document: dict[str, Any]) -> str | None:

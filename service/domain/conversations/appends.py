@@ -275,6 +275,24 @@ class TranscriptAppends:
             self._count_added(project, encoded)
         return added
 
+    async def encode_answer(self, project: Project, key: ConversationKey, message: Any) -> NewMessage | None:
+        """One message of an append's shape (the memory proxy's last answer of a call), validated, redacted and
+        encoded as an append of it would be, for :class:`~caller_memory.service.domain.conversations.pending.
+        PendingAnswers` to record later; None when it is not one an append would take."""
+        try:
+            body = parse_append({"messages": [message]})
+        except InvalidInput:
+            return None
+        now = self._clock.now_ms()
+        subject, region = await self._whose(project, key, None, body.messages, now)
+        own = await self.redaction.owned(project, None, subject, now)
+        redactor = self.redaction.redactor(project, None, own, regions_of(project, None, region))
+        try:
+            (encoded,) = await self.redaction.encode(body.messages, redactor, now)
+        except PayloadTooLarge:
+            return None
+        return encoded
+
     def _count_added(self, project: Project, encoded: Sequence[NewMessage]) -> None:
         """Add what an append stored to the project's cached byte count (:meth:`_check_project_bytes`)."""
         cached = self._bytes_cache.get(project.project_id)

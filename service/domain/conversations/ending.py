@@ -26,6 +26,7 @@ from ..store.transcripts import ClaimStatus, ConversationKey, EndClaim, Transcri
 from ..store.webhooks import Delivery
 from ..trust import CallTrust
 from .events import EndDeliveries, EndedEvent, EndListener
+from .pending import PendingAnswers
 from .redaction import regions_of
 
 
@@ -175,18 +176,20 @@ class ConversationService:
         *,
         listeners: Sequence[EndListener] = (),
         deliveries: EndDeliveries | None = None,
+        pending: PendingAnswers | None = None,
     ) -> None:
         """``listeners``: told in turn by every end's processing before its webhook events are made (the
         archive writes the conversation): explicit ends here, the service's ends from
         :class:`~caller_memory.service.domain.conversations.lifecycle.Lifecycle`. One that fails fails the
         end, which is then redone whole. ``deliveries``: the webhooks, where they are on: the events of each
-        end (:meth:`process_end`)."""
+        end (:meth:`process_end`). ``pending``: the memory proxy's last answers, recorded before the end."""
         self._store = store
         self._memory = memory
         self._analytics = analytics
         self._clock = clock
         self._listeners = tuple(listeners)
         self._deliveries = deliveries
+        self._pending = pending
 
     async def process_end(
         self, project: Project, event: EndedEvent | None, recording: Recording | None, now: int
@@ -384,7 +387,10 @@ class ConversationService:
         check_ids: Callable[[], None],
     ) -> tuple[_Verdict, CallerRef]:
         """:meth:`_judged`, for the caller's profile (with linking, the transcript is the profile's,
-        started through any identifier); returns it with the verdict."""
+        started through any identifier); returns it with the verdict. The call's last answer through the
+        memory proxy, if one is kept, is recorded first (before the end claims the transcript)."""
+        if self._pending is not None:
+            await self._pending.flush(project, key)
         if project.identity_linking:
             ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
         verdict = await self._judged(

@@ -42,6 +42,7 @@ from .ending import (
 )
 from .events import EndedEvent
 from .messages import Message
+from .pending import PendingAnswers
 from .redaction import regions_of
 from .requests import (
     EVERYONE,
@@ -69,12 +70,20 @@ class ServiceEnds:
     inactivity. Built before the transcripts' use cases, which tell it of the conversations appends start."""
 
     def __init__(
-        self, store: Store, conversations: ConversationService, analytics: AnalyticsService, clock: Clock
+        self,
+        store: Store,
+        conversations: ConversationService,
+        analytics: AnalyticsService,
+        clock: Clock,
+        *,
+        pending: PendingAnswers | None = None,
     ) -> None:
+        """``pending``: the memory proxy's last answers, recorded before the service ends a call."""
         self._store = store
         self._conversations = conversations
         self._analytics = analytics
         self._clock = clock
+        self._pending = pending
 
     async def supersede(
         self,
@@ -127,6 +136,10 @@ class ServiceEnds:
         written at the checkpoint's time. Exactly once: the store's claim decides who runs it, and a crash
         half-way is taken over once the claim's lease lapses. Returns the header once ended, or None when
         another end has it (or it is not due)."""
+        if self._pending is not None and header.status is TranscriptStatus.OPEN:
+            # The call's last answer through the memory proxy, if any: recorded at its streaming time, so
+            # that an inactivity end stays due.
+            await self._pending.flush(project, header.key)
         now = self._clock.now_ms()
         cc = project.conversation
         # Taking over a crashed end (ENDING, lease lapsed) keeps what that end said about itself.

@@ -365,6 +365,11 @@ def turns_of_rows(
     return turns, costs
 
 
+def role_of(body: bytes) -> str:
+    """The role of a stored message's body."""
+    return _ROLES[orjson.loads(body)[0]]
+
+
 def chat_of_row(row: list[Any]) -> ChatMessage:
     """:meth:`Message.openai` of a stored row."""
     return {"role": _ROLES[row[0]], "content": row[1]}  # type: ignore[typeddict-item]

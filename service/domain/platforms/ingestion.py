@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from ..clock import Clock
 from ..conversations.call_trust import stored_call_trust
 from ..conversations.ending import ConversationService
 from ..conversations.lifecycle import Lifecycle
+from ..conversations.messages import role_of
 from ..conversations.service import TranscriptService
 from ..errors import CallerMemoryError, Conflict, Gone, InvalidInput, Overloaded, StoreUnavailable
 from ..memory import MemoryService
@@ -37,7 +39,7 @@ from ..projects import Project
 from ..registry import ProjectRegistry
 from ..sealing import Sealer
 from ..store import CallerRef, Outcome, Store
-from ..store.transcripts import ConversationKey, Header, TranscriptStatus
+from ..store.transcripts import ConversationKey, Header, TranscriptQuery, TranscriptStatus
 from ..trust import UNKNOWN_CALL, CallTrust
 from .connections import Connection, parse_end_grace
 from .records import (
@@ -427,12 +429,33 @@ class PlatformIngestion:
             )
         return header
 
+    async def _not_recorded(
+        self, key: ConversationKey, messages: list[dict[str, Any]], now: int
+    ) -> list[dict[str, Any]]:
+        """Of an end's ``messages``, those past what the conversation holds: the ``n``-th message of a role is
+        taken only if the transcript holds fewer than ``n`` of that role. The memory proxy records each turn
+        from the platform's own requests (other ids, the same messages), and the platform's transcript is
+        the whole call: what it adds is what the proxy could not see (the last answer, a turn that did not
+        reach the model). Run again, it adds nothing."""
+        _, stored = await self.store.read_conversation(key, now, TranscriptQuery())
+        held = Counter(role_of(m.body) for m in stored)
+        seen: Counter[str] = Counter()
+        kept: list[dict[str, Any]] = []
+        for message in messages:
+            role = message["role"]
+            seen[role] += 1
+            if seen[role] > held[role]:
+                kept.append(message)
+        return kept
+
     async def _store_transcript(
         self, project: Project, settings: EndSettings, end: CallEnd, header: Header, received: int
     ) -> None:
         messages = kept_messages(
             settings.platform, end.messages, header.turn_id + 1 if header.messages else 0
         )
+        if header.messages:  # recorded already (the memory proxy's turns): only what it did not record
+            messages = await self._not_recorded(header.key, messages, received)
         for at in range(0, len(messages), _BATCH):
             await self.transcripts.append(
                 project,

@@ -46,6 +46,7 @@ from .core import (
 from .late_transcripts import LateTranscriptStore
 from .links import LinkStore
 from .llm import LlmStore
+from .pending_answers import PendingAnswerStore
 from .platform_events import PlatformEventStore
 from .platforms import PlatformStore
 from .refs import CallerRef
@@ -87,11 +88,13 @@ class Store(
     PlatformEventStore,
     CallTrustStore,
     LateTranscriptStore,
+    PendingAnswerStore,
     ABC,
 ):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
     (:class:`TranscriptStore`), webhooks (:class:`WebhookStore`), the archive's index (:class:`ArchiveStore`),
     linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`), platform
     connections (:class:`PlatformStore`), the platform events already seen (:class:`PlatformEventStore`) each
-    conversation's call trust (:class:`CallTrustStore`) and a platform's late transcript
-    (:class:`LateTranscriptStore`): what every backend implements."""
+    conversation's call trust (:class:`CallTrustStore`) a platform's late transcript
+    (:class:`LateTranscriptStore`) and the memory proxy's last answer of a call (:class:`PendingAnswerStore`):
+    what every backend implements."""

@@ -27,6 +27,25 @@ Layout (all keys start with ``cm:``)::
                                                     "d"; in the profile's slot; PEXPIREAT its latest expiry
     cm:projects                           set       every project id (sweeps walk it)
     cm:p:<project>:audit                  stream    the project's audit records
+    cm:p:<project>:llm                    string    the memory proxy's upstream (its key sealed; llm.py)
+    cm:p:<project>:platforms              hash      platform connections: platform -> document (secret
+                                                    sealed; platforms.py)
+    cm:p:<project>:platform-event:<platform>:<sha256 of the event id>
+                                          string    a platform event seen, until its replay window ends
+                                                    (platform_events.py)
+    cm:p:<project>:inactivity-hold:<conv_id>
+                                          string    a platform conversation's hold on its inactivity end,
+                                                    until its end_grace (platform_events.py)
+    cm:{platform-ends}:documents, :due     hash, zset  platform end events held for their analysis (sealed),
+                                                    and when each is due (platform_events.py)
+    cm:p:<project>:call-trust:<conv_id>   hash      a conversation's call trust (call_trust.py)
+    cm:p:<project>:pending-answer:<conv_id>
+                                          string    "<keep_until>|<document>": the proxy's last streamed
+                                                    answer of a call, recorded at its end
+                                                    (pending_answers.py); PXAT keep_until
+    cm:p:<project>:pending-answers-of:<subject>
+                                          set       the conversations of that caller with one (an erasure
+                                                    walks it)
     cm:sweeps                             list      the latest 100 sweep reports, newest first
     cm:lease:<name>                       string    a lease (the sweeper's), holder id, with a TTL
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was

@@ -51,6 +51,7 @@ from .cluster import ClusterTransport, is_cluster_url
 from .late_transcripts import LATE_TRANSCRIPT_SCRIPTS, RedisLateTranscripts
 from .links import LINK_SCRIPTS, RedisLinks, alias_profile
 from .llm import RedisLlm
+from .pending_answers import RedisPendingAnswers
 from .platform_events import PLATFORM_EVENT_SCRIPTS, RedisPlatformEvents
 from .platforms import RedisPlatforms
 from .retention import RedisRetention
@@ -113,6 +114,7 @@ class RedisStore(
     RedisPlatformEvents,
     RedisCallTrust,
     RedisLateTranscripts,
+    RedisPendingAnswers,
     Store,
 ):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a

@@ -311,3 +311,14 @@ CREATE TABLE IF NOT EXISTS platform_inactivity_holds (
     PRIMARY KEY (project, conversation_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS platform_inactivity_holds_by_time ON platform_inactivity_holds (until_at);
+-- The memory proxy's last streamed answer of a call, recorded at its end (storage/sqlite/pending_answers.py).
+CREATE TABLE IF NOT EXISTS pending_answers (
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    document BLOB NOT NULL,
+    keep_until INTEGER NOT NULL,
+    PRIMARY KEY (project, conversation_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS pending_answers_by_subject ON pending_answers (project, subject);
+CREATE INDEX IF NOT EXISTS pending_answers_by_time ON pending_answers (keep_until);

@@ -44,6 +44,7 @@ from .call_trust import SQLiteCallTrust
 from .late_transcripts import SQLiteLateTranscripts
 from .links import RESOLVED, SQLiteLinks, profile_of, refuse_alias
 from .llm import SQLiteLlm
+from .pending_answers import SQLitePendingAnswers
 from .platform_events import SQLitePlatformEvents
 from .platforms import SQLitePlatforms
 from .retention import ERASED_SUBJECT, SQLiteRetention
@@ -116,11 +117,10 @@ class SQLiteStore(
     SQLitePlatformEvents,
     SQLiteCallTrust,
     SQLiteLateTranscripts,
+    SQLitePendingAnswers,
     Store,
 ):
-    """:class:`Store` on one SQLite file (retention: :class:`~caller_memory.service.storage.sqlite.retention.SQLiteRetention`; conversation
-    memory: :class:`~caller_memory.service.storage.sqlite.transcripts.SQLiteTranscripts`; webhooks:
-    :class:`~caller_memory.service.storage.sqlite.webhooks.SQLiteWebhooks`; linked identifiers: :class:`~caller_memory.service.storage.sqlite.links.SQLiteLinks`)."""
+    """:class:`Store` on one SQLite file: each capability a mixin, in the module named like its port."""
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)
