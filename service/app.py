@@ -42,7 +42,7 @@ from .http.app_keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.openapi import ROUTE_TABLES
-from .http.platform_routes import PLATFORMS
+from .http.platform_routes import INGESTION, PLATFORMS
 from .http.proxy_routes import PROXY, build_proxy
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
@@ -50,8 +50,6 @@ from .storage import open_store
 from .storage.archive_objects import ArchiveObjects
 
 log = logging.getLogger("caller_memory")
-#: The ingestion rules every platform adapter calls (service/domain/platforms/ingestion.py).
-INGESTION = web.AppKey("platform_ingestion", PlatformIngestion)
 
 #: Seconds between two publications of the read cache's counters to ``/metrics``.
 READ_CACHE_METRICS_S = 5.0

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from . import (
     admin_routes,
+    agora_routes,
     analytics_routes,
     conversation_routes,
     dashboard,
@@ -47,6 +48,7 @@ ROUTE_TABLES = (
     link_routes.routes,
     platform_routes.routes,
     proxy_routes.routes,
+    agora_routes.routes,
 )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..domain.platforms.connections import PLATFORM_LIST, ConnectionBody
+from ..domain.platforms.ingestion import PlatformIngestion
 from ..domain.platforms.service import PlatformConnections, connection_view
 from ..domain.tokens import Role
 from .openapi_parts import NO_STORE_HEADERS, body_errors, problem, request_body, response
@@ -18,6 +19,8 @@ routes = web.RouteTableDef()
 
 #: The connections' use case, set by create_app.
 PLATFORMS = web.AppKey("platforms", PlatformConnections)
+#: The ingestion rules every platform adapter calls (service/domain/platforms/ingestion.py), set by create_app.
+INGESTION = web.AppKey("platform_ingestion", PlatformIngestion)
 
 CONNECTION_PATH = "/v1/projects/{project}/platforms/{platform}"
 #: The answers hold a connection's settings: no cache keeps them.

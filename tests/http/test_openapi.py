@@ -29,6 +29,8 @@ from caller_memory.service.http.operations import documented_operations
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
+from tests.http import openapi_agora
+
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 PUBLIC = {
     "/healthz",
@@ -38,6 +40,8 @@ PUBLIC = {
     "/dashboard",
     "/dashboard/{asset}",
     "/favicon.ico",
+    # Signed by Agora with the connection's secret, no bearer token (tests/http/openapi_agora.py).
+    openapi_agora.TEMPLATE,
 }
 OPERATOR = "operator-token-for-openapi-tests"
 CALLER = "/v1/projects/shop/callers/+14155550100"
@@ -404,6 +408,9 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     await webhook_walkthrough(check, client)
     await link_walkthrough(check, config)
     await platform_walkthrough(check)
+    await openapi_agora.agora_walkthrough(
+        check, client.app[SERVICES].clock.now_ms(), client.app[SERVICES].settings.platform_max_body
+    )
     await llm_walkthrough(check)
 
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
@@ -652,6 +659,7 @@ OWN: dict[str, set[str]] = {
     "chat_completions_doubled": {"200", "502"},
     "get_connection": {"200", "404", "422"},
     "delete_connection": {"204", "404", "422"},
+    "agora_notifications": openapi_agora.OWN,
 }
 #: Which role a token needs to be refused (403) by an operation that requires a role.
 TOO_WEAK = {"operator": "admin", "admin": "agent", "agent": "analytics", "analytics": "agent"}
@@ -744,6 +752,7 @@ async def check_overloaded_and_slow(seen: set[tuple[str, str]], doc: dict[str, A
             if op["operationId"] in PROXY_STREAMS:
                 continue  # not counted in flight: the proxy's streams have a bound of their own
             await check(method, template, concrete(template), 503, json=BODIES.get(op["operationId"]))
+        await openapi_agora.agora_slow_and_overloaded(check, overloaded=True, stalled=stalled)
         release.set()
         async with await holder as resp:
             assert resp.status == 201, await resp.text()  # "{" then "}": an empty configuration
@@ -757,6 +766,7 @@ async def check_overloaded_and_slow(seen: set[tuple[str, str]], doc: dict[str, A
                 await check(
                     method, template, concrete(template), 408, data=stalled(never), headers=dict(headers)
                 )
+        await openapi_agora.agora_slow_and_overloaded(check, overloaded=False, stalled=stalled)
 
 
 async def test_every_documented_query_range_is_what_the_api_accepts(

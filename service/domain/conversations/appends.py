@@ -261,8 +261,9 @@ class TranscriptAppends:
         problem = check_batch_order(body.messages)
         if problem is not None:
             raise InvalidInput(problem, field="messages")
-        caller = self.caller(project, raw_caller)
-        if caller.subject != header.subject or not body.messages:
+        # "": the conversation's own caller (a platform whose events carry no number: Agora).
+        caller = self.caller(project, raw_caller) if raw_caller else None
+        if (caller is not None and caller.subject != header.subject) or not body.messages:
             return False
         now = self._clock.now_ms()
         own = await self.redaction.owned(project, caller, header.subject, now)

@@ -15,7 +15,7 @@ from ..errors import Conflict, InvalidIdentifier, InvalidInput
 from ..fields import StoredField
 from ..id_rules import check_chosen_id
 from ..limits import CONVERSATION_ID_RE, RECALL_WINDOW_MS
-from ..memory import MemoryService, check_field_name, encode_value
+from ..memory import Caller, MemoryService, check_field_name, encode_value
 from ..projects import Project
 from ..redaction import enough_digits, redact_text
 from ..reports import RepeatCallerMetrics
@@ -221,7 +221,7 @@ class ConversationService:
         self,
         project: Project,
         conversation_id: str,
-        caller: str,
+        caller: str | Caller,
         state: dict[str, Any],
         outcome: Outcome,
         *,
@@ -242,12 +242,14 @@ class ConversationService:
 
         ``call``: the call's trust (:mod:`.trust`); the state keys it does not qualify for are neither written
         nor deleted, and listed in ``withheld``. Through a linked identifier, the end is the profile's.
-        ``source``: the platform whose end event this is (told to the webhooks), None for the API's."""
+        ``source``: the platform whose end event this is (told to the webhooks), None for the API's.
+        ``caller`` may be the caller already known (a platform's end of a conversation whose events carry no
+        number: the conversation's own caller)."""
         check_conversation_id(conversation_id)
         if end_reason is not None and end_reason not in END_REASONS:
             raise InvalidInput(f"end_reason must be one of {', '.join(END_REASONS)}", field="end_reason")
         try:
-            who = self._memory.caller(project, caller)
+            who = caller if isinstance(caller, Caller) else self._memory.caller(project, caller)
         except InvalidIdentifier as exc:
             raise InvalidInput(exc.detail.replace("identifier", "caller", 1), field="caller") from None
         regions = regions_of(project, who)

@@ -34,7 +34,7 @@ from ..conversations.lifecycle import Lifecycle
 from ..conversations.messages import role_of
 from ..conversations.service import TranscriptService
 from ..errors import CallerMemoryError, Conflict, Gone, InvalidInput, Overloaded, StoreUnavailable
-from ..memory import MemoryService
+from ..memory import Caller, MemoryService
 from ..projects import Project
 from ..registry import ProjectRegistry
 from ..sealing import Sealer
@@ -172,6 +172,14 @@ def _decode_held(
     return settings, end, int(data["received"])
 
 
+def _caller_of(end: CallEnd, channel: str | None = None) -> dict[str, str]:
+    """The members naming the end's caller (and ``channel``) in an append's or a summary's body; none when the
+    platform sent no number (the conversation's own caller then)."""
+    if not end.caller:
+        return {}
+    return {"caller": end.caller} if channel is None else {"caller": end.caller, "channel": channel}
+
+
 def merged(first: CallEnd, analysis: CallEnd) -> CallEnd:
     """The two end events of one call as one: the analysis event's parts, the first's where it has none."""
     return CallEnd(
@@ -304,6 +312,34 @@ class PlatformIngestion:
             end = merged(first, end)
         return await self._run_end(project, settings, end, received)
 
+    async def end_part(
+        self, project: Project, connection: Connection, end: CallEnd, *, wait_ms: int
+    ) -> EndAnswer:
+        """One of the two end events of a platform that sends them in no set order (Agora's agent-left and
+        history): the first is held (``held``) and the end runs when the other comes, the two merged, or
+        ``wait_ms`` after the first if it never does (from any process, after a restart too). Of two parts
+        racing through two processes, one holds and the other takes it."""
+        now = self.clock.now_ms()
+        settings = EndSettings.of(connection)
+        for _ in range(2):
+            held = await self.store.take_platform_end(project.project_id, end.conversation_id)
+            if held is not None:
+                _, first, received = _decode_held(held, self.sealer, project.project_id, end.conversation_id)
+                return await self._run_end(project, settings, merged(first, end), received)
+            header = await self._header(project, end.conversation_id, now)
+            if header is not None and header.ended_by == "explicit":
+                return EndAnswer("duplicate", end.conversation_id)
+            if not self.sealer.configured:  # nothing can be held without the key: the end runs now
+                return await self._run_end(project, settings, end, now)
+            document = _encode_held(
+                settings, end, now, lambda text: self._seal(project, end.conversation_id, text)
+            )
+            if await self.store.hold_platform_end(
+                project.project_id, end.conversation_id, document, now + wait_ms
+            ):
+                return EndAnswer("held", end.conversation_id)
+        return EndAnswer("duplicate", end.conversation_id)
+
     async def run_held_ends(self, projects: ProjectRegistry, *, limit: int = 100) -> int:
         """Run the held ends whose analysis did not come within ``analysis_grace`` (any process; each is
         taken by one). Returns how many ran."""
@@ -343,6 +379,8 @@ class PlatformIngestion:
         if header is not None and header.ended_by == "explicit":
             return EndAnswer("duplicate", conversation_id)
         if header is None or header.status in (TranscriptStatus.DELETED, TranscriptStatus.ERASED):
+            if not end.caller:  # no number to start one with (Agora's events carry none): nothing to end
+                return EndAnswer("ignored", conversation_id)
             try:
                 started = await self.lifecycle.start(
                     project, conversation_id, {"caller": end.caller, "channel": settings.channel}
@@ -384,7 +422,8 @@ class PlatformIngestion:
             result = await self.conversations.end(
                 project,
                 conversation_id,
-                end.caller,
+                # Without a number (Agora), the conversation's own caller.
+                end.caller or Caller("", header.subject, header.subject in project.blacklist),
                 state,
                 outcome,
                 channel=settings.channel,
@@ -425,7 +464,7 @@ class PlatformIngestion:
             await self.transcripts.put_summary(
                 project,
                 conversation_id,
-                {"text": end.summary, "through_turn": header.turn_id, "caller": end.caller},
+                {"text": end.summary, "through_turn": header.turn_id, **_caller_of(end)},
             )
         return header
 
@@ -460,7 +499,7 @@ class PlatformIngestion:
             await self.transcripts.append(
                 project,
                 end.conversation_id,
-                {"caller": end.caller, "channel": settings.channel, "messages": messages[at : at + _BATCH]},
+                {**_caller_of(end, settings.channel), "messages": messages[at : at + _BATCH]},
                 received_at=received,
             )
         through = messages[-1]["turn_id"] if messages else header.turn_id
@@ -468,5 +507,5 @@ class PlatformIngestion:
             await self.transcripts.put_summary(
                 project,
                 end.conversation_id,
-                {"text": end.summary, "through_turn": through, "caller": end.caller},
+                {"text": end.summary, "through_turn": through, **_caller_of(end)},
             )

@@ -51,7 +51,9 @@ class CallEnd:
     """An end event: a platform sends one or two per call (``carries_analysis``: this one has the summary
     and the extracted data, and ends the call at once; an event without it waits ``analysis_grace`` for
     one that has). ``ended_at`` and ``started_at`` as the platform sent them (seconds, milliseconds or
-    microseconds: checked against the conversation's start); ``end_reason`` mapped by the adapter."""
+    microseconds: checked against the conversation's start); ``end_reason`` mapped by the adapter. ``caller``
+    "" when the platform's events carry no number (Agora): the conversation's own caller, and an end for a
+    conversation that never started is ignored."""
 
     platform: str
     conversation_id: str
