@@ -44,7 +44,7 @@ through ``join.conversation`` (the SDK's :class:`~caller_memory.sdk.Conversation
 ``join.conversation.state[...]`` and ``await join.conversation.end(end_reason=...)`` when the call is over,
 as with any call. Agora's notifications end the conversation too (its agent-left, 102, waits up to 30 s for
 the history, 103): an end already made from your code makes them duplicates, and the transcript the proxy
-recorded stays. Agora agents started without this helper (no label, no caller) get no memory.
+recorded stays; an end from your code after theirs still writes its state (a late end, ``late`` true). Agora agents started without this helper (no label, no caller) get no memory.
 
 Plain dictionaries in and out: the SDK does not depend on ``agora-agents``. Neither method changes what it
 is given::

@@ -249,3 +249,27 @@ async def test_a_project_without_an_agora_connection_is_404(agora: Agora) -> Non
     assert (await agora.send(agora.agent_left())).status == 404
     services = agora.api.app[SERVICES]
     assert await services.store.due_platform_ends(agora.api.clock.now_ms() + 10**9, 10) == []
+
+
+async def test_the_businesss_end_after_agoras_is_late_and_its_state_applies(agora: Agora) -> None:
+    """The call ended by Agora's agent-left (its 30 s passed), then the business's code ends it with the state
+    it gathered: no 409, the state is written (a late end), and the call still counts once."""
+    await agora.send(agora.agent_left())
+    agora.api.clock.advance(31)
+    await scheduled_inactivity_ends(agora.api.app)
+    assert (await agora.status())["ended_by"] == "explicit"
+    body = {"caller": CALLER, "state": {"caller_name": "Ada"}, "end_reason": "completed"}
+    reply = await agora.api.call(
+        "POST", f"{BASE}/conversations/{CONVERSATION}/end", token=agora.agent, json=body
+    )
+    assert reply.status == 200 and reply.body["late"] is True, reply.body
+    reply = await agora.api.call("GET", f"{BASE}/callers/{CALLER}/memory", token=agora.agent)
+    assert reply.body["fields"] == {"caller_name": "Ada"}
+    assert len(await agora.analytics()) == 1
+    await eventually(lambda: len(agora.hook.events("conversation.ended")) == 1)
+    # A retry of the business's end: the same answer, nothing twice.
+    again = await agora.api.call(
+        "POST", f"{BASE}/conversations/{CONVERSATION}/end", token=agora.agent, json=body
+    )
+    assert again.status == 200 and again.body["late"] is True
+    assert len(await agora.analytics()) == 1 and len(agora.hook.events("conversation.ended")) == 1

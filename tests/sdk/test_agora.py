@@ -6,8 +6,9 @@ memory proxy with the caller's memory and is recorded; without the proxy the mem
 data; a hanging service does not hold the join. Against the real service (SQLite and Redis) and a scripted
 model on loopback, and a server that never answers.
 
-The tests that validate with Agora's types skip where ``agora-agents`` is not installed (the floors'
-virtualenv: it needs pydantic>=2.7.1, above the project's floor); the others run there too."""
+The three tests that validate with Agora's types are deselected where ``agora-agents`` is not installed (the
+floors' virtualenv, Makefile FLOORS_TESTS: it needs pydantic>=2.7.1, above the project's floor); the others
+run there too."""
 
 from __future__ import annotations
 
@@ -62,7 +63,6 @@ try:
 except ModuleNotFoundError:  # the floors' virtualenv
     AGORA = False
 
-needs_agora = pytest.mark.skipif(not AGORA, reason="agora-agents is not installed (the floors' virtualenv)")
 
 PROJECT = "cheese-shop"
 BASE = f"/v1/projects/{PROJECT}"
@@ -218,7 +218,6 @@ async def history(shop: Shop, conversation_id: str, count: int) -> list[dict[str
 # The join body ---------------------------------------------------------------------------------------------
 
 
-@needs_agora
 async def test_with_the_proxy_the_join_is_agoras_shape_and_holds_no_memory_and_no_number(
     shop: Shop, tmp_path: Path
 ) -> None:
@@ -256,7 +255,6 @@ async def test_with_the_proxy_the_join_is_agoras_shape_and_holds_no_memory_and_n
     assert shop.platform not in repr(join) and CALLER not in repr(join)
 
 
-@needs_agora
 async def test_without_the_proxy_the_memory_is_one_system_message_of_data(shop: Shop, tmp_path: Path) -> None:
     base = base_properties()
     before = copy.deepcopy(base)
@@ -290,7 +288,6 @@ async def test_a_caller_without_memory_adds_no_message(shop: Shop, tmp_path: Pat
         join.started = False  # type: ignore[misc]
 
 
-@needs_agora
 async def test_a_dropped_call_is_offered_as_data_in_both_modes(shop: Shop, tmp_path: Path) -> None:
     async with client_for(shop.api.base_url, shop.agent, tmp_path) as client:
         first = client.conversation("call-dropped", caller=CALLER, transcript=True)

@@ -57,6 +57,12 @@ END_LEASE_MS = 60_000
 LATE_SUFFIX = "#late"
 
 
+def ended_by_platform(end_data: bytes) -> bool:
+    """Whether an explicit end's claim (its ``end_data``: qa, handoff reason and label, then the platform
+    whose end event it was) is a platform's."""
+    return bool(end_data) and len(orjson.loads(end_data)) > 3
+
+
 def check_conversation_id(conversation_id: str) -> None:
     if not CONVERSATION_ID_RE.match(conversation_id):
         raise InvalidInput(
@@ -283,7 +289,14 @@ class ConversationService:
             check_ids()
         else:
             verdict, ref = await self._judge(
-                project, key, ref, end_reason=end_reason, outcome=outcome, now=now, check_ids=check_ids
+                project,
+                key,
+                ref,
+                end_reason=end_reason,
+                outcome=outcome,
+                now=now,
+                check_ids=check_ids,
+                source=source,
             )
             if verdict.late:
                 return await self._late_end(
@@ -387,6 +400,7 @@ class ConversationService:
         outcome: Outcome,
         now: int,
         check_ids: Callable[[], None],
+        source: str | None,
     ) -> tuple[_Verdict, CallerRef]:
         """:meth:`_judged`, for the caller's profile (with linking, the transcript is the profile's,
         started through any identifier); returns it with the verdict. The call's last answer through the
@@ -396,7 +410,14 @@ class ConversationService:
         if project.identity_linking:
             ref = CallerRef(project.project_id, await self._store.resolve_profile(ref, now))
         verdict = await self._judged(
-            project, key, ref.subject, end_reason=end_reason, outcome=outcome, now=now, check_ids=check_ids
+            project,
+            key,
+            ref.subject,
+            end_reason=end_reason,
+            outcome=outcome,
+            now=now,
+            check_ids=check_ids,
+            source=source,
         )
         return verdict, ref
 
@@ -410,13 +431,15 @@ class ConversationService:
         outcome: Outcome,
         now: int,
         check_ids: Callable[[], None],
+        source: str | None,
     ) -> _Verdict:
         """How an explicit end relates to the conversation's transcript. It is looked at first: an end
         naming another caller than the live transcript's is refused (409) before anything is written, as
         start, append and summary refuse it (it must neither claim this caller's transcript nor take the id
         from the rightful end), and an end the service already made (or is making) makes this one late,
         whatever its claim says. ``check_ids``: refuses ids that hold a phone number, for an end that is the
-        first request to name them (no transcript)."""
+        first request to name them (no transcript). An end through the API after a platform's end (``source``
+        None, the stored end a platform's) is late too: the business's state still applies, as a merge."""
         header, _ = await self._store.read_conversation(key, now)
         if header is None:
             check_ids()
@@ -431,7 +454,9 @@ class ConversationService:
                 raise Conflict(f"conversation '{key.conversation_id}' belongs to another caller")
         if header.expired(now):
             return _Verdict(expired_transcript=True)
-        if header.status is not TranscriptStatus.OPEN and header.ended_by not in ("", "explicit"):
+        if header.status is not TranscriptStatus.OPEN and (
+            header.ended_by not in ("", "explicit") or (source is None and ended_by_platform(header.end_data))
+        ):
             return _Verdict(late=True)
         claim = await self._store.claim_end(
             EndClaim(
@@ -440,12 +465,18 @@ class ConversationService:
                 end_reason or "",
                 None,
                 now + END_LEASE_MS,
-                orjson.dumps([outcome.qa, outcome.handoff_reason, outcome.handoff_to]),
+                orjson.dumps(
+                    [outcome.qa, outcome.handoff_reason, outcome.handoff_to, *([source] if source else [])]
+                ),
             ),
             now,
         )
         after = claim.header
-        if claim.status is ClaimStatus.ALREADY and after is not None and after.ended_by != "explicit":
+        if (
+            claim.status is ClaimStatus.ALREADY
+            and after is not None
+            and (after.ended_by != "explicit" or (source is None and ended_by_platform(after.end_data)))
+        ):
             return _Verdict(late=True)
         return _Verdict(
             claimed=claim.status in (ClaimStatus.CLAIMED, ClaimStatus.ALREADY),

@@ -168,7 +168,8 @@ class ServiceEnds:
         digest = fingerprint(claimed.subject, state, "service end")
         made_at = claimed.last_activity
         # What a crashed explicit end said about the call (its outcome), when this takes it over.
-        outcome = Outcome(*orjson.loads(claimed.end_data)) if claimed.end_data else Outcome()
+        # (qa, handoff_reason, handoff_to), then the platform whose end it was, if one (ending.py).
+        outcome = Outcome(*orjson.loads(claimed.end_data)[:3]) if claimed.end_data else Outcome()
         # A crashed explicit end is the client's: its retry (from the SDK's outbox) must still be applied
         # under the conversation's own record, so the service's end of it is kept under another.
         record_id = claimed.key.conversation_id + (TAKEOVER_SUFFIX if ended_by == "explicit" else "")
