@@ -4,7 +4,7 @@ VENV   ?= .venv
 PORT   ?= 8080
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run dist test test-floors test-dist test-frameworks-low fuzz bench lint format redis-server wrk chromium clean
+.PHONY: install install-test run dist test test-floors test-dist test-frameworks-low test-vendors fuzz bench lint format redis-server wrk chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -125,6 +125,12 @@ $(FLOORS_VENV)/.installed: $(PROJECT_FILES) scripts/floors.py
 test-frameworks-low: redis-server
 	PYTHON=$(PYTHON) ./scripts/frameworks-low
 
+# tests/vendors: the platform adapters' tests with the vendors' own SDKs (Vapi, Retell, ElevenLabs), pinned, in a
+# virtualenv of their own (.venv-vendors: vapi-server-sdk caps pydantic-core below .venv's), rebuilt only when a
+# project file or the script changes.
+test-vendors: redis-server
+	PYTHON=$(PYTHON) ./scripts/vendors
+
 # The two distributions, wheels and source archives, into dist/ with the standard build frontend (each built in
 # an isolated environment, its wheel from its source archive; nothing is written into the source folders).
 dist: install-test
@@ -157,4 +163,4 @@ format: install-test
 	$(BIN)/ruff check --fix service sdk tests examples bench scripts
 
 clean:
-	rm -rf $(VENV) $(FLOORS_VENV) .venv-frameworks-low dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) $(FLOORS_VENV) .venv-frameworks-low .venv-vendors dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
