@@ -1,0 +1,213 @@
+"""Vapi's server messages to a project (SPEC section 15; the adapter: service/platforms/vapi.py).
+
+One Server URL takes every message. With ``auth: "hmac"`` the signature is checked on the raw body before
+anything is parsed, its ``x-timestamp`` within 5 minutes, and a signature seen before is a replay: each is a 401
+that changes nothing. With ``auth: "bearer"`` the request carries a platform token of the project.
+
+``assistant-request`` is answered within Vapi's deadline whatever the store does: the connection's assistant
+with the variables, empty when memory could not be read (the store slow or down, the connection's secret not
+opening with the operator's keys). The connection last read is kept in the process for that: with the store
+down, its assistant and secret still answer and verify. End messages are answered 200 with what became of them
+(``outcome``), never a 409 or a 5xx for a duplicate or a conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+from aiohttp import web
+
+from ..domain.errors import Forbidden, Overloaded, StoreUnavailable
+from ..domain.platforms.connections import Connection
+from ..domain.platforms.ingestion import StartAnswer
+from ..domain.platforms.service import PlatformsNotConfigured
+from ..domain.platforms.variables import start_variables
+from ..domain.platforms.verification import check_first_sighting, check_window
+from ..domain.projects import Project
+from ..domain.tokens import Role
+from ..platforms import vapi
+from .app_keys import SERVICES
+from .openapi_parts import JSON, body_errors, problem
+from .operations import documented
+from .platform_routes import INGESTION, PLATFORMS
+from .responses import json_response
+from .routes import authorize, read_body
+
+log = logging.getLogger("caller_memory.platforms")
+routes = web.RouteTableDef()
+
+EVENTS_PATH = "/v1/projects/{project}/platforms/vapi/events"
+_STORE_DOWN = (StoreUnavailable, Overloaded, TimeoutError)
+#: The connection each project last read, per app: what answers a call start while the store is down.
+_LAST_READ: weakref.WeakKeyDictionary[web.Application, dict[str, Connection]] = weakref.WeakKeyDictionary()
+
+ANSWER = {
+    "oneOf": [
+        {
+            "type": "object",
+            "description": "The answer to `assistant-request`.",
+            "required": ["assistantId", "assistantOverrides"],
+            "properties": {
+                "assistantId": {"type": "string"},
+                "assistantOverrides": {
+                    "type": "object",
+                    "properties": {
+                        "variableValues": {"type": "object", "additionalProperties": {"type": "string"}}
+                    },
+                },
+            },
+        },
+        {
+            "type": "object",
+            "description": "The answer to any other message.",
+            "required": ["outcome"],
+            "properties": {
+                "outcome": {
+                    "enum": ["ended", "started_and_ended", "late", "held", "duplicate", "conflict", "ignored"]
+                },
+                "conversation_id": {"type": "string"},
+            },
+        },
+    ]
+}
+
+
+async def _connection(request: web.Request, project: Project) -> Connection:
+    """The project's Vapi connection, read within the start budget; the one read last when the store is
+    down (404 when there is none)."""
+    cache = _LAST_READ.setdefault(request.app, {})
+    try:
+        async with asyncio.timeout(vapi.START_BUDGET_S):
+            connection = await request.app[PLATFORMS].get(project, vapi.PLATFORM)
+    except _STORE_DOWN:
+        known = cache.get(project.project_id)
+        if known is None:
+            raise
+        return known
+    except Exception:
+        cache.pop(project.project_id, None)  # gone (404) or unreadable: nothing to answer from later
+        raise
+    cache[project.project_id] = connection
+    return connection
+
+
+def _fail_open(request: web.Request, project: Project, connection: Connection) -> web.Response:
+    """The call-start answer without memory: the assistant, every variable there, empty."""
+    request.app[INGESTION].observe("failed_open")
+    answer = StartAnswer("", None, fail_open=True, started=False)
+    variables = start_variables(answer, project.state_keys, [project.default_region])
+    return json_response(vapi.assistant_answer(connection.options["assistant_id"], variables))
+
+
+@routes.post(EVENTS_PATH)
+@documented(
+    None,
+    "Vapi server messages (the assistant's Server URL)",
+    {
+        "200": {
+            "description": "`assistant-request`: the connection's `assistantId` with "
+            "`assistantOverrides.variableValues` (`caller_memory`, `memory_<key>` for every state key, "
+            "`returning_caller`, `resume`; empty when memory could not be read). Any other message: what "
+            "became of it, `held` (the call's end, waiting for the end-of-call report), `ended`, `duplicate`, "
+            "`ignored` (a message Caller Memory does not use).",
+            "content": {JSON: {"schema": ANSWER}},
+        },
+        "401": problem(
+            "With `auth: hmac`: not signed with the connection's secret as Vapi's HMAC credential signs "
+            "(`x-signature`: the hex HMAC-SHA256 of `{x-timestamp}.{body}`), an `x-timestamp` more than 5 "
+            "minutes from now, or a signature seen before. With `auth: bearer`: no valid platform token. "
+            "Nothing changed."
+        ),
+        "403": problem("With `auth: bearer`: a token other than a platform token of the project."),
+        "404": problem("No such project, or it has no Vapi connection."),
+        "422": problem("A signed body that is not a Vapi server message (`errors` names what is wrong)."),
+        "503": problem(
+            "The service has as many requests in flight as it allows, or the store did not answer (never "
+            "for `assistant-request` once the connection was read), or the connection's secret does not "
+            "open with the operator's keys (an `assistant-request` is answered without memory instead)."
+        ),
+        **body_errors(),
+    },
+    body={
+        "required": True,
+        "description": 'A Vapi server message, `{"message": {"type": ...}}`.',
+        "content": {JSON: {"schema": {"type": "object"}}},
+    },
+    description="Set this URL as the assistant's Server URL in Vapi, with an HMAC credential holding the "
+    "connection's secret (or, with `auth: bearer`, a bearer credential holding a platform token). "
+    "`assistant-request` starts the conversation `vapi:<call.id>`; `status-update` (ended) and "
+    "`end-of-call-report` end it once, in either order. See docs/vapi.md.",
+)
+async def vapi_events(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    project: Project = await services.projects.get(request.match_info["project"])
+    connection = await _connection(request, project)
+    bearer = connection.options.get("auth") == "bearer"
+    if bearer:
+        _, principal = await authorize(request, Role.PLATFORM)
+        if principal.role is not Role.PLATFORM:
+            raise Forbidden("Vapi's bearer credential must hold a token with role 'platform'")
+    body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
+    signature: str | None = None
+    if not bearer:
+        try:
+            secret = request.app[PLATFORMS].secret(connection)
+        except ValueError:
+            log.error(
+                "vapi: the connection's secret does not open with CALLER_MEMORY_SECRET_KEY or a previous key"
+            )
+            if (
+                b'"assistant-request"' in body
+            ):  # never parsed unverified: only the fail-open answer, no memory
+                return _fail_open(request, project, connection)
+            raise PlatformsNotConfigured(
+                "the vapi connection's secret does not open with the operator's keys "
+                "(CALLER_MEMORY_SECRET_KEY, CALLER_MEMORY_SECRET_KEY_PREVIOUS)"
+            ) from None
+        timestamp = request.headers.get(vapi.TIMESTAMP_HEADER)
+        signature = request.headers.get(vapi.SIGNATURE_HEADER)
+        vapi.verify(secret, body, signature, timestamp)
+        check_window(
+            vapi.signed_time_ms(timestamp), services.clock.now_ms(), vapi.WINDOW, platform=vapi.PLATFORM
+        )
+    message = vapi.read_message(body)
+    starting = message.type == "assistant-request"
+    if signature is not None:
+        try:
+            async with asyncio.timeout(vapi.START_BUDGET_S):
+                await check_first_sighting(
+                    services.store,
+                    project=project.project_id,
+                    platform=vapi.PLATFORM,
+                    event_id=vapi.replay_key(signature),
+                    now_ms=services.clock.now_ms(),
+                    keep_ms=vapi.WINDOW.keep_ms,
+                )
+        except _STORE_DOWN:
+            if not starting:
+                raise
+            return _fail_open(request, project, connection)
+    if starting:
+        return await _start(request, project, connection, message)
+    event = vapi.call_end(message)
+    if event is None:
+        return json_response({"outcome": "ignored"})
+    answer = await request.app[INGESTION].end(project, connection, event.end)
+    log.info("vapi: %s %s", event.kind, answer.outcome)
+    return json_response({"outcome": answer.outcome, "conversation_id": answer.conversation_id})
+
+
+async def _start(
+    request: web.Request, project: Project, connection: Connection, message: vapi.Message
+) -> web.Response:
+    start = vapi.call_start(message)
+    answer = await request.app[INGESTION].start(project, connection, start)
+    variables = start_variables(answer, project.state_keys, [project.default_region])
+    body: dict[str, Any] = vapi.assistant_answer(connection.options["assistant_id"], variables)
+    log.info(
+        "vapi: start %s", "failed open" if answer.fail_open else ("retried" if answer.retried else "answered")
+    )
+    return json_response(body)
