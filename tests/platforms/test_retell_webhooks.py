@@ -244,6 +244,13 @@ def variables_of(reply: Reply) -> tuple[dict[str, str], str | None]:
     return variables, None if metadata is None else metadata["caller_memory_conversation"]
 
 
+async def started(retell: Retell) -> str:
+    """A call's inbound webhook answered: its conversation."""
+    _, conversation = variables_of(await retell.inbound())
+    assert conversation is not None
+    return conversation
+
+
 @pytest.mark.parametrize("analysis_first", [False, True])
 async def test_a_call_is_remembered_and_the_next_call_gets_it(
     retell: Retell, analysis_first: bool, caplog: pytest.LogCaptureFixture
@@ -302,7 +309,7 @@ async def test_a_call_is_remembered_and_the_next_call_gets_it(
 
 
 async def test_call_ended_alone_ends_the_call_after_the_analysis_grace(retell: Retell) -> None:
-    _, conversation = variables_of(await retell.inbound())
+    conversation = await started(retell)
     retell.clock.advance(60)
     call = retell.call("call_a11", conversation, disconnection_reason="inactivity")
     assert (await retell.event("call_ended", call)).body["outcome"] == "held"
@@ -347,7 +354,7 @@ async def test_an_end_whose_inbound_never_arrived_starts_and_ends_one(retell: Re
 async def test_each_class_of_disconnection_reason(
     retell: Retell, reason: str, destination: str | None, end_reason: str | None, handoff: str | None
 ) -> None:
-    _, conversation = variables_of(await retell.inbound())
+    conversation = await started(retell)
     retell.clock.advance(60)
     call = retell.call("call_r1", conversation, disconnection_reason=reason, transfer_destination=destination)
     assert (await retell.event("call_analyzed", call)).body["outcome"] == "ended"
@@ -401,7 +408,7 @@ async def test_forged_unsigned_stale_and_replayed_webhooks_change_nothing(retell
 
 
 async def test_a_one_mib_end_is_taken(retell: Retell) -> None:
-    _, conversation = variables_of(await retell.inbound())
+    conversation = await started(retell)
     retell.clock.advance(60)
     words = [{"word": "cheese", "start": i / 10, "end": i / 10 + 0.05} for i in range(40)]
     utterances = [
