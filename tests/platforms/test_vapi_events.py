@@ -10,8 +10,8 @@ them with the SDK itself)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import hmac
+import io
 import logging
 import secrets
 import uuid
