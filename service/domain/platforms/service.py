@@ -1,9 +1,13 @@
 """Platform connections' use case: put (the secret sealed, kept when a PUT leaves it out), read (never the
 secret: that it is set and when), delete; every change audited, whichever way in (HTTP or the command line).
-Adapters open the secret with :meth:`PlatformConnections.secret`."""
+Adapters open the secret with :meth:`PlatformConnections.opened_secret`, and read a connection on a call's way
+with :meth:`PlatformConnections.for_call` (within a budget; the last one this process read when the store does
+not answer, so that a call-start answer that must name the connection's settings is still valid)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -12,7 +16,7 @@ from typing_extensions import TypedDict
 
 from ..audit import AuditLog
 from ..clock import Clock, iso_utc
-from ..errors import CallerMemoryError, InvalidInput, NotFound
+from ..errors import CallerMemoryError, InvalidInput, NotFound, Overloaded, StoreUnavailable
 from ..projects import Project
 from ..sealing import Sealer, SealingKeyMissing
 from ..store import Store
@@ -27,6 +31,7 @@ from .connections import (
 
 #: The associated data's purpose: a connection's secret opens only for its project and platform.
 SECRET_PURPOSE = "caller-memory platform secret"
+log = logging.getLogger("caller_memory.platforms")
 
 
 class PlatformsNotConfigured(CallerMemoryError):
@@ -75,6 +80,8 @@ class PlatformConnections:
     sealer: Sealer
     clock: Clock
     audit: AuditLog = field(kw_only=True)
+    #: The last connection this process read, by project and platform (:meth:`for_call`).
+    _seen: dict[tuple[str, str], Connection] = field(default_factory=dict, init=False, repr=False)
 
     async def put(
         self, project: Project, platform: str, body: ConnectionBody, *, actor: str
@@ -120,6 +127,7 @@ class PlatformConnections:
             updated_at=now,
         )
         created = await self.store.put_platform_connection(project.project_id, platform, connection.encode())
+        self._seen[(project.project_id, platform)] = connection
         await self.audit.record(
             project.project_id,
             actor,
@@ -131,12 +139,41 @@ class PlatformConnections:
     async def get(self, project: Project, platform: str) -> Connection:
         check_platform(platform)
         found = await self._stored(project.project_id, platform)
+        key = (project.project_id, platform)
         if found is None:
+            self._seen.pop(key, None)
             raise NotFound(f"project '{project.project_id}' has no {platform} connection")
+        self._seen[key] = found
         return found
+
+    async def for_call(self, project: Project, platform: str, budget_s: float) -> Connection | None:
+        """The connection, read within ``budget_s`` (NotFound when there is none); when the store does not
+        answer in time, the last one this process read, or None if it read none: a call-start answer is
+        then made without the connection's settings it could not read."""
+        try:
+            async with asyncio.timeout(budget_s):
+                return await self.get(project, platform)
+        except (TimeoutError, StoreUnavailable, Overloaded):
+            return self._seen.get((project.project_id, platform))
+
+    def opened_secret(self, connection: Connection) -> str | None:
+        """:meth:`secret`, or :class:`PlatformsNotConfigured` (503: the platform retries) when it does not
+        open with the operator's keys (logged)."""
+        try:
+            return self.secret(connection)
+        except ValueError:
+            log.error(
+                "%s: the connection's secret does not open with CALLER_MEMORY_SECRET_KEY or a previous key",
+                connection.platform,
+            )
+            raise PlatformsNotConfigured(
+                f"the {connection.platform} connection's secret does not open with the operator's keys "
+                "(CALLER_MEMORY_SECRET_KEY, CALLER_MEMORY_SECRET_KEY_PREVIOUS)"
+            ) from None
 
     async def delete(self, project: Project, platform: str, *, actor: str) -> None:
         check_platform(platform)
+        self._seen.pop((project.project_id, platform), None)
         if not await self.store.delete_platform_connection(project.project_id, platform):
             raise NotFound(f"project '{project.project_id}' has no {platform} connection")
         await self.audit.record(project.project_id, actor, "platform.disconnected", {"platform": platform})
