@@ -13,7 +13,6 @@ import logging
 
 from aiohttp import web
 
-from ..domain.platforms.service import PlatformsNotConfigured
 from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
 from ..platforms import agora
@@ -80,16 +79,7 @@ async def agora_notifications(request: web.Request) -> web.Response:
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
     platforms = request.app[PLATFORMS]
     connection = await platforms.get(project, agora.PLATFORM)
-    try:
-        secret = platforms.secret(connection)
-    except ValueError:
-        log.error(
-            "agora: the connection's secret does not open with CALLER_MEMORY_SECRET_KEY or a previous key"
-        )
-        raise PlatformsNotConfigured(
-            "the agora connection's secret does not open with the operator's keys "
-            "(CALLER_MEMORY_SECRET_KEY, CALLER_MEMORY_SECRET_KEY_PREVIOUS)"
-        ) from None
+    secret = platforms.opened_secret(connection)
     agora.verify(secret, body, request.headers.get(agora.SIGNATURE_HEADER))
     now = services.clock.now_ms()
     notice = agora.read_notice(body, now)
