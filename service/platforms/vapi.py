@@ -59,6 +59,8 @@ START_BUDGET_S = 1.0
 #: beyond the year 30000).
 _MS_ABOVE = 10**12
 _CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
+#: An ``x-timestamp`` that is a number (integer or decimal).
+_NUMBER = re.compile(r"[0-9]{1,16}(\.[0-9]{1,6})?", re.ASCII)
 
 # --- endedReason -> end_reason ----------------------------------------------------------------------------
 # Vapi's ``endedReason`` is an enum of about 600 values (``ServerMessageEndOfCallReportEndedReason``, the same
@@ -203,13 +205,13 @@ def verify(secret: str | None, body: bytes, signature: str | None, timestamp: st
 
 def signed_time_ms(timestamp: str | None) -> int | None:
     """``x-timestamp`` in milliseconds: an integer in milliseconds or seconds, or an ISO 8601 time (None when
-    it is none of them)."""
+    it is none of them). A decimal number is read the same way."""
     if not timestamp:
         return None
     text = timestamp.strip()
-    if text.isdigit() and len(text) <= 19:
-        value = int(text)
-        return value if value > _MS_ABOVE else value * 1000
+    if _NUMBER.fullmatch(text):
+        value = float(text)
+        return int(value if value > _MS_ABOVE else value * 1000)
     return _iso_ms(text)
 
 
