@@ -53,6 +53,9 @@ WINDOW = Window(past_ms=WINDOW_MS, future_ms=WINDOW_MS)
 EVENT_KEEP_MS = 24 * 3_600_000
 #: How long a call start may take before Retell is answered (Retell waits 10 s, then retries).
 START_BUDGET_S = 1.0
+#: Longest utterance kept, in UTF-8 bytes: a stored message is at most 16 KiB (its JSON form, escapes
+#: included), and one longer would refuse the whole end; no one speaks 8,000 bytes without a pause.
+MAX_UTTERANCE_BYTES = 8_000
 #: The metadata member naming the conversation (set in the inbound answer; Retell copies it into the call).
 METADATA_KEY = "caller_memory_conversation"
 
@@ -275,11 +278,19 @@ def caller_of(call: Call) -> str:
     return (number or "").strip()
 
 
+def _bounded(text: str) -> str:
+    encoded = text.encode("utf-8")
+    if len(encoded) <= MAX_UTTERANCE_BYTES:
+        return text
+    return encoded[:MAX_UTTERANCE_BYTES].decode("utf-8", errors="ignore")
+
+
 def messages_of(call: Call) -> list[SpokenMessage]:
     """``transcript_object`` in order, ``agent`` as the assistant and ``user`` as the user (:data:`ROLES`);
-    other roles and empty utterances are left out."""
+    other roles and empty utterances are left out; an utterance past :data:`MAX_UTTERANCE_BYTES` is cut
+    there."""
     return [
-        SpokenMessage(ROLES[u.role], u.content)
+        SpokenMessage(ROLES[u.role], _bounded(u.content))
         for u in call.transcript_object or []
         if u.role in ROLES and u.content.strip()
     ]

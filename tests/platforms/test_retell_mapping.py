@@ -87,6 +87,10 @@ def test_roles_and_what_is_not_kept() -> None:
         ("assistant", "Hello", None, None),
         ("user", "Hi", None, None),
     ]
+    # An utterance longer than a stored message may be is cut (whole characters), not the end refused.
+    (long,) = retell.messages_of(call(transcript_object=[{"role": "user", "content": "fromage é " * 2000}]))
+    assert len(long.content.encode()) <= retell.MAX_UTTERANCE_BYTES
+    assert long.content and "fromage é ".startswith(long.content[:10])
     # transcript_with_tool_calls is never read.
     with_tools = call(transcript_with_tool_calls=[{"role": "tool_call_result", "content": "secret"}])
     assert retell.messages_of(with_tools) == []

@@ -415,6 +415,8 @@ async def test_a_one_mib_end_is_taken(retell: Retell) -> None:
         {"role": "user" if i % 2 else "agent", "content": f"Turn {i}: " + "more cheese " * 20, "words": words}
         for i in range(560)
     ]
+    # One of them longer than a stored message may be: cut, never the end refused.
+    utterances[7]["content"] = "cheese " * 3000
     call = retell.call("call_big", conversation, transcript_object=utterances)
     body = orjson.dumps({"event": "call_analyzed", "call": {"call_analysis": ANALYSIS} | call})
     assert len(body) >= 1 << 20
