@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 
 from aiohttp import web
 
@@ -26,7 +25,6 @@ from ..domain.errors import InvalidInput, Overloaded, StoreUnavailable
 from ..domain.platforms.connections import Connection
 from ..domain.platforms.ingestion import StartAnswer
 from ..domain.platforms.records import CallStart
-from ..domain.platforms.service import PlatformConnections, PlatformsNotConfigured
 from ..domain.platforms.variables import start_variables
 from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
@@ -49,10 +47,6 @@ EVENTS_PATH = "/v1/projects/{project}/platforms/retell/events"
 LOOKUP_BUDGET_S = 0.3
 #: The least time the memory read is given (the lookups took the rest of the budget).
 MIN_READ_S = 0.05
-
-#: The last Retell connection each project's webhooks read, per app (process): the inbound webhook of a call
-#: is still verified and answered when the store does not answer in time.
-_SEEN: weakref.WeakKeyDictionary[web.Application, dict[str, Connection]] = weakref.WeakKeyDictionary()
 
 INBOUND_ANSWER = {
     "type": "object",
@@ -95,19 +89,6 @@ SIGNATURE_401 = (
 )
 
 
-def _opened(platforms: PlatformConnections, connection: Connection) -> str | None:
-    try:
-        return platforms.secret(connection)
-    except ValueError:
-        log.error(
-            "retell: the connection's secret does not open with CALLER_MEMORY_SECRET_KEY or a previous key"
-        )
-        raise PlatformsNotConfigured(
-            "the retell connection's secret does not open with the operator's keys "
-            "(CALLER_MEMORY_SECRET_KEY, CALLER_MEMORY_SECRET_KEY_PREVIOUS)"
-        ) from None
-
-
 def _without_memory(project: Project | None, conversation_id: str | None) -> web.Response:
     """The inbound answer without memory (every variable there, empty), naming ``conversation_id`` if any."""
     failed = StartAnswer(conversation_id or "", None, fail_open=True, started=False)
@@ -121,16 +102,12 @@ async def _lookups(request: web.Request, project_id: str) -> tuple[Project | Non
     """The project and its Retell connection (404 when either does not exist); when the store does not answer
     in time, the project this process has cached and the connection it last read (None for what it has not)."""
     services = request.app[SERVICES]
-    seen = _SEEN.setdefault(request.app, {})
-    project: Project | None = None
     try:
         async with asyncio.timeout(LOOKUP_BUDGET_S):
             project = await services.projects.get(project_id)
-            connection = await request.app[PLATFORMS].get(project, retell.PLATFORM)
     except (TimeoutError, StoreUnavailable, Overloaded):
-        return project, seen.get(project_id)
-    seen[project_id] = connection
-    return project, connection
+        return None, None
+    return project, await request.app[PLATFORMS].for_call(project, retell.PLATFORM, LOOKUP_BUDGET_S)
 
 
 @routes.post(INBOUND_PATH)
@@ -172,7 +149,7 @@ async def retell_inbound(request: web.Request) -> web.Response:
         return _without_memory(project, None)
     now = services.clock.now_ms()
     signature = request.headers.get(retell.SIGNATURE_HEADER, "").strip()
-    retell.verify(_opened(request.app[PLATFORMS], connection), body, signature, now)
+    retell.verify(request.app[PLATFORMS].opened_secret(connection), body, signature, now)
     inbound = retell.read_inbound(body)
     conversation_id = retell.new_conversation_id()
     try:
@@ -242,9 +219,10 @@ async def retell_events(request: web.Request) -> web.Response:
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
     platforms = request.app[PLATFORMS]
     connection = await platforms.get(project, retell.PLATFORM)
-    _SEEN.setdefault(request.app, {})[project.project_id] = connection
     now = services.clock.now_ms()
-    retell.verify(_opened(platforms, connection), body, request.headers.get(retell.SIGNATURE_HEADER), now)
+    retell.verify(
+        platforms.opened_secret(connection), body, request.headers.get(retell.SIGNATURE_HEADER), now
+    )
     event, call = retell.read_event(body)
     if call is None or event == retell.STARTED:
         return json_response({"outcome": "ignored"})
