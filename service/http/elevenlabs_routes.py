@@ -11,17 +11,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 
 from aiohttp import web
 
-from ..domain.errors import Overloaded, StoreUnavailable
 from ..domain.platforms.connections import Connection
 from ..domain.platforms.ingestion import StartAnswer
 from ..domain.platforms.records import CallStart
-from ..domain.platforms.service import PlatformsNotConfigured
 from ..domain.platforms.variables import start_variables
 from ..domain.platforms.verification import check_first_sighting
 from ..domain.projects import Project
@@ -40,9 +36,6 @@ routes = web.RouteTableDef()
 INITIATION_PATH = "/v1/projects/{project}/platforms/elevenlabs/initiation"
 EVENTS_PATH = "/v1/projects/{project}/platforms/elevenlabs/events"
 
-#: The last ElevenLabs connection each project's initiation read, per app (process): a store that does not
-#: answer in time still gets an answer with every agent variable.
-_SEEN: weakref.WeakKeyDictionary[web.Application, dict[str, Connection]] = weakref.WeakKeyDictionary()
 
 INITIATION_ANSWER = {
     "type": "object",
@@ -80,14 +73,7 @@ OUTCOME = {
 async def _connection(request: web.Request, project: Project) -> Connection | None:
     """The project's ElevenLabs connection (404 when there is none), or, when the store does not answer in
     time, the last one this process read (None if it read none)."""
-    seen = _SEEN.setdefault(request.app, {})
-    try:
-        async with asyncio.timeout(elevenlabs.CONNECTION_BUDGET_S):
-            connection = await request.app[PLATFORMS].get(project, elevenlabs.PLATFORM)
-    except (TimeoutError, StoreUnavailable, Overloaded):
-        return seen.get(project.project_id)
-    seen[project.project_id] = connection
-    return connection
+    return await request.app[PLATFORMS].for_call(project, elevenlabs.PLATFORM, elevenlabs.CONNECTION_BUDGET_S)
 
 
 @routes.post(INITIATION_PATH)
@@ -193,16 +179,7 @@ async def elevenlabs_events(request: web.Request) -> web.Response:
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
     platforms = request.app[PLATFORMS]
     connection = await platforms.get(project, elevenlabs.PLATFORM)
-    try:
-        secret = platforms.secret(connection)
-    except ValueError:
-        log.error(
-            "elevenlabs: the connection's secret does not open with CALLER_MEMORY_SECRET_KEY or a previous key"
-        )
-        raise PlatformsNotConfigured(
-            "the elevenlabs connection's secret does not open with the operator's keys "
-            "(CALLER_MEMORY_SECRET_KEY, CALLER_MEMORY_SECRET_KEY_PREVIOUS)"
-        ) from None
+    secret = platforms.opened_secret(connection)
     now = services.clock.now_ms()
     signature = elevenlabs.verify(secret, body, request.headers.get(elevenlabs.SIGNATURE_HEADER), now)
     event = elevenlabs.read_event(body)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from typing import Any
 
 from aiohttp import web
@@ -41,8 +40,6 @@ routes = web.RouteTableDef()
 
 EVENTS_PATH = "/v1/projects/{project}/platforms/vapi/events"
 _STORE_DOWN = (StoreUnavailable, Overloaded, TimeoutError)
-#: The connection each project last read, per app: what answers a call start while the store is down.
-_LAST_READ: weakref.WeakKeyDictionary[web.Application, dict[str, Connection]] = weakref.WeakKeyDictionary()
 
 ANSWER = {
     "oneOf": [
@@ -76,22 +73,14 @@ ANSWER = {
 
 
 async def _connection(request: web.Request, project: Project) -> Connection:
-    """The project's Vapi connection, read within the start budget; the one read last when the store is
-    down (404 when there is none)."""
-    cache = _LAST_READ.setdefault(request.app, {})
-    try:
-        async with asyncio.timeout(vapi.START_BUDGET_S):
-            connection = await request.app[PLATFORMS].get(project, vapi.PLATFORM)
-    except _STORE_DOWN:
-        known = cache.get(project.project_id)
-        if known is None:
-            raise
-        return known
-    except Exception:
-        cache.pop(project.project_id, None)  # gone (404) or unreadable: nothing to answer from later
-        raise
-    cache[project.project_id] = connection
-    return connection
+    """The project's Vapi connection, read within the start budget; the one this process read last when the
+    store does not answer (404 when there is none; 503 when the store is down and none was read)."""
+    found = await request.app[PLATFORMS].for_call(project, vapi.PLATFORM, vapi.START_BUDGET_S)
+    if found is None:
+        raise StoreUnavailable(
+            "the store did not answer in time, and this process has not read the project's vapi connection"
+        )
+    return found
 
 
 def _fail_open(request: web.Request, project: Project, connection: Connection) -> web.Response:
@@ -154,19 +143,13 @@ async def vapi_events(request: web.Request) -> web.Response:
     signature: str | None = None
     if not bearer:
         try:
-            secret = request.app[PLATFORMS].secret(connection)
-        except ValueError:
-            log.error(
-                "vapi: the connection's secret does not open with CALLER_MEMORY_SECRET_KEY or a previous key"
-            )
+            secret = request.app[PLATFORMS].opened_secret(connection)
+        except PlatformsNotConfigured:
             if (
                 b'"assistant-request"' in body
             ):  # never parsed unverified: only the fail-open answer, no memory
                 return _fail_open(request, project, connection)
-            raise PlatformsNotConfigured(
-                "the vapi connection's secret does not open with the operator's keys "
-                "(CALLER_MEMORY_SECRET_KEY, CALLER_MEMORY_SECRET_KEY_PREVIOUS)"
-            ) from None
+            raise
         timestamp = request.headers.get(vapi.TIMESTAMP_HEADER)
         signature = request.headers.get(vapi.SIGNATURE_HEADER)
         vapi.verify(secret, body, signature, timestamp)
