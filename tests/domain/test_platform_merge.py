@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from caller_memory.service.domain.conversations.messages import Message
 from caller_memory.service.domain.conversations.pending import PendingAnswer
+from caller_memory.service.domain.platforms.records import MAX_SPOKEN_BYTES
 from caller_memory.service.domain.store.transcripts import ConversationKey
 
 from tests.domain.test_platform_ingestion import TRANSCRIPT, FakeVoice, header_of
@@ -45,3 +46,19 @@ async def test_the_end_adds_only_what_the_proxy_did_not_record(voice: FakeVoice)
     # one is gone.
     assert messages[-1].message_id == "testvoice-end-3"
     assert await voice.services.store.take_pending_answer(key, voice.clock.now_ms()) is None
+
+
+async def test_one_long_utterance_is_cut_and_never_refuses_the_end(voice: FakeVoice) -> None:
+    started = await voice.start("m2")
+    long = "Gouda, " * 4_000  # 28,000 bytes: more than a stored message may hold
+    answer = await voice.end(started.conversation_id, transcript=[{"role": "user", "text": long}])
+    assert answer.outcome == "ended"
+    header, messages = await header_of(voice, started.conversation_id)
+    (said,) = [Message(m.body).platform(header.started_at)["content"] for m in messages]
+    assert long.startswith(said) and len(said.encode()) == MAX_SPOKEN_BYTES
+
+
+async def test_an_end_whose_caller_is_no_number_is_ignored(voice: FakeVoice) -> None:
+    answer = await voice.end("testvoice:anonymous", transcript=TRANSCRIPT, **{"from": "anonymous"})
+    assert answer.outcome == "ignored"
+    assert (await header_of(voice, "testvoice:anonymous"))[0] is None

@@ -33,7 +33,15 @@ from ..conversations.ending import ConversationService
 from ..conversations.lifecycle import Lifecycle
 from ..conversations.messages import role_of
 from ..conversations.service import TranscriptService
-from ..errors import CallerMemoryError, Conflict, Gone, InvalidInput, Overloaded, StoreUnavailable
+from ..errors import (
+    CallerMemoryError,
+    Conflict,
+    Gone,
+    InvalidIdentifier,
+    InvalidInput,
+    Overloaded,
+    StoreUnavailable,
+)
 from ..memory import Caller, MemoryService
 from ..projects import Project
 from ..registry import ProjectRegistry
@@ -370,10 +378,34 @@ class PlatformIngestion:
         )
         return header
 
+    def _ended_at(self, end: CallEnd, start_ms: int, received: int) -> int:
+        """When the call ended: the platform's time in its unit, within [start, received] (counted when
+        outside), else when the end was received."""
+        if end.ended_at is None:
+            return received
+        ended_at, outside = clamped(in_ms(end.ended_at, start_ms), start_ms, received)
+        if outside:
+            self.clamped_times += 1
+            self.observe("clamped_time")
+        return ended_at
+
+    def _readable_caller(self, project: Project, end: CallEnd) -> bool:
+        """Whether the end's caller is one the service can keep a call under (no number, Agora's, is the
+        conversation's own caller)."""
+        if not end.caller:
+            return True
+        try:
+            self.memory.caller(project, end.caller)
+        except (InvalidIdentifier, InvalidInput):
+            return False
+        return True
+
     async def _run_end(
         self, project: Project, settings: EndSettings, end: CallEnd, received: int
     ) -> EndAnswer:
         conversation_id = end.conversation_id
+        if not self._readable_caller(project, end):
+            return EndAnswer("ignored", conversation_id)  # withheld, anonymous: nothing to keep it under
         header = await self._header(project, conversation_id, self.clock.now_ms())
         answer: EndOutcome = "ended"
         if header is not None and header.ended_by == "explicit":
@@ -394,13 +426,7 @@ class PlatformIngestion:
             if header is None:
                 return EndAnswer("ignored", conversation_id)
         late = header.ended_by in ("inactivity", "superseded")
-        start_ms = header.started_at
-        ended_at = received
-        if end.ended_at is not None:
-            ended_at, outside = clamped(in_ms(end.ended_at, start_ms), start_ms, received)
-            if outside:
-                self.clamped_times += 1
-                self.observe("clamped_time")
+        ended_at = self._ended_at(end, header.started_at, received)
         try:
             header = await self._keep_transcript(project, settings, end, header, received, late=late)
         except (Conflict, Gone):

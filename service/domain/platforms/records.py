@@ -18,6 +18,18 @@ from ..redaction import enough_digits
 
 #: The roles whose messages a platform's transcript gives (others, such as tool calls' arguments, never).
 KEPT_ROLES = ("user", "assistant", "tool")
+#: The most of one message's text (and of its ``original``) an end keeps: a stored message holds at most
+#: 16 KiB (conversations/messages.py MAX_MESSAGE_BYTES), and one long utterance must not refuse the whole end.
+MAX_SPOKEN_BYTES = 7_000
+
+
+def cut(text: str) -> str:
+    """``text`` within :data:`MAX_SPOKEN_BYTES` of UTF-8, cut at a character's boundary."""
+    encoded = text.encode()
+    if len(encoded) <= MAX_SPOKEN_BYTES:
+        return text
+    return encoded[:MAX_SPOKEN_BYTES].decode("utf-8", errors="ignore")
+
 
 EndReason = Literal["completed", "dropped", "transferred"]
 
@@ -73,7 +85,8 @@ def kept_messages(
     platform: str, messages: Sequence[SpokenMessage], first_turn: int = 0
 ) -> list[dict[str, Any]]:
     """The messages an end stores, as an append's body has them: user, assistant and tool only, their text
-    alone (an interrupted assistant message's ``original`` too), in list order; ``turn_id`` the platform's,
+    alone (an interrupted assistant message's ``original`` too), each within :data:`MAX_SPOKEN_BYTES`, in list
+    order; ``turn_id`` the platform's,
     else one more at each user message from ``first_turn``. Each has an id derived from its place in the
     list (``<platform>-end-<n>``), so that an end run again stores nothing twice."""
     kept: list[dict[str, Any]] = []
@@ -88,11 +101,11 @@ def kept_messages(
         body: dict[str, Any] = {
             "message_id": f"{platform}-end-{index}",
             "role": message.role,
-            "content": message.content,
+            "content": cut(message.content),
             "turn_id": turn,
         }
         if message.role == "assistant" and message.original and message.original != message.content:
-            body["metadata"] = {"interrupted": True, "original": message.original}
+            body["metadata"] = {"interrupted": True, "original": cut(message.original)}
         kept.append(body)
     return kept
 
