@@ -10,6 +10,7 @@ store's end claim decides who runs it, and a crash half-way is taken over once t
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -314,8 +315,11 @@ class Lifecycle:
         *,
         reader: Reader = EVERYONE,
         writer: str | None = None,
+        due_after_ms: int | None = None,
     ) -> Started:
-        """``writer``: the agent the token acts as; the conversation's agent is then that one."""
+        """``writer``: the agent the token acts as; the conversation's agent is then that one.
+        ``due_after_ms``: how long after the start an inactivity end is due, instead of the project's
+        ``end_after_inactivity`` (a platform's call: its ``end_grace``), written with the start itself."""
         check_conversation_id(conversation_id)
         body: StartBody = parse_body(StartBody, document, "start")
         if writer is not None:
@@ -349,6 +353,8 @@ class Lifecycle:
             made_at=now,
             now=now,
         )
+        if due_after_ms is not None:
+            write = replace(write, due_at=now + due_after_ms)
         result = await self._store.append_messages(write, now)
         if result.status is AppendStatus.ERASED:
             return {

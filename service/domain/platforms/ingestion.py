@@ -270,20 +270,20 @@ class PlatformIngestion:
             return StartAnswer(
                 retry.key.conversation_id, fields, view.withheld, returning, None, retried=True
             )
+        grace_ms = int(parse_end_grace(connection.end_grace).total_seconds() * 1000)
         started = await self.lifecycle.start(
             project,
             start.conversation_id,
             {"caller": start.caller, "channel": connection.channel, "attestation": start.attestation}
             if start.attestation is not None
             else {"caller": start.caller, "channel": connection.channel},
+            due_after_ms=grace_ms,  # due end_grace after the start, with the start's own write
         )
         if started["stored"]:
-            grace_ms = int(parse_end_grace(connection.end_grace).total_seconds() * 1000)
-            key = ConversationKey(project.project_id, start.conversation_id)
+            # What the call's later turns through the memory proxy must not bring forward.
             await self.store.hold_inactivity_end(
                 project.project_id, start.conversation_id, now + grace_ms, now
             )
-            await self.store.reschedule(key, now + grace_ms)
         resume = started.get("resume")
         return StartAnswer(
             start.conversation_id,
