@@ -17,7 +17,7 @@ from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
 from ..platforms import agora
 from .app_keys import SERVICES
-from .openapi_parts import JSON, body_errors, problem
+from .openapi_parts import JSON, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
 from .responses import json_response
@@ -61,7 +61,7 @@ OUTCOME = {
             "The service has as many requests in flight as it allows, the store did not answer, or the "
             "connection's secret does not open with the operator's keys (Agora retries)."
         ),
-        **body_errors(),
+        **signed_hook_errors(),
     },
     body={
         "required": True,

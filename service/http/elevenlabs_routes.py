@@ -24,7 +24,7 @@ from ..domain.projects import Project
 from ..domain.tokens import Role
 from ..platforms import elevenlabs
 from .app_keys import SERVICES
-from .openapi_parts import JSON, body_errors, problem
+from .openapi_parts import JSON, platform_body_errors, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
 from .responses import json_response
@@ -78,7 +78,7 @@ async def _connection(request: web.Request, project: Project) -> Connection | No
 
 @routes.post(INITIATION_PATH)
 @documented(
-    "admin",
+    "platform",
     "ElevenLabs conversation initiation (the call's memory as dynamic variables)",
     {
         "200": {
@@ -87,23 +87,24 @@ async def _connection(request: web.Request, project: Project) -> Connection | No
             "time (the variables then empty): a call never fails because memory did.",
             "content": {JSON: {"schema": INITIATION_ANSWER}},
         },
-        "404": problem("No such project, or it has no ElevenLabs connection."),
-        "422": problem("A body that is not ElevenLabs' initiation request (`errors` names what is wrong)."),
-        **body_errors(),
-        "413": problem(
-            "The body is larger than `CALLER_MEMORY_PLATFORM_MAX_BODY` allows (4 MiB unless the operator set "
-            "another size)."
+        "404": problem(
+            "No such project, the token belongs to another project, or the project has no ElevenLabs "
+            "connection."
         ),
+        "422": problem(
+            "The project id is malformed, or the body is not ElevenLabs' initiation request (`errors` names "
+            "what is wrong)."
+        ),
+        **platform_body_errors(),
     },
     body={
         "required": True,
         "description": "ElevenLabs' initiation request: `caller_id`, `agent_id`, `called_number`, `call_sid`.",
         "content": {JSON: {"schema": {"type": "object"}}},
     },
-    description="A `platform` token of the project calls it (an admin token may too). Set this URL as the "
-    "workspace's conversation-initiation webhook in ElevenLabs, with the header "
-    "`Authorization: Bearer <the platform token>`, and let the agent fetch it (its Security "
-    "tab). Answered within a second. See docs/elevenlabs.md.",
+    description="Set this URL as the workspace's conversation-initiation webhook in ElevenLabs, with the "
+    "header `Authorization: Bearer <a platform token of the project>`, and let the agent fetch it (its "
+    "Security tab). Answered within a second. See docs/elevenlabs.md.",
 )
 async def elevenlabs_initiation(request: web.Request) -> web.Response:
     services, project = await project_for(request, Role.PLATFORM)
@@ -158,11 +159,7 @@ def _failed_open(conversation_id: str) -> StartAnswer:
             "The service has as many requests in flight as it allows, the store did not answer, or the "
             "connection's secret does not open with the operator's keys."
         ),
-        **body_errors(),
-        "413": problem(
-            "The body is larger than `CALLER_MEMORY_PLATFORM_MAX_BODY` allows (4 MiB unless the operator set "
-            "another size)."
-        ),
+        **signed_hook_errors(),
     },
     body={
         "required": True,

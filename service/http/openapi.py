@@ -21,10 +21,13 @@ from . import (
     analytics_routes,
     conversation_routes,
     dashboard,
+    elevenlabs_routes,
     link_routes,
     platform_routes,
     proxy_routes,
+    retell_routes,
     routes,
+    vapi_routes,
     webhook_routes,
 )
 from .components import component_schemas
@@ -48,7 +51,11 @@ ROUTE_TABLES = (
     link_routes.routes,
     platform_routes.routes,
     proxy_routes.routes,
+    # The hosted platforms' hooks, by platform.
     agora_routes.routes,
+    elevenlabs_routes.routes,
+    retell_routes.routes,
+    vapi_routes.routes,
 )
 
 

@@ -29,6 +29,8 @@ ROLE_TEXT = {
     "agent": "Role: **agent** (a token with role `agent` or `admin` in this project, or the operator token).",
     "analytics": "Role: **analytics** (a token with role `analytics` or `admin` in this project, or the operator "
     "token).",
+    "platform": "Role: **platform** (a token with role `platform` or `admin` in this project, or the operator "
+    "token).",
 }
 
 AUTH_TEXT = (
@@ -211,6 +213,28 @@ def body_errors() -> dict[str, Json | None]:
         "415": problem(
             f"The Content-Type is neither `{JSON}` nor `{MERGE_PATCH}`, or names a charset other than UTF-8."
         ),
+    }
+
+
+def platform_body_errors() -> dict[str, Json | None]:
+    """:func:`body_errors` of an operation a hosted platform calls: its body may hold a whole call."""
+    return body_errors() | {
+        "413": problem(
+            "The body is larger than `CALLER_MEMORY_PLATFORM_MAX_BODY` allows (4 MiB unless the operator set "
+            "another size)."
+        )
+    }
+
+
+def signed_hook_errors() -> dict[str, Json | None]:
+    """What a platform's hook without a bearer token (signed by the platform) may answer besides its own
+    outcomes: :func:`platform_body_errors`, and the project's share of the requests in flight."""
+    return platform_body_errors() | {
+        "429": problem(
+            "This project already has its share of the requests in flight; retry after `Retry-After` "
+            "seconds.",
+            "Retry-After",
+        )
     }
 
 

@@ -30,7 +30,7 @@ from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
 from ..platforms import retell
 from .app_keys import SERVICES
-from .openapi_parts import JSON, body_errors, problem
+from .openapi_parts import JSON, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
 from .responses import json_response
@@ -124,8 +124,11 @@ async def _lookups(request: web.Request, project_id: str) -> tuple[Project | Non
         "401": problem(SIGNATURE_401),
         "404": problem("No such project, or it has no Retell connection."),
         "422": problem("A signed body that is not Retell's inbound webhook (`errors` names what is wrong)."),
-        "503": problem("The connection's secret does not open with the operator's keys."),
-        **body_errors(),
+        "503": problem(
+            "The service has as many requests in flight as it allows, or the connection's secret does not "
+            "open with the operator's keys."
+        ),
+        **signed_hook_errors(),
     },
     body={
         "required": True,
@@ -202,7 +205,7 @@ async def retell_inbound(request: web.Request) -> web.Response:
             "The service has as many requests in flight as it allows, the store did not answer, or the "
             "connection's secret does not open with the operator's keys (Retell retries)."
         ),
-        **body_errors(),
+        **signed_hook_errors(),
     },
     body={
         "required": True,

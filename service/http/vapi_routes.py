@@ -29,7 +29,7 @@ from ..domain.projects import Project
 from ..domain.tokens import Role
 from ..platforms import vapi
 from .app_keys import SERVICES
-from .openapi_parts import JSON, body_errors, problem
+from .openapi_parts import JSON, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
 from .responses import json_response
@@ -118,7 +118,12 @@ def _fail_open(request: web.Request, project: Project, connection: Connection) -
             "for `assistant-request` once the connection was read), or the connection's secret does not "
             "open with the operator's keys (an `assistant-request` is answered without memory instead)."
         ),
-        **body_errors(),
+        **signed_hook_errors(),
+        "429": problem(
+            "This project already has its share of the requests in flight, or (with `auth: bearer`) this "
+            "address made too many failed authentications lately; retry after `Retry-After` seconds.",
+            "Retry-After",
+        ),
     },
     body={
         "required": True,
@@ -126,7 +131,10 @@ def _fail_open(request: web.Request, project: Project, connection: Connection) -
         "content": {JSON: {"schema": {"type": "object"}}},
     },
     description="Set this URL as the assistant's Server URL in Vapi, with an HMAC credential holding the "
-    "connection's secret (or, with `auth: bearer`, a bearer credential holding a platform token). "
+    "connection's secret (or, with `auth: bearer`, a bearer credential holding a platform token). The "
+    "connection's `auth` option decides how a message is authenticated: with `hmac` by its signature alone "
+    "(no token), with `bearer` by `Authorization: Bearer <a platform token of the project>` alone (no "
+    "signature; any other token, the operator's and an admin's included, is refused with 403). "
     "`assistant-request` starts the conversation `vapi:<call.id>`; `status-update` (ended) and "
     "`end-of-call-report` end it once, in either order. See docs/vapi.md.",
 )

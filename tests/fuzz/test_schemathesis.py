@@ -73,6 +73,13 @@ CHECKS = [
     "response_schema_conformance",
 ]
 PHASES = ["examples", "coverage", "fuzzing", "stateful"]
+#: The connections the fixture makes, with their options.
+PLATFORM_OPTIONS: dict[str, dict[str, Any]] = {
+    "agora": {},
+    "vapi": {"auth": "hmac", "assistant_id": "asst-fuzz"},
+    "retell": {},
+    "elevenlabs": {"agent_variables": ["caller_name"]},
+}
 #: Conversations the fixture starts, with SPEC section 14's example transcript (turns 1 to 4), for a caller
 #: the fuzzer does not name (its erasures leave them be): ids drawn at random would only ever get 404. The
 #: first is the document's example of a conversation id (what the examples phase sends).
@@ -175,21 +182,38 @@ UPSTREAM_ONLY = {
     for kind in ("missing_test_data", "validation_mismatch")
     for method in ("GET", "DELETE")
 }
-#: Agora's notifications are signed with the connection's secret, which no generator can do: they answer 401,
-#: or 404 while the project has no Agora connection (tests/platforms and tests/http/test_openapi.py's
-#: walkthrough send signed ones).
-AGORA_SIGNED = {
-    (kind, "POST /v1/projects/{project}/platforms/agora/notifications")
+#: The platforms' signed hooks: signed with the connection's secret, which no generator can do, so they answer
+#: 401, or 404 once the run has deleted the project's connection to that platform (the fixture makes one for
+#: each), or 403 from Vapi's once a generated PUT has set its `auth: bearer` (the run's tokens are no platform
+#: tokens). tests/platforms and tests/http/test_openapi.py's walkthrough (tests/http/openapi_platforms.py)
+#: send signed ones.
+SIGNED_HOOKS = [
+    "POST /v1/projects/{project}/platforms/agora/notifications",
+    "POST /v1/projects/{project}/platforms/vapi/events",
+    "POST /v1/projects/{project}/platforms/retell/inbound",
+    "POST /v1/projects/{project}/platforms/retell/events",
+    "POST /v1/projects/{project}/platforms/elevenlabs/events",
+]
+PLATFORM_SIGNED = {
+    (kind, label)
     for kind in ("missing_test_data", "missing_auth", "validation_mismatch")
+    for label in SIGNED_HOOKS
 }
+#: ElevenLabs' initiation takes a platform token, or an admin's or the operator's (the run's): it answers 200
+#: while the project has the ElevenLabs connection the fixture makes, and 404 once a generated DELETE removed
+#: it (DELETE is fuzzed like the rest).
+INITIATION = "POST /v1/projects/{project}/platforms/elevenlabs/initiation"
+INITIATION_ONLY = {(kind, INITIATION) for kind in ("missing_test_data", "validation_mismatch")}
 TOLERATED_WARNINGS = {
     "operator": {("validation_mismatch", label) for label in CONFIG_DEPENDENT}
-    | AGORA_SIGNED
+    | PLATFORM_SIGNED
+    | INITIATION_ONLY
     | SEEDED_ONLY
     | LINKS_ONLY
     | UPSTREAM_ONLY,
     "admin": {("validation_mismatch", label) for label in CONFIG_DEPENDENT}
-    | AGORA_SIGNED
+    | PLATFORM_SIGNED
+    | INITIATION_ONLY
     | SEEDED_ONLY
     | LINKS_ONLY
     | UPSTREAM_ONLY
@@ -313,6 +337,11 @@ def service(store: str, tmp_path: Path) -> Iterator[ServiceProcess]:
         _operator_call(process.url, "POST", f"/v1/projects/{PROJECT}/callers/+14155550100/links", link)
         # The memory proxy's upstream: a scripted model on loopback, so that completions can succeed.
         _operator_call(process.url, "PUT", f"/v1/projects/{PROJECT}/llm", {"base_url": model, "api_key": "k"})
+        # A connection to each platform, so that their hooks get past "no connection" (404) to verification
+        # (401) and ElevenLabs' initiation, which a token authenticates, answers (200).
+        for platform, options in PLATFORM_OPTIONS.items():
+            connection = {"secret": "fuzz-platform-secret", "options": options}
+            _operator_call(process.url, "PUT", f"/v1/projects/{PROJECT}/platforms/{platform}", connection)
         yield process
 
 
@@ -411,5 +440,5 @@ def test_every_answer_matches_the_document(principal: str, service: ServiceProce
     seeded |= {
         ("POST", "/v1/projects/{project}/llm/chat/completions" + tail) for tail in ("", "/chat/completions")
     }
-    seeded.add(("POST", "/v1/projects/{project}/platforms/agora/notifications"))  # signed: AGORA_SIGNED
+    seeded |= {(method, route) for method, route in (label.split(" ") for label in SIGNED_HOOKS)}  # signed
     assert tried - succeeded - forbidden - seeded == set(), output

@@ -29,7 +29,7 @@ from caller_memory.service.http.operations import documented_operations
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
-from tests.http import openapi_agora
+from tests.http import openapi_platforms
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 PUBLIC = {
@@ -40,8 +40,9 @@ PUBLIC = {
     "/dashboard",
     "/dashboard/{asset}",
     "/favicon.ico",
-    # Signed by Agora with the connection's secret, no bearer token (tests/http/openapi_agora.py).
-    openapi_agora.TEMPLATE,
+    # Signed by the platform with the connection's secret, no bearer token (tests/http/openapi_platforms.py;
+    # Vapi's takes a platform token instead when its connection says `auth: bearer`, as its description says).
+    *openapi_platforms.SIGNED,
 }
 OPERATOR = "operator-token-for-openapi-tests"
 CALLER = "/v1/projects/shop/callers/+14155550100"
@@ -115,7 +116,7 @@ def test_authentication_and_roles_are_documented(doc: dict[str, Any]) -> None:
             continue
         assert security == [{"bearerAuth": []}], (method, path)
         assert {"401", "403"} <= set(op["responses"]), (method, path)
-        assert op["x-required-role"] in {"operator", "admin", "agent", "analytics"}
+        assert op["x-required-role"] in {"operator", "admin", "agent", "analytics", "platform"}
         assert f"**{op['x-required-role']}**" in op["description"]
         unauthenticated = resolve(doc, op["responses"]["401"])
         assert "WWW-Authenticate" in unauthenticated["headers"]
@@ -244,6 +245,7 @@ BODIES: dict[str, Any] = {
     "put_llm": {"base_url": "http://127.0.0.1:9/v1", "api_key": "k"},
     "chat_completions": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
     "chat_completions_doubled": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+    "elevenlabs_initiation": {"caller_id": "+14155550100", "agent_id": "agent-1", "call_sid": "CA1"},
 }
 
 
@@ -325,6 +327,8 @@ def unreached(doc: dict[str, Any]) -> set[tuple[str, str]]:
 #: The memory proxy's completions: never counted among the requests in flight (their 503 is a store that does
 #: not answer while authenticating, which no test here provokes).
 PROXY_STREAMS = {"chat_completions", "chat_completions_doubled"}
+#: Operations whose body may be as large as CALLER_MEMORY_PLATFORM_MAX_BODY allows.
+PLATFORM_BODIES = PROXY_STREAMS | {"elevenlabs_initiation"}
 #: Operations that read If-Match or If-None-Match (a malformed one is a 400).
 ENTITY_TAGS = {"read_memory", "patch_memory", "delete_field", "conversation_history"}
 
@@ -408,7 +412,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
     await webhook_walkthrough(check, client)
     await link_walkthrough(check, config)
     await platform_walkthrough(check)
-    await openapi_agora.agora_walkthrough(
+    await openapi_platforms.walkthrough(
         check, client.app[SERVICES].clock.now_ms(), client.app[SERVICES].settings.platform_max_body
     )
     await llm_walkthrough(check)
@@ -659,10 +663,16 @@ OWN: dict[str, set[str]] = {
     "chat_completions_doubled": {"200", "502"},
     "get_connection": {"200", "404", "422"},
     "delete_connection": {"204", "404", "422"},
-    "agora_notifications": openapi_agora.OWN,
+    **openapi_platforms.OWN,
 }
 #: Which role a token needs to be refused (403) by an operation that requires a role.
-TOO_WEAK = {"operator": "admin", "admin": "agent", "agent": "analytics", "analytics": "agent"}
+TOO_WEAK = {
+    "operator": "admin",
+    "admin": "agent",
+    "agent": "analytics",
+    "analytics": "agent",
+    "platform": "agent",
+}
 
 
 def authenticated(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -678,8 +688,9 @@ async def check_shared_answers(check: Checker, client: TestClient[web.Request, w
     tokens = {role: await mint(client, role) for role in ("admin", "agent", "analytics")}
     as_json = {"Content-Type": "application/json"}
     big = b'{"x": "' + b"y" * MAX_BODY_BYTES + b'"}'
-    # Completions carry a call's history: CALLER_MEMORY_PLATFORM_MAX_BODY, 4 MiB by default.
-    proxy_big = b'{"x": "' + b"y" * (4 * 1024 * 1024) + b'"}'
+    # Completions and a platform's hooks carry a call's history: CALLER_MEMORY_PLATFORM_MAX_BODY, 4 MiB by
+    # default.
+    platform_big = b'{"x": "' + b"y" * (4 * 1024 * 1024) + b'"}'
     for method, template, op in authenticated(check.doc):
         name, responses = op["operationId"], op["responses"]
         path, body = concrete(template), BODIES.get(op["operationId"])
@@ -694,7 +705,7 @@ async def check_shared_answers(check: Checker, client: TestClient[web.Request, w
             await check(method, template, concrete(template, project="Bad!"), 422, json=body)
         if body is not None:
             await check(method, template, path, 400, data=b"{", headers=dict(as_json))
-            too_big = io.BytesIO(proxy_big) if name in PROXY_STREAMS else big
+            too_big = io.BytesIO(platform_big) if name in PLATFORM_BODIES else big
             await check(method, template, path, 413, data=too_big, headers=dict(as_json))
             await check(method, template, path, 415, data=b"{}", headers={"Content-Type": "text/plain"})
     for _ in range(25):  # beyond the failed authentications one address may make in a minute
@@ -724,18 +735,22 @@ async def stalled(release: asyncio.Event) -> AsyncIterator[bytes]:
     yield b"}"
 
 
-async def hold_the_only_slot(
-    client: TestClient[web.Request, web.Application],
+async def hold_a_slot(
+    client: TestClient[web.Request, web.Application], project: str, refused: int
 ) -> tuple[asyncio.Event, asyncio.Future[ClientResponse]]:
-    """A request in flight until the event is set: a PUT whose body stalls. The service has no signal for
-    "request taken", so a probe checks it (and the PUT is sent again if the probe took the slot first)."""
+    """A request of ``project`` in flight until the event is set: a PUT whose body stalls. The service has no
+    signal for "request taken", so a probe checks it (it is refused with ``refused`` while the PUT holds its
+    slot; the PUT is sent again if the probe took the slot first)."""
     auth = {"Authorization": f"Bearer {OPERATOR}", "Content-Type": "application/json"}
+    probe_path = "/v1/admin/sweeps" if refused == 503 else f"/v1/projects/{project}"
     for _ in range(100):
         release = asyncio.Event()
-        holder = asyncio.ensure_future(client.put("/v1/projects/held", data=stalled(release), headers=auth))
+        holder = asyncio.ensure_future(
+            client.put(f"/v1/projects/{project}", data=stalled(release), headers=auth)
+        )
         await asyncio.sleep(0.01)  # let the PUT reach the server first
-        async with client.get("/v1/admin/sweeps", headers=auth) as probe:
-            if probe.status == 503 and not holder.done():
+        async with client.get(probe_path, headers=auth) as probe:
+            if probe.status == refused and not holder.done():
                 return release, holder
         release.set()
         (await holder).release()
@@ -744,19 +759,31 @@ async def hold_the_only_slot(
 
 async def check_overloaded_and_slow(seen: set[tuple[str, str]], doc: dict[str, Any], tmp_path: Path) -> None:
     """503 on every /v1 operation while the service has its limit of requests in flight (here one, held
-    by a body that does not arrive), and 408 on every operation with a body that does not arrive in time."""
+    by a body that does not arrive); 429 on the platforms' signed hooks while their project holds its share
+    of them (the authenticated operations' 429 is check_shared_answers'); and 408 on every operation with a
+    body that does not arrive in time."""
     async with TestClient(TestServer(tight_app(tmp_path / "tight", max_in_flight=1))) as client:
         check = Checker(client, doc, seen)
-        release, holder = await hold_the_only_slot(client)
+        release, holder = await hold_a_slot(client, "held", 503)
         for method, template, op in authenticated(doc):
             if op["operationId"] in PROXY_STREAMS:
                 continue  # not counted in flight: the proxy's streams have a bound of their own
             await check(method, template, concrete(template), 503, json=BODIES.get(op["operationId"]))
-        await openapi_agora.agora_slow_and_overloaded(check, overloaded=True, stalled=stalled)
+        await openapi_platforms.refused(check, 503)
         release.set()
         async with await holder as resp:
             assert resp.status == 201, await resp.text()  # "{" then "}": an empty configuration
-    async with TestClient(TestServer(tight_app(tmp_path / "slow", body_timeout=0.2))) as client:
+    share = tight_app(tmp_path / "share", max_in_flight=4, max_in_flight_per_project=1)
+    async with TestClient(TestServer(share)) as client:
+        check = Checker(client, doc, seen)
+        release, holder = await hold_a_slot(client, "shop", 429)
+        await openapi_platforms.refused(check, 429)
+        release.set()
+        async with await holder as resp:
+            assert resp.status == 201, await resp.text()
+    # With a key for the connections' secrets: Vapi's hook reads its connection before the body.
+    slow_app = tight_app(tmp_path / "slow", body_timeout=0.2, secret_key=b"k" * 32)
+    async with TestClient(TestServer(slow_app)) as client:
         check = Checker(client, doc, seen)
         await check("PUT", "/v1/projects/{project}", "/v1/projects/shop", 201, json=BODIES["put_project"])
         headers = {"Content-Type": "application/json"}
@@ -766,7 +793,7 @@ async def check_overloaded_and_slow(seen: set[tuple[str, str]], doc: dict[str, A
                 await check(
                     method, template, concrete(template), 408, data=stalled(never), headers=dict(headers)
                 )
-        await openapi_agora.agora_slow_and_overloaded(check, overloaded=False, stalled=stalled)
+        await openapi_platforms.slow(check, stalled)
 
 
 async def test_every_documented_query_range_is_what_the_api_accepts(
