@@ -17,6 +17,7 @@ from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
 from ..platforms import agora
 from .app_keys import SERVICES
+from .middleware import refuse_unless_admitted
 from .openapi_parts import JSON, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
@@ -74,6 +75,7 @@ OUTCOME = {
     "docs/agora.md.",
 )
 async def agora_notifications(request: web.Request) -> web.Response:
+    refuse_unless_admitted(request)  # past the project's share: 429, which Agora retries
     services = request.app[SERVICES]
     project: Project = await services.projects.get(request.match_info["project"])
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))

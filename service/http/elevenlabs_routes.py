@@ -16,7 +16,6 @@ import logging
 from aiohttp import web
 
 from ..domain.platforms.connections import Connection
-from ..domain.platforms.ingestion import StartAnswer
 from ..domain.platforms.records import CallStart
 from ..domain.platforms.variables import start_variables
 from ..domain.platforms.verification import check_first_sighting
@@ -24,6 +23,7 @@ from ..domain.projects import Project
 from ..domain.tokens import Role
 from ..platforms import elevenlabs
 from .app_keys import SERVICES
+from .middleware import admitted, refuse_unless_admitted
 from .openapi_parts import JSON, platform_body_errors, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
@@ -73,7 +73,9 @@ OUTCOME = {
 async def _connection(request: web.Request, project: Project) -> Connection | None:
     """The project's ElevenLabs connection (404 when there is none), or, when the store does not answer in
     time, the last one this process read (None if it read none)."""
-    return await request.app[PLATFORMS].for_call(project, elevenlabs.PLATFORM, elevenlabs.CONNECTION_BUDGET_S)
+    return await request.app[PLATFORMS].for_call(
+        project, elevenlabs.PLATFORM, elevenlabs.CONNECTION_BUDGET_S, fresh=admitted(request)
+    )
 
 
 @routes.post(INITIATION_PATH)
@@ -116,13 +118,15 @@ async def elevenlabs_initiation(request: web.Request) -> web.Response:
         # The store did not answer and this process has not seen the connection yet: an answer all the same.
         log.warning("elevenlabs: initiation answered without memory or the connection (store unavailable)")
         variables = start_variables(
-            _failed_open(conversation_id), project.state_keys, [project.default_region]
+            request.app[INGESTION].failed_open_answer(conversation_id),  # counted
+            project.state_keys,
+            [project.default_region],
         )
         return json_response(elevenlabs.initiation_answer(conversation_id, variables, []))
     start = CallStart(
         elevenlabs.PLATFORM, conversation_id, initiation.caller_id or "", budget_s=elevenlabs.START_BUDGET_S
     )
-    answer = await request.app[INGESTION].start(project, connection, start)
+    answer = await request.app[INGESTION].start(project, connection, start, admitted=admitted(request))
     variables = start_variables(answer, project.state_keys, [project.default_region])
     agent_variables = list(connection.options.get("agent_variables") or [])
     log.info(
@@ -130,10 +134,6 @@ async def elevenlabs_initiation(request: web.Request) -> web.Response:
         "failed open" if answer.fail_open else ("retried" if answer.retried else "answered"),
     )
     return json_response(elevenlabs.initiation_answer(answer.conversation_id, variables, agent_variables))
-
-
-def _failed_open(conversation_id: str) -> StartAnswer:
-    return StartAnswer(conversation_id, None, fail_open=True, started=False)
 
 
 @routes.post(EVENTS_PATH)
@@ -171,6 +171,7 @@ def _failed_open(conversation_id: str) -> StartAnswer:
     "data collection; `call_initiation_failure` ends a started call as dropped. See docs/elevenlabs.md.",
 )
 async def elevenlabs_events(request: web.Request) -> web.Response:
+    refuse_unless_admitted(request)  # past the project's share: 429, which ElevenLabs retries
     services = request.app[SERVICES]
     project: Project = await services.projects.get(request.match_info["project"])
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -85,6 +86,28 @@ class InFlight:
 
 #: The in-flight slots, on a memory proxy completion's request (its memory read takes one while it runs).
 IN_FLIGHT = web.RequestKey("in_flight", InFlight)
+#: On a platform's webhook that came while its project held its share of the slots (the service not full):
+#: the request goes on uncounted, and its route answers without the store where it can (a call start: without
+#: memory, never refused) or refuses it as before (an end event, which the platform retries). See
+#: :func:`admitted`.
+OVER_SHARE = web.RequestKey("over_share", str)
+#: A platform's webhook: ``/v1/projects/{p}/platforms/{platform}/{hook}``.
+_PLATFORM_HOOK = re.compile(r"/v1/projects/[^/]+/platforms/[^/]+/[^/]+")
+
+
+def admitted(request: web.Request) -> bool:
+    """Whether the request holds an in-flight slot (or needs none): False for a platform's webhook that came
+    past its project's share."""
+    return OVER_SHARE not in request
+
+
+def refuse_unless_admitted(request: web.Request) -> None:
+    """The 429 the request would have got from the middleware, for a platform's webhook that cannot go on
+    without the store (an end event: the platform retries it)."""
+    reason = request.get(OVER_SHARE)
+    if reason is not None:
+        raise TooManyRequests(reason, 1)
+
 
 _HTTP_DETAILS = {
     404: "no such endpoint; see /openapi.json for the API",
@@ -201,7 +224,11 @@ def service_middleware(
                         raise Overloaded(
                             f"the service has {limit} requests in flight, its limit; retry shortly"
                         )
-                    raise TooManyRequests(busy, 1)
+                    if request.method != "POST" or not _PLATFORM_HOOK.fullmatch(request.path):
+                        raise TooManyRequests(busy, 1)
+                    # A platform's call start past its project's share is still answered in time, without
+                    # memory: its route decides (admitted, refuse_unless_admitted).
+                    request[OVER_SHARE] = busy
             if body_timeout is not None and not request.content.is_eof():
                 # Only a body still on its way costs a timer (a GET's, or a small body that came with its
                 # head, is complete already).

@@ -30,7 +30,8 @@ from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
 from ..platforms import retell
 from .app_keys import SERVICES
-from .openapi_parts import JSON, problem, signed_hook_errors
+from .middleware import admitted, refuse_unless_admitted
+from .openapi_parts import JSON, platform_body_errors, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
 from .responses import json_response
@@ -107,7 +108,10 @@ async def _lookups(request: web.Request, project_id: str) -> tuple[Project | Non
             project = await services.projects.get(project_id)
     except (TimeoutError, StoreUnavailable, Overloaded):
         return None, None
-    return project, await request.app[PLATFORMS].for_call(project, retell.PLATFORM, LOOKUP_BUDGET_S)
+    connection = await request.app[PLATFORMS].for_call(
+        project, retell.PLATFORM, LOOKUP_BUDGET_S, fresh=admitted(request)
+    )
+    return project, connection
 
 
 @routes.post(INBOUND_PATH)
@@ -128,7 +132,8 @@ async def _lookups(request: web.Request, project_id: str) -> tuple[Project | Non
             "The service has as many requests in flight as it allows, or the connection's secret does not "
             "open with the operator's keys."
         ),
-        **signed_hook_errors(),
+        # Past the project's share of the requests in flight, the answer is made without memory (200).
+        **platform_body_errors(),
     },
     body={
         "required": True,
@@ -155,6 +160,12 @@ async def retell_inbound(request: web.Request) -> web.Response:
     retell.verify(request.app[PLATFORMS].opened_secret(connection), body, signature, now)
     inbound = retell.read_inbound(body)
     conversation_id = retell.new_conversation_id()
+    if not admitted(request):  # the project holds its share of the requests in flight: answered all the same
+        log.warning(
+            "retell: inbound answered without memory (the project's requests in flight at their bound)"
+        )
+        request.app[INGESTION].failed_open_answer(conversation_id)  # counted
+        return _without_memory(project, conversation_id)
     try:
         async with asyncio.timeout(LOOKUP_BUDGET_S):
             await check_first_sighting(
@@ -217,6 +228,7 @@ async def retell_inbound(request: web.Request) -> web.Response:
     "analysis; `call_ended` alone ends it 10 minutes later. See docs/retell.md.",
 )
 async def retell_events(request: web.Request) -> web.Response:
+    refuse_unless_admitted(request)  # past the project's share: 429, which Retell retries
     services = request.app[SERVICES]
     project: Project = await services.projects.get(request.match_info["project"])
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))

@@ -21,7 +21,6 @@ from aiohttp import web
 
 from ..domain.errors import Forbidden, Overloaded, StoreUnavailable
 from ..domain.platforms.connections import Connection
-from ..domain.platforms.ingestion import StartAnswer
 from ..domain.platforms.service import PlatformsNotConfigured
 from ..domain.platforms.variables import start_variables
 from ..domain.platforms.verification import check_first_sighting, check_window
@@ -29,6 +28,7 @@ from ..domain.projects import Project
 from ..domain.tokens import Role
 from ..platforms import vapi
 from .app_keys import SERVICES
+from .middleware import admitted, refuse_unless_admitted
 from .openapi_parts import JSON, problem, signed_hook_errors
 from .operations import documented
 from .platform_routes import INGESTION, PLATFORMS
@@ -75,18 +75,27 @@ ANSWER = {
 async def _connection(request: web.Request, project: Project) -> Connection:
     """The project's Vapi connection, read within the start budget; the one this process read last when the
     store does not answer (404 when there is none; 503 when the store is down and none was read)."""
-    found = await request.app[PLATFORMS].for_call(project, vapi.PLATFORM, vapi.START_BUDGET_S)
+    found = await request.app[PLATFORMS].for_call(
+        project, vapi.PLATFORM, vapi.START_BUDGET_S, fresh=admitted(request)
+    )
     if found is None:
+        refuse_unless_admitted(request)  # past the project's share, and none read yet: 429, Vapi retries
         raise StoreUnavailable(
             "the store did not answer in time, and this process has not read the project's vapi connection"
         )
     return found
 
 
+async def _platform_token(request: web.Request) -> None:
+    """Refuse a bearer credential that is not a platform token of the path's project (Vapi's bearer mode)."""
+    _, principal = await authorize(request, Role.PLATFORM)
+    if principal.role is not Role.PLATFORM:
+        raise Forbidden("Vapi's bearer credential must hold a token with role 'platform'")
+
+
 def _fail_open(request: web.Request, project: Project, connection: Connection) -> web.Response:
     """The call-start answer without memory: the assistant, every variable there, empty."""
-    request.app[INGESTION].observe("failed_open")
-    answer = StartAnswer("", None, fail_open=True, started=False)
+    answer = request.app[INGESTION].failed_open_answer("")  # counted
     variables = start_variables(answer, project.state_keys, [project.default_region])
     return json_response(vapi.assistant_answer(connection.options["assistant_id"], variables))
 
@@ -140,22 +149,23 @@ def _fail_open(request: web.Request, project: Project, connection: Connection) -
 )
 async def vapi_events(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
+    body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
+    # Whether it may be a call start, before anything of it is trusted: only a start is answered past the
+    # project's share of the requests in flight (without memory), or without a secret that opens.
+    may_start = b'"assistant-request"' in body
+    if not may_start:
+        refuse_unless_admitted(request)  # past the project's share: an end waits for Vapi's retry
     project: Project = await services.projects.get(request.match_info["project"])
     connection = await _connection(request, project)
     bearer = connection.options.get("auth") == "bearer"
     if bearer:
-        _, principal = await authorize(request, Role.PLATFORM)
-        if principal.role is not Role.PLATFORM:
-            raise Forbidden("Vapi's bearer credential must hold a token with role 'platform'")
-    body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
+        await _platform_token(request)
     signature: str | None = None
     if not bearer:
         try:
             secret = request.app[PLATFORMS].opened_secret(connection)
         except PlatformsNotConfigured:
-            if (
-                b'"assistant-request"' in body
-            ):  # never parsed unverified: only the fail-open answer, no memory
+            if may_start:  # never parsed unverified: only the fail-open answer, no memory
                 return _fail_open(request, project, connection)
             raise
         timestamp = request.headers.get(vapi.TIMESTAMP_HEADER)
@@ -166,6 +176,10 @@ async def vapi_events(request: web.Request) -> web.Response:
         )
     message = vapi.read_message(body)
     starting = message.type == "assistant-request"
+    if not admitted(request):  # the project holds its share of the requests in flight
+        if starting:
+            return _fail_open(request, project, connection)  # answered in time, without memory
+        refuse_unless_admitted(request)  # an end: Vapi retries it
     if signature is not None:
         try:
             async with asyncio.timeout(vapi.START_BUDGET_S):

@@ -317,8 +317,13 @@ async def elevenlabs_walkthrough(check: Check, now_ms: int, platform_max_body: i
 
 async def refused(check: Check, status: int) -> None:
     """Every signed hook refused before anything is read: 503 while the service has its limit of requests in
-    flight, 429 while the project has its share."""
+    flight; 429 while the project has its share, for the hooks that carry a call's end (a call start past the
+    share is answered without memory instead: tests/platforms). The project here does not exist (its PUT is
+    the request that holds the slot), so Vapi's hook, which reads its connection first, answers 429 only
+    for a body that is not a call start."""
     for template in SIGNED:
+        if status == 429 and template == RETELL_INBOUND:
+            continue
         await check("POST", template, concrete(template), status, token=None, json={})
 
 

@@ -229,18 +229,29 @@ class PlatformIngestion:
 
     # Call start ---------------------------------------------------------------------------------------------
 
-    async def start(self, project: Project, connection: Connection, start: CallStart) -> StartAnswer:
-        """Read memory and start the conversation within ``start.budget_s``; an answer in any case."""
+    async def start(
+        self, project: Project, connection: Connection, start: CallStart, *, admitted: bool = True
+    ) -> StartAnswer:
+        """Read memory and start the conversation within ``start.budget_s``; an answer in any case.
+        ``admitted`` False: the project (or the service) holds every request in flight it may, so the answer
+        is made without the store (without memory), never refused."""
         try:
+            if not admitted:
+                raise Overloaded("the project holds every request in flight it may")
             async with asyncio.timeout(start.budget_s):
                 return await self._start(project, connection, start)
         except (TimeoutError, StoreUnavailable, Overloaded):
-            self.failed_open += 1
-            self.observe("failed_open")
-            return StartAnswer(start.conversation_id, None, fail_open=True, started=False)
+            return self.failed_open_answer(start.conversation_id)
         except InvalidInput:
             # A caller the service cannot read as a number (withheld, anonymous): a call without memory.
             return StartAnswer(start.conversation_id, {}, started=False)
+
+    def failed_open_answer(self, conversation_id: str) -> StartAnswer:
+        """The answer of a call start without memory (the store slow or down, a bound met, a secret that
+        does not open), counted."""
+        self.failed_open += 1
+        self.observe("failed_open")
+        return StartAnswer(conversation_id, None, fail_open=True, started=False)
 
     async def _start(self, project: Project, connection: Connection, start: CallStart) -> StartAnswer:
         caller = self.memory.caller(project, start.caller)

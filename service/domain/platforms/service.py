@@ -146,10 +146,15 @@ class PlatformConnections:
         self._seen[key] = found
         return found
 
-    async def for_call(self, project: Project, platform: str, budget_s: float) -> Connection | None:
+    async def for_call(
+        self, project: Project, platform: str, budget_s: float, *, fresh: bool = True
+    ) -> Connection | None:
         """The connection, read within ``budget_s`` (NotFound when there is none); when the store does not
-        answer in time, the last one this process read, or None if it read none: a call-start answer is
-        then made without the connection's settings it could not read."""
+        answer in time, or without ``fresh`` (a request that may not use the store: its project holds every
+        request in flight it may), the last one this process read, or None if it read none: a call-start
+        answer is then made without the connection's settings it could not read."""
+        if not fresh:
+            return self._seen.get((project.project_id, platform))
         try:
             async with asyncio.timeout(budget_s):
                 return await self.get(project, platform)
