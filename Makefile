@@ -68,7 +68,7 @@ lint: install-test
 # by side saves minutes.
 FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py \
                    tests/frameworks/test_docs_offline.py
-BESIDE := test-floors test-dist test-frameworks-low
+BESIDE := test-floors test-dist test-frameworks-low test-vendors
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
