@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ...domain.store.call_trust import CallTrustStore
 
+if TYPE_CHECKING:
+    from .point_reads import PointReads
+
 T = TypeVar("T")
 
 
@@ -19,6 +22,8 @@ class SQLiteCallTrust(CallTrustStore):
         async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        _points: PointReads
 
     async def keep_call_trust(
         self,
@@ -60,4 +65,4 @@ class SQLiteCallTrust(CallTrustStore):
             ).fetchone()
             return None if row is None else (str(row[0]), bool(row[1]))
 
-        return await self._read(run)
+        return await self._points.read(run, self._read)  # a point read (point_reads.py)

@@ -1,9 +1,9 @@
 """SQLite backend: the embedded default. One file, WAL mode, the same semantics as Redis.
 
 Writes run on one dedicated thread with one connection (SQLite has one writer at a time anyway), each in an
-``IMMEDIATE`` transaction so that read-modify-write is atomic. ``synchronous=FULL`` makes every
-acknowledged write durable (the WAL is fsynced before commit returns). Reads use their own connection on a
-second thread; WAL lets them proceed while a write is in progress.
+``IMMEDIATE`` transaction so that read-modify-write is atomic. ``synchronous=FULL`` makes every acknowledged
+write durable (the WAL is fsynced before commit returns). Reads use a connection on a second thread, point
+reads one on the event loop's thread (``point_reads.py``); WAL lets both proceed while a write is under way.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from .llm import SQLiteLlm
 from .pending_answers import SQLitePendingAnswers
 from .platform_events import SQLitePlatformEvents
 from .platforms import SQLitePlatforms
+from .point_reads import PointReads
 from .retention import ERASED_SUBJECT, SQLiteRetention
 from .transcripts import SQLiteTranscripts
 from .webhooks import SQLiteWebhooks
@@ -129,6 +130,7 @@ class SQLiteStore(
         self._reader_pool: ThreadPoolExecutor | None = None
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
+        self._points = PointReads(self.path, lambda: self._reader is not None)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -201,17 +203,15 @@ class SQLiteStore(
                 raise
             self._writer.execute("COMMIT")
 
-        def open_reader() -> None:
-            self._reader = self._connect()
-
         try:
             await self._run(self._writer_pool, open_writer)
-            await self._run(self._reader_pool, open_reader)
+            self._reader = await self._run(self._reader_pool, self._connect)
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
+        self._points.close()
         for pool, attr in ((self._reader_pool, "_reader"), (self._writer_pool, "_writer")):
             if pool is None:
                 continue
@@ -323,8 +323,8 @@ class SQLiteStore(
         return {name: StoredField(bytes(value), expires, written) for name, value, expires, written in rows}
 
     async def read_fields(self, caller: CallerRef, now_ms: int) -> dict[str, StoredField]:
-        return await self._read(
-            lambda conn: self._fields(conn, caller.project, caller.subject, now_ms, follow=True)
+        return await self._points.read(
+            lambda conn: self._fields(conn, caller.project, caller.subject, now_ms, follow=True), self._read
         )
 
     @classmethod

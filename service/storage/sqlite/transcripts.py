@@ -46,6 +46,7 @@ from .transcript_rows import (
 if TYPE_CHECKING:
     from ...domain.fields import StoredField
     from ...domain.store import CallerRef
+    from .point_reads import PointReads
 
 T = TypeVar("T")
 
@@ -275,6 +276,13 @@ def _append(conn: sqlite3.Connection, write: AppendWrite, now_ms: int) -> Append
     return AppendResult(AppendStatus.APPENDED, after.header(now_ms), added=len(plan.new))
 
 
+def _header(
+    conn: sqlite3.Connection, key: ConversationKey, now_ms: int
+) -> tuple[Header | None, list[StoredMessage]]:
+    row = _load(conn, key, now_ms)
+    return (None if row is None else row.header(now_ms)), []
+
+
 def _messages(conn: sqlite3.Connection, conv: int, query: TranscriptQuery) -> list[StoredMessage]:
     after = -1 if query.after_turn is None else query.after_turn  # turn ids are 0 or more
     columns = "seq, turn_id, body, message_id"
@@ -332,6 +340,8 @@ class SQLiteTranscripts(SQLiteCallerIndex):
 
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
+        _points: PointReads
+
         @staticmethod
         def _fields(
             conn: sqlite3.Connection, project: str, subject: str, now_ms: int
@@ -343,6 +353,9 @@ class SQLiteTranscripts(SQLiteCallerIndex):
     async def read_conversation(
         self, key: ConversationKey, now_ms: int, query: TranscriptQuery | None = None
     ) -> tuple[Header | None, list[StoredMessage]]:
+        if query is None:  # the header alone: one statement, a point read
+            return await self._points.read(lambda conn: _header(conn, key, now_ms), self._read)
+
         def run(conn: sqlite3.Connection) -> tuple[Header | None, list[StoredMessage]]:
             # One read transaction: the header and the messages are of the same moment (WAL snapshot).
             conn.execute("BEGIN")
