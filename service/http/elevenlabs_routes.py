@@ -86,7 +86,8 @@ async def _connection(request: web.Request, project: Project) -> Connection | No
         "200": {
             "description": "The conversation-initiation client data ElevenLabs reads: every agent variable, "
             "the caller's memory as variables and the conversation id. Also when memory could not be read in "
-            "time (the variables then empty): a call never fails because memory did.",
+            "time or the project holds its share of the requests in flight (the variables then empty): a "
+            "call never fails because memory did.",
             "content": {JSON: {"schema": INITIATION_ANSWER}},
         },
         "404": problem(
@@ -98,6 +99,12 @@ async def _connection(request: web.Request, project: Project) -> Connection | No
             "what is wrong)."
         ),
         **platform_body_errors(),
+        # Past the project's share of the requests in flight, the answer is made without memory (200).
+        "429": problem(
+            "Too many failed authentications from this address lately (this one failed too); retry after "
+            "`Retry-After` seconds.",
+            "Retry-After",
+        ),
     },
     body={
         "required": True,

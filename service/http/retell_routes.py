@@ -121,8 +121,9 @@ async def _lookups(request: web.Request, project_id: str) -> tuple[Project | Non
     {
         "200": {
             "description": "Retell's inbound answer: the caller's memory as dynamic variables and the "
-            "conversation's id in the call's metadata. Also when memory could not be read in time, or the "
-            "delivery was seen before (the variables then empty): a call never fails because memory did.",
+            "conversation's id in the call's metadata. Also when memory could not be read in time, the "
+            "project holds its share of the requests in flight, or the delivery was seen before (the "
+            "variables then empty): a call never fails because memory did.",
             "content": {JSON: {"schema": INBOUND_ANSWER}},
         },
         "401": problem(SIGNATURE_401),

@@ -108,7 +108,8 @@ def _fail_open(request: web.Request, project: Project, connection: Connection) -
         "200": {
             "description": "`assistant-request`: the connection's `assistantId` with "
             "`assistantOverrides.variableValues` (`caller_memory`, `memory_<key>` for every state key, "
-            "`returning_caller`, `resume`; empty when memory could not be read). Any other message: what "
+            "`returning_caller`, `resume`; empty when memory could not be read or the project holds its share of "
+            "the requests in flight). Any other message: what "
             "became of it, `held` (the call's end, waiting for the end-of-call report), `ended`, `duplicate`, "
             "`ignored` (a message Caller Memory does not use).",
             "content": {JSON: {"schema": ANSWER}},
@@ -121,7 +122,10 @@ def _fail_open(request: web.Request, project: Project, connection: Connection) -
         ),
         "403": problem("With `auth: bearer`: a token other than a platform token of the project."),
         "404": problem("No such project, or it has no Vapi connection."),
-        "422": problem("A signed body that is not a Vapi server message (`errors` names what is wrong)."),
+        "422": problem(
+            "A signed body (with `auth: bearer`, an authenticated one) that is not a Vapi server message "
+            "(`errors` names what is wrong)."
+        ),
         "503": problem(
             "The service has as many requests in flight as it allows, or the store did not answer (never "
             "for `assistant-request` once the connection was read), or the connection's secret does not "
@@ -129,8 +133,10 @@ def _fail_open(request: web.Request, project: Project, connection: Connection) -
         ),
         **signed_hook_errors(),
         "429": problem(
-            "This project already has its share of the requests in flight, or (with `auth: bearer`) this "
-            "address made too many failed authentications lately; retry after `Retry-After` seconds.",
+            "This project already has its share of the requests in flight, for a message other than "
+            "`assistant-request` (which is answered without memory then, unless this process has not read "
+            "the connection yet); or, with `auth: bearer`, this address made too many failed "
+            "authentications lately. Retry after `Retry-After` seconds.",
             "Retry-After",
         ),
     },

@@ -316,11 +316,11 @@ async def elevenlabs_walkthrough(check: Check, now_ms: int, platform_max_body: i
 
 
 async def refused(check: Check, status: int) -> None:
-    """Every signed hook refused before anything is read: 503 while the service has its limit of requests in
-    flight; 429 while the project has its share, for the hooks that carry a call's end (a call start past the
-    share is answered without memory instead: tests/platforms). The project here does not exist (its PUT is
-    the request that holds the slot), so Vapi's hook, which reads its connection first, answers 429 only
-    for a body that is not a call start."""
+    """503 on every signed hook while the service has its limit of requests in flight (refused before the
+    route runs); 429 while the project holds its share, on the hooks that carry a call's end (a call start
+    past the share is answered without memory instead: tests/platforms/test_platform_share.py). The project
+    here does not exist (its PUT is the request holding the slot): Vapi's hook refuses a body that is not a
+    call start (``{}`` here) before it reads the project."""
     for template in SIGNED:
         if status == 429 and template == RETELL_INBOUND:
             continue
@@ -328,10 +328,7 @@ async def refused(check: Check, status: int) -> None:
 
 
 async def slow(check: Check, stalled: Any) -> None:
-    """408 on every signed hook for a body that does not arrive (Vapi's reads its connection first: one is
-    made)."""
-    connection = {"secret": SECRET, "options": {"auth": "hmac", "assistant_id": "asst-openapi"}}
-    await check("PUT", CONNECTION, "/v1/projects/shop/platforms/vapi", 201, json=connection)
+    """408 on every signed hook for a body that does not arrive (each reads its body first)."""
     for template in SIGNED:
         never = asyncio.Event()
         headers = {"Content-Type": "application/json"}
