@@ -228,6 +228,8 @@ def main() -> None:
         for path, (sides, concurrency) in paths.items():
             times: dict[str, list[float]] = {side: [] for side in sides}
             elapsed: dict[str, float] = dict.fromkeys(sides, 0.0)
+            for side in sides:  # warm-up, not counted
+                asyncio.run(loops(sides[side], concurrency, min(seconds, 1.0)))
             for number in range(rounds):
                 for side in list(sides) if number % 2 == 0 else list(reversed(sides)):
                     started = time.perf_counter()

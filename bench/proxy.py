@@ -279,6 +279,9 @@ def main() -> None:
         times: dict[str, list[float]] = {side: [] for side in sides}
         cpu, proxied = 0.0, 0
         per_round: list[dict[str, Any]] = []
+        for side in sides:  # warm-up, not counted: connections made, caches and the store's pages warm
+            url, headers = sides[side]
+            asyncio.run(round_of(url, headers, min(seconds, 1.0)))
         for number in range(rounds):
             order = list(sides) if number % 2 == 0 else list(reversed(sides))
             for side in order:

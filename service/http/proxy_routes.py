@@ -574,7 +574,10 @@ async def _record(
             document = read_append(orjson.dumps({"messages": [m.as_dict() for m in batch]}))
             await services.transcripts.append(project, binding.conversation_id, document)
             proxy.binder.mark_recorded(binding, [m.message_id for m in batch])
-        if answer is not None:
+        # The call's last answer, unless a later request of the call is being recorded already (its answer
+        # replaces this one: of a burst of requests, only the last one's is written).
+        latest = proxy.latest.get((binding.project, binding.conversation_id))
+        if answer is not None and latest in (None, asyncio.current_task()):
             appends = services.transcripts.appends
             await keep_answer(
                 appends,

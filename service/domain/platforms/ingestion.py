@@ -258,25 +258,28 @@ class PlatformIngestion:
         call = CallTrust.of(start.attestation, False)
         now = self.clock.now_ms()
         ref = CallerRef(project.project_id, caller.subject)
-        earlier = [] if caller.blacklisted else await self.store.caller_conversations(ref, now)
-        retry = next(
+        # The caller's conversations open on the channel (what a start looks at anyway: a cost that does not
+        # grow with the caller's history), read with the memory.
+        here, view = await asyncio.gather(
+            self._open_here(ref, connection.channel, now, caller.blacklisted),
+            self.memory.read(project, start.caller, call),
+        )
+        retry = max(
             (
                 h
-                for h in earlier
+                for h in here
                 if h.key.conversation_id.startswith(f"{start.platform}:")
                 and h.started_at >= now - RETRY_WINDOW_MS
                 and h.messages == 0
                 and not h.ended_by
                 and h.status is TranscriptStatus.OPEN
             ),
-            None,
+            key=lambda h: (h.started_at, h.key.conversation_id),
+            default=None,
         )
-        view = await self.memory.read(project, start.caller, call)
         fields = {name: orjson.loads(value) for name, value in view.fields.items()}
-        returning = bool(fields) or any(
-            h.key.conversation_id != (retry.key.conversation_id if retry else start.conversation_id)
-            for h in earlier
-        )
+        this = retry.key.conversation_id if retry else start.conversation_id
+        returning = bool(fields) or await self._called_before(ref, this, now, caller.blacklisted)
         if retry is not None:
             return StartAnswer(
                 retry.key.conversation_id, fields, view.withheld, returning, None, retried=True
@@ -388,6 +391,16 @@ class PlatformIngestion:
             ConversationKey(project.project_id, conversation_id), now
         )
         return header
+
+    async def _open_here(self, ref: CallerRef, channel: str, now: int, blacklisted: bool) -> list[Header]:
+        return [] if blacklisted else await self.store.channel_conversations(ref, channel, now)
+
+    async def _called_before(self, ref: CallerRef, this: str, now: int, blacklisted: bool) -> bool:
+        """Whether the caller has a conversation other than ``this`` (two of the newest are enough)."""
+        if blacklisted:
+            return False
+        page = await self.store.caller_conversations_page(ref, now, 2)
+        return any(h.key.conversation_id != this for h in page.headers)
 
     def _ended_at(self, end: CallEnd, start_ms: int, received: int) -> int:
         """When the call ended: the platform's time in its unit, within [start, received] (counted when
