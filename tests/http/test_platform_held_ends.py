@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import secrets
 
-from caller_memory.service.app import INGESTION, scheduled_inactivity_ends
+from caller_memory.service.app import scheduled_inactivity_ends
 from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.domain.platforms.connections import Connection
 from caller_memory.service.domain.platforms.records import CallEnd, SpokenMessage
 from caller_memory.service.domain.store.transcripts import ConversationKey
 from caller_memory.service.http.app_keys import SERVICES
+from caller_memory.service.http.platform_routes import INGESTION
 
 from tests.conftest import running_api
 

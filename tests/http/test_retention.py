@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from caller_memory.service.app import INGESTION
 from caller_memory.service.domain.clock import FakeClock, SystemClock
 from caller_memory.service.domain.retention import SWEEP_LEASE
 from caller_memory.service.http.app_keys import SERVICES
+from caller_memory.service.http.platform_routes import INGESTION
 
 from tests.conftest import OPERATOR_TOKEN, Api, running_api
 from tests.http.test_api import CALLER, CONFIG, assert_problem, memory_path

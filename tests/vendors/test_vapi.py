@@ -143,7 +143,7 @@ class SdkVapi:
 
     def report(self, call_id: str, reason: str = "customer-ended-call") -> dict[str, Any]:
         now = self.now()
-        messages = [
+        messages: list[UserMessage | SystemMessage | BotMessage | ToolCallMessage | ToolCallResultMessage] = [
             SystemMessage(
                 role="system", message="You are the cheese shop's assistant.", time=1, seconds_from_start=0
             ),
