@@ -17,7 +17,7 @@ CALLER = "+14155550100"
 GRANTS = {
     "agent": {"agent"},
     "analytics": {"analytics"},
-    "admin": {"admin", "agent", "analytics"},
+    "admin": {"admin", "agent", "analytics", "platform"},
 }
 BODIES: dict[tuple[str, str], Any] = {
     ("put", "/v1/projects/{project}"): {"memory": {"repeat_caller": {"state_keys": ["a"]}}},
