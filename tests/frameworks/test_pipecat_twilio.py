@@ -26,6 +26,7 @@ import uvicorn
 import websockets
 from caller_memory.sdk import MemoryClient
 from caller_memory.sdk.pipecat import CallerMemory, install_log_redaction, twilio_caller
+from caller_memory.sdk.render import PREAMBLE
 from caller_memory.sdk.twilio import SECRET_ENV, stream_parameters, twiml, validate_webhook, webhook_signature
 from fastapi import FastAPI, WebSocket
 from pipecat.frames.frames import LLMRunFrame
@@ -270,7 +271,8 @@ async def test_signed_parameters_give_the_attested_caller_and_a_forged_stale_or_
     assert read["CA0001"].signed and read["CA0001"].attestation == "A"
     greeting, requests = replies["CA0001"]
     assert greeting == "Welcome back, Ada!"
-    assert '"verified":"yes"' in json.dumps(requests[0]["messages"], separators=(",", ":")).replace("\\", "")
+    [memory_message] = [m["content"] for m in requests[0]["messages"] if m["content"].startswith(PREAMBLE)]
+    assert '"caller_name":"Ada"' in memory_message and '"verified":"yes"' in memory_message
     conv = bots["CA0001"].result().memory.conv
     assert conv is not None and conv.memory.attestation == "A" and conv.memory.withheld == ()
     # Every other start: refused, so no caller and no attestation; the call goes on with no memory at all.

@@ -69,7 +69,9 @@ TOKEN = {"CallToken": '{"parentCallInfoToken":"eyJhbGciOiJFUzI1NiJ9.e30.c2ln","i
 
 
 @pytest.mark.parametrize(
-    "params", [webhook(), webhook(**STIR), webhook(**TOKEN), webhook(**STIR, **TOKEN), {}], ids=str.__len__
+    "params",
+    [webhook(), webhook(**STIR), webhook(**TOKEN), webhook(**STIR, **TOKEN), {}],
+    ids=["plain", "stirverstat", "calltoken", "both", "no-parameters"],
 )
 def test_the_signature_is_the_one_twilios_validator_computes_with_and_without_stirverstat_and_calltoken(
     params: dict[str, str],
