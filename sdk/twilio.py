@@ -295,7 +295,7 @@ def _refusal(
         return f"no {SIGNATURE_PARAMETER}"
     if not isinstance(call_sid, str) or not call_sid:
         return "the stream has no callSid"
-    if not isinstance(caller, str) or attestation not in _ATTESTATIONS:
+    if not isinstance(caller, str) or not isinstance(attestation, str) or attestation not in _ATTESTATIONS:
         return "malformed parameters"
     if not isinstance(signed_at, str) or not _TIME.fullmatch(signed_at):
         return f"no readable {TIME_PARAMETER}"

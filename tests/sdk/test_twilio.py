@@ -296,6 +296,8 @@ def test_a_forged_stale_or_borrowed_set_is_refused_and_gives_neither_caller_nor_
     assert "does not match" in refused(signed | {"cm_sig": "é" * 43})
     assert "malformed" in refused(signed | {"cm_attestation": "TN-Validation-Passed-A"})
     assert "malformed" in refused(signed | {"from_number": 14155550100})
+    assert "malformed" in refused(signed | {"cm_attestation": ["A"]})  # JSON can send any shape
+    assert "cm_sig" in refused(signed | {"cm_sig": {"forged": True}})
     assert "cm_time" in refused(signed | {"cm_time": "1796601600"})
     assert "cm_time" in refused(signed | {"cm_time": "2026-13-45T00:00:00Z"})
     assert "callSid" in refused(signed, None)
