@@ -66,8 +66,8 @@ lint: install-test
 # the declared floors (test-floors), the built distributions (test-dist) and the low end of the frameworks'
 # ranges (test-frameworks-low). They wait on installs and servers more than they compute, so running them side
 # by side saves minutes.
-FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_livekit.py \
-                   tests/frameworks/test_docs_offline.py
+FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_pipecat_twilio.py \
+                   tests/frameworks/test_livekit.py tests/frameworks/test_docs_offline.py
 BESIDE := test-floors test-dist test-frameworks-low test-vendors
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.
@@ -95,7 +95,7 @@ test: install-test redis-server chromium lint
 # 2.5 minutes.
 FLOORS_VENV  ?= .venv-floors
 FLOORS_BIN   := $(FLOORS_VENV)/bin
-FLOORS_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis openapi-spec-validator moto duckdb
+FLOORS_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis openapi-spec-validator moto duckdb twilio
 FLOORS_TESTS := tests/storage tests/http tests/sdk tests/reliability/test_cluster_failover.py \
                 tests/test_tokens.py tests/test_logs.py tests/test_privacy.py --ignore=tests/sdk/test_faults.py \
                 --deselect tests/http/test_starvation.py::test_20000_unfinished_heads_leave_the_service_reachable_and_its_log_short \

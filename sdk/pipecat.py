@@ -4,11 +4,9 @@
 
     from caller_memory.sdk.pipecat import CallerMemory
 
+    caller = twilio_caller(call_data)  # the number and attestation your voice webhook signed (Twilio)
     memory = CallerMemory(
-        client,
-        conversation_id=call_data.call_id,
-        caller=call_data.from_number,
-        attestation=attestation_from(call_data),  # Twilio's StirVerstat, if your TwiML passes it
+        client, conversation_id=call_data.call_id, caller=caller.number, attestation=caller.attestation
     )
     pipeline = Pipeline([transport.input(), stt, pair.user(), memory, llm, tts, transport.output(), pair.assistant()])
     ...
@@ -26,8 +24,9 @@
   was spoken, and the generated text as ``original``) go to conversation memory in the background.
 - **The end of the call**, however it ends (``EndFrame``, ``CancelFrame``), in its own task so that the frame
   carrying the hang-up is never held back; :meth:`CallerMemory.finished` waits for it.
-- **Caller-ID trust.** The call's STIR/SHAKEN attestation (:func:`attestation_from`, or ``attestation=``) and a
-  step-up check passed mid-call (:meth:`CallerMemory.step_up_passed`) go with every read and the end: the
+- **Caller-ID trust.** The call's STIR/SHAKEN attestation (:func:`twilio_caller` for a Twilio stream whose
+  parameters your webhook signed with :mod:`caller_memory.sdk.twilio`, :func:`attestation_from`, or
+  ``attestation=``) and a step-up check passed mid-call (:meth:`CallerMemory.step_up_passed`) go with every read and the end: the
   fields the call does not qualify for are withheld (``conv.memory.withheld``).
 - **Logs.** Pipecat logs the caller's number and the whole LLM context through loguru at DEBUG: every
   ``CallerMemory`` installs :func:`install_log_redaction` (importing this module changes no logger; call it
@@ -73,7 +72,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 
 from . import _log_masking, _trust
 from ._log_masking import redact_log_record
-from ._telephony import attestation_from, caller_from
+from ._telephony import attestation_from, caller_from, twilio_caller
 from .client import CONVERSATION_ID, MemoryClient
 from .conversation import DEFAULT_CHANNEL, Conversation, EndResult
 from .errors import CallerMemoryError
@@ -86,6 +85,7 @@ __all__ = [
     "caller_from",
     "install_log_redaction",
     "redact_log_record",
+    "twilio_caller",
 ]
 
 #: A child logger's records skip the parent's filters: this one masks its own (install_log_redaction()).
@@ -168,8 +168,8 @@ class CallerMemory(FrameProcessor):
       named, so that resume and supersession meet calls made with the bare SDK or LiveKit's drop-in);
       ``transcript``: keep what is said in the service's conversation memory (the project needs
       ``conversation.enabled``).
-    - ``attestation``: the call's caller-ID attestation as the provider gave it (:func:`attestation_from`
-      finds Twilio's; the service normalises it), None for none; ``step_up``: the caller already passed a
+    - ``attestation``: the call's caller-ID attestation as the provider gave it (:func:`twilio_caller`
+      checks the one your Twilio webhook signed; the service normalises it), None for none; ``step_up``: the caller already passed a
       step-up check. Later: :meth:`step_up_passed`.
     - ``prefetch``: start the next turn's read when the caller starts speaking (True).
     - ``name``: the processor's name in Pipecat's logs and metrics.
