@@ -239,11 +239,12 @@ def _ms(text: str | None) -> float | None:
 def messages_of(payload: Payload) -> list[SpokenMessage]:
     """``messages`` in order, user, assistant and tool (:data:`ROLES`); other roles and empty messages are
     left out; a message past the stored size is cut."""
-    return [
-        SpokenMessage(ROLES[m.role], cut(m.content))
-        for m in payload.messages or []
-        if m.role in ROLES and m.content and m.content.strip()
-    ]
+    kept: list[SpokenMessage] = []
+    for message in payload.messages or []:
+        role = ROLES.get(message.role or "")
+        if role is not None and message.content and message.content.strip():
+            kept.append(SpokenMessage(role, cut(message.content)))
+    return kept
 
 
 def extracted_of(payload: Payload) -> dict[str, Any]:
