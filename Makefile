@@ -125,9 +125,9 @@ $(FLOORS_VENV)/.installed: $(PROJECT_FILES) scripts/floors.py
 test-frameworks-low: redis-server
 	PYTHON=$(PYTHON) ./scripts/frameworks-low
 
-# tests/vendors: the platform adapters' tests with the vendors' own SDKs (Vapi, Retell, ElevenLabs), pinned, in a
-# virtualenv of their own (.venv-vendors: vapi-server-sdk caps pydantic-core below .venv's), rebuilt only when a
-# project file or the script changes.
+# tests/vendors: the platform adapters' tests with the vendors' own SDKs (Vapi, Retell, ElevenLabs, Telnyx),
+# pinned, in a virtualenv of their own (.venv-vendors: vapi-server-sdk caps pydantic-core below .venv's), rebuilt
+# only when a project file or the script changes.
 test-vendors: redis-server
 	PYTHON=$(PYTHON) ./scripts/vendors
 

@@ -27,6 +27,7 @@ from . import (
     proxy_routes,
     retell_routes,
     routes,
+    telnyx_routes,
     vapi_routes,
     webhook_routes,
 )
@@ -55,6 +56,7 @@ ROUTE_TABLES = (
     agora_routes.routes,
     elevenlabs_routes.routes,
     retell_routes.routes,
+    telnyx_routes.routes,
     vapi_routes.routes,
 )
 

@@ -35,6 +35,7 @@ from caller_memory.service.domain.webhooks.service import delivery_id_of
 from caller_memory.service.http.openapi_parts import BODY_EXAMPLES
 
 from tests.conftest import BACKENDS, OPERATOR_TOKEN
+from tests.http.openapi_platforms import telnyx_public_key
 from tests.proxy.threaded_model import threaded_model
 from tests.support.redis_server import RedisServer
 from tests.support.service_process import ServiceProcess
@@ -79,6 +80,7 @@ PLATFORM_OPTIONS: dict[str, dict[str, Any]] = {
     "vapi": {"auth": "hmac", "assistant_id": "asst-fuzz"},
     "retell": {},
     "elevenlabs": {"agent_variables": ["caller_name"]},
+    "telnyx": {"public_key": telnyx_public_key()},
 }
 #: Conversations the fixture starts, with SPEC section 14's example transcript (turns 1 to 4), for a caller
 #: the fuzzer does not name (its erasures leave them be): ids drawn at random would only ever get 404. The
@@ -193,6 +195,8 @@ SIGNED_HOOKS = [
     "POST /v1/projects/{project}/platforms/retell/inbound",
     "POST /v1/projects/{project}/platforms/retell/events",
     "POST /v1/projects/{project}/platforms/elevenlabs/events",
+    "POST /v1/projects/{project}/platforms/telnyx/variables",
+    "POST /v1/projects/{project}/platforms/telnyx/events",
 ]
 PLATFORM_SIGNED = {
     (kind, label)

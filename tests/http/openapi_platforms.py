@@ -9,6 +9,7 @@ Each is signed exactly as its adapter verifies (service/platforms/<platform>.py)
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import io
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 BASE = "/v1/projects/{project}/platforms"
 AGORA = BASE + "/agora/notifications"
@@ -24,9 +27,13 @@ RETELL_INBOUND = BASE + "/retell/inbound"
 RETELL_EVENTS = BASE + "/retell/events"
 ELEVENLABS_INITIATION = BASE + "/elevenlabs/initiation"
 ELEVENLABS_EVENTS = BASE + "/elevenlabs/events"
+TELNYX_VARIABLES = BASE + "/telnyx/variables"
+TELNYX_EVENTS = BASE + "/telnyx/events"
 #: The hooks signed by the platform, with no bearer token: documented with no security (PUBLIC). Vapi's with
 #: `auth: bearer` takes a platform token instead, which its description says.
-SIGNED = (AGORA, VAPI, RETELL_INBOUND, RETELL_EVENTS, ELEVENLABS_EVENTS)
+SIGNED = (AGORA, VAPI, RETELL_INBOUND, RETELL_EVENTS, ELEVENLABS_EVENTS, TELNYX_VARIABLES, TELNYX_EVENTS)
+#: The call starts among them: past the project's share they answer without memory (200), never 429.
+STARTS = (RETELL_INBOUND, TELNYX_VARIABLES)
 CONNECTION = BASE + "/{platform}"
 TOKENS = "/v1/projects/{project}/tokens"
 SECRET = "openapi-platform-secret"
@@ -41,6 +48,8 @@ OWN: dict[str, set[str]] = {
     "retell_events": _SIGNED_OWN,
     "elevenlabs_initiation": {"200", "404", "422"},
     "elevenlabs_events": _SIGNED_OWN,
+    "telnyx_variables": _SIGNED_OWN,
+    "telnyx_events": _SIGNED_OWN,
 }
 
 Signer = Callable[[bytes, str], dict[str, str]]
@@ -98,6 +107,28 @@ def elevenlabs(at_ms: int) -> Signer:
     }
 
 
+def _ed25519(secret: str) -> Ed25519PrivateKey:
+    """The Ed25519 key a "secret" names here (Telnyx signs with a key pair: the connection holds the public
+    half)."""
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(secret.encode()).digest())
+
+
+def telnyx_public_key(secret: str = SECRET) -> str:
+    raw = _ed25519(secret).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def telnyx(at_ms: int) -> Signer:
+    """``telnyx-signature-ed25519``: the base64 Ed25519 signature of ``<telnyx-timestamp>|<body>``."""
+    stamp = str(at_ms // 1000)
+
+    def sign(body: bytes, secret: str) -> dict[str, str]:
+        signature = _ed25519(secret).sign(stamp.encode() + b"|" + body)
+        return {"telnyx-timestamp": stamp, "telnyx-signature-ed25519": base64.b64encode(signature).decode()}
+
+    return sign
+
+
 async def _refusals(
     check: Check,
     template: str,
@@ -131,6 +162,7 @@ async def walkthrough(check: Check, now_ms: int, platform_max_body: int) -> None
     await vapi_walkthrough(check, now_ms, platform_max_body)
     await retell_walkthrough(check, now_ms, platform_max_body)
     await elevenlabs_walkthrough(check, now_ms, platform_max_body)
+    await telnyx_walkthrough(check, now_ms, platform_max_body)
 
 
 def notice(event_type: int, now_ms: int, **payload: Any) -> dict[str, Any]:
@@ -315,6 +347,86 @@ async def elevenlabs_walkthrough(check: Check, now_ms: int, platform_max_body: i
     assert answer["outcome"] == "ignored", answer
 
 
+def telnyx_event(kind: str, event_id: str, **payload: Any) -> dict[str, Any]:
+    ids = {"call_control_id": "v3:openapi-leg", "call_session_id": "0ccc7b54-4df3-4bca-a65a-3da1ecc777f0"}
+    return {
+        "data": {
+            "record_type": "event",
+            "id": event_id,
+            "event_type": kind,
+            "occurred_at": "2026-12-07T10:00:00Z",
+            "payload": ids | payload,
+        }
+    }
+
+
+async def telnyx_walkthrough(check: Check, now_ms: int, platform_max_body: int) -> None:
+    """The variables webhook: the refusals, a stale timestamp (401), then the call's memory (200), and the
+    same delivery again (200, without memory). The call events: the refusals, then call.initiated
+    (attested), the conversation's end (held), the same again (duplicate), the insights (ended), another
+    event (ignored)."""
+    sign = telnyx(now_ms)
+    connection = {"options": {"public_key": telnyx_public_key()}}
+    variables = telnyx_event(
+        "assistant.initialization",
+        "openapi-init-1",
+        telnyx_end_user_target=CALLER,
+        telnyx_end_user_target_verified=True,
+    )
+    await _refusals(
+        check,
+        TELNYX_VARIABLES,
+        sign,
+        connection=connection,
+        good=variables,
+        malformed={"data": {"payload": {}}},
+        platform_max_body=platform_max_body,
+    )
+    path = concrete(TELNYX_VARIABLES)
+    await check(
+        "POST", TELNYX_VARIABLES, path, 401, token=None, **signed(variables, telnyx(now_ms - 6 * 60_000))
+    )
+    answer = await check("POST", TELNYX_VARIABLES, path, 200, token=None, **signed(variables, sign))
+    assert set(answer) == {"dynamic_variables"}, answer
+    await check("POST", TELNYX_VARIABLES, path, 200, token=None, **signed(variables, sign))  # seen before
+
+    await check("DELETE", CONNECTION, "/v1/projects/shop/platforms/telnyx", 204)
+    said = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}]
+    ended = telnyx_event("call.conversation.ended", "openapi-ended-1", messages=said, **{"from": CALLER})
+    await _refusals(
+        check,
+        TELNYX_EVENTS,
+        sign,
+        connection=connection,
+        good=ended,
+        malformed={"data": {"id": "x"}},
+        platform_max_body=platform_max_body,
+    )
+    path = concrete(TELNYX_EVENTS)
+
+    async def outcome(event: dict[str, Any]) -> str:
+        answer = await check("POST", TELNYX_EVENTS, path, 200, token=None, **signed(event, sign))
+        return str(answer["outcome"])
+
+    initiated = telnyx_event(
+        "call.initiated",
+        "openapi-initiated-1",
+        direction="incoming",
+        shaken_stir_attestation="A",
+        shaken_stir_validated=True,
+    )
+    assert await outcome(initiated) == "attested"
+    assert await outcome(ended) == "held"
+    assert await outcome(ended) == "duplicate"
+    insights = telnyx_event(
+        "call.conversation_insights.generated",
+        "openapi-insights-1",
+        results=[{"insight_id": "i-1", "result": "ok"}],
+    )
+    assert await outcome(insights) == "ended"
+    assert await outcome(telnyx_event("call.answered", "openapi-answered-1")) == "ignored"
+
+
 async def refused(check: Check, status: int) -> None:
     """503 on every signed hook while the service has its limit of requests in flight (refused before the
     route runs); 429 while the project holds its share, on the hooks that carry a call's end (a call start
@@ -322,7 +434,7 @@ async def refused(check: Check, status: int) -> None:
     here does not exist (its PUT is the request holding the slot): Vapi's hook refuses a body that is not a
     call start (``{}`` here) before it reads the project."""
     for template in SIGNED:
-        if status == 429 and template == RETELL_INBOUND:
+        if status == 429 and template in STARTS:
             continue
         await check("POST", template, concrete(template), status, token=None, json={})
 
