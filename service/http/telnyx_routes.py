@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 
 from aiohttp import web
 
@@ -30,13 +29,9 @@ from ..domain.errors import InvalidInput, Overloaded, StoreUnavailable
 from ..domain.platforms.connections import Connection
 from ..domain.platforms.ingestion import (
     ANALYSIS_GRACE_MS,
-    EndAnswer,
-    PlatformIngestion,
     StartAnswer,
-    _decode_held,
-    merged,
 )
-from ..domain.platforms.records import CallEnd, CallStart
+from ..domain.platforms.records import CallStart
 from ..domain.platforms.variables import start_variables
 from ..domain.platforms.verification import EventReplayed, check_first_sighting
 from ..domain.projects import Project
@@ -268,23 +263,6 @@ async def _existing(
     return None
 
 
-async def _hold(
-    ingestion: PlatformIngestion, project: Project, connection: Connection, end: CallEnd
-) -> EndAnswer:
-    """An end event without the analysis: what another such event of the call holds already is taken and
-    added to it, then held again (Telnyx sends two, the hang-up and the transcript, in no set order)."""
-    store = ingestion.store
-    held = await store.take_platform_end(project.project_id, end.conversation_id)
-    if held is not None:
-        try:
-            _, first, _ = _decode_held(held, ingestion.sealer, project.project_id, end.conversation_id)
-        except ValueError:  # sealed with a key the operator no longer has: nothing of it can be used
-            pass
-        else:
-            end = replace(merged(first, end), carries_analysis=False)
-    return await ingestion.end(project, connection, end)
-
-
 async def _attested(
     store: Store, project: Project, connection: Connection, data: telnyx.Data, now: int
 ) -> web.Response:
@@ -384,7 +362,7 @@ async def telnyx_events(request: web.Request) -> web.Response:
         if end.carries_analysis:
             answer = await ingestion.end(project, connection, end)
         else:
-            answer = await _hold(ingestion, project, connection, end)
+            answer = await ingestion.end_more(project, connection, end)
     except InvalidInput:
         # A caller the service cannot read as a number (withheld, anonymous): nothing to keep, never refused.
         log.info("telnyx: %s ignored (no caller number to keep it under)", kind)

@@ -22,7 +22,7 @@ import asyncio
 import base64
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
@@ -333,6 +333,20 @@ class PlatformIngestion:
             _, first, received = _decode_held(held, self.sealer, project.project_id, end.conversation_id)
             end = merged(first, end)
         return await self._run_end(project, settings, end, received)
+
+    async def end_more(self, project: Project, connection: Connection, end: CallEnd) -> EndAnswer:
+        """An end event without the analysis, of a platform that sends more than one (Telnyx: the hang-up and
+        the transcript, in no set order): what another such event of the call holds already is added to it,
+        and the two are held again, for the event with the analysis (or ``analysis_grace``)."""
+        held = await self.store.take_platform_end(project.project_id, end.conversation_id)
+        if held is not None:
+            try:
+                _, first, _ = _decode_held(held, self.sealer, project.project_id, end.conversation_id)
+            except ValueError:  # sealed with a key the operator no longer has: nothing of it can be used
+                pass
+            else:
+                end = replace(merged(first, end), carries_analysis=False)
+        return await self.end(project, connection, end)
 
     async def end_part(
         self, project: Project, connection: Connection, end: CallEnd, *, wait_ms: int
