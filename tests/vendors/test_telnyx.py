@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import time
 import typing
+from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
 
@@ -83,8 +84,9 @@ async def send(
     return reply
 
 
-def _iso(telnyx: Telnyx) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(telnyx.clock.now_ms() / 1000))
+def _iso(telnyx: Telnyx) -> datetime:
+    """The service's now, as the events' ``occurred_at`` (whole seconds, UTC)."""
+    return datetime.fromtimestamp(telnyx.clock.now_ms() // 1000, tz=UTC)
 
 
 def initiated(telnyx: Telnyx, session: str, attestation: str, validated: bool = True) -> bytes:
@@ -103,7 +105,7 @@ def initiated(telnyx: Telnyx, session: str, attestation: str, validated: bool = 
         data=CallInitiated(
             id=f"init-{session}-{attestation}",
             event_type="call.initiated",
-            occurred_at=_iso(telnyx),  # type: ignore[arg-type]  # validated into a datetime
+            occurred_at=_iso(telnyx),
             payload=payload,
             record_type="event",
         )
@@ -125,7 +127,7 @@ def hangup(telnyx: Telnyx, session: str, cause: Any = "normal_clearing") -> byte
         data=CallHangup(
             id=f"hangup-{session}",
             event_type="call.hangup",
-            occurred_at=_iso(telnyx),  # type: ignore[arg-type]
+            occurred_at=_iso(telnyx),
             payload=payload,
             record_type="event",
         )
@@ -148,7 +150,7 @@ def conversation_ended(telnyx: Telnyx, session: str, messages: list[dict[str, An
         data=CallConversationEnded(
             id=f"ended-{session}",
             event_type="call.conversation.ended",
-            occurred_at=_iso(telnyx),  # type: ignore[arg-type]
+            occurred_at=_iso(telnyx),
             payload=payload,
             record_type="event",
         )
@@ -167,7 +169,7 @@ def insights(telnyx: Telnyx, session: str) -> bytes:
         data=CallConversationInsightsGenerated(
             id=f"insights-{session}",
             event_type="call.conversation_insights.generated",
-            occurred_at=_iso(telnyx),  # type: ignore[arg-type]
+            occurred_at=_iso(telnyx),
             payload=payload,
             record_type="event",
         )
