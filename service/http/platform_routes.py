@@ -4,12 +4,18 @@ audited there."""
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
-from ..domain.platforms.connections import PLATFORM_LIST, ConnectionBody
+from ..domain.errors import Overloaded, StoreUnavailable
+from ..domain.platforms.connections import PLATFORM_LIST, Connection, ConnectionBody
 from ..domain.platforms.ingestion import PlatformIngestion
 from ..domain.platforms.service import PlatformConnections, connection_view
+from ..domain.projects import Project
 from ..domain.tokens import Role
+from .app_keys import SERVICES
+from .middleware import admitted
 from .openapi_parts import NO_STORE_HEADERS, body_errors, problem, request_body, response
 from .operations import documented
 from .responses import json_response
@@ -91,3 +97,20 @@ async def delete_connection(request: web.Request) -> web.Response:
     _, project = await project_for(request, Role.ADMIN)
     await request.app[PLATFORMS].delete(project, request.match_info["platform"], actor=actor(request))
     return web.Response(status=204)
+
+
+async def call_start_lookups(
+    request: web.Request, platform: str, budget_s: float
+) -> tuple[Project | None, Connection | None]:
+    """The path's project and its ``platform`` connection for a call start (404 when either does not exist):
+    each read within ``budget_s``; when the store does not answer in time (or the project is past its share
+    of the requests in flight, for the connection), the project this process has cached and the connection it
+    last read (None for what it has not), so that the start is still answered, without memory."""
+    services = request.app[SERVICES]
+    try:
+        async with asyncio.timeout(budget_s):
+            project = await services.projects.get(request.match_info["project"])
+    except (TimeoutError, StoreUnavailable, Overloaded):
+        return None, None
+    connection = await request.app[PLATFORMS].for_call(project, platform, budget_s, fresh=admitted(request))
+    return project, connection

@@ -22,7 +22,6 @@ import logging
 from aiohttp import web
 
 from ..domain.errors import InvalidInput, Overloaded, StoreUnavailable
-from ..domain.platforms.connections import Connection
 from ..domain.platforms.ingestion import StartAnswer
 from ..domain.platforms.records import CallStart
 from ..domain.platforms.variables import start_variables
@@ -33,7 +32,7 @@ from .app_keys import SERVICES
 from .middleware import admitted, refuse_unless_admitted
 from .openapi_parts import JSON, platform_body_errors, problem, signed_hook_errors
 from .operations import documented
-from .platform_routes import INGESTION, PLATFORMS
+from .platform_routes import INGESTION, PLATFORMS, call_start_lookups
 from .responses import json_response
 from .routes import read_body
 
@@ -99,21 +98,6 @@ def _without_memory(project: Project | None, conversation_id: str | None) -> web
     return json_response(retell.InboundAnswer(variables, conversation_id).body())
 
 
-async def _lookups(request: web.Request, project_id: str) -> tuple[Project | None, Connection | None]:
-    """The project and its Retell connection (404 when either does not exist); when the store does not answer
-    in time, the project this process has cached and the connection it last read (None for what it has not)."""
-    services = request.app[SERVICES]
-    try:
-        async with asyncio.timeout(LOOKUP_BUDGET_S):
-            project = await services.projects.get(project_id)
-    except (TimeoutError, StoreUnavailable, Overloaded):
-        return None, None
-    connection = await request.app[PLATFORMS].for_call(
-        project, retell.PLATFORM, LOOKUP_BUDGET_S, fresh=admitted(request)
-    )
-    return project, connection
-
-
 @routes.post(INBOUND_PATH)
 @documented(
     None,
@@ -150,7 +134,7 @@ async def retell_inbound(request: web.Request) -> web.Response:
     deadline = loop.time() + retell.START_BUDGET_S
     services = request.app[SERVICES]
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
-    project, connection = await _lookups(request, request.match_info["project"])
+    project, connection = await call_start_lookups(request, retell.PLATFORM, LOOKUP_BUDGET_S)
     if project is None or connection is None:
         # The store did not answer and this process has not read the connection yet: nothing can be verified
         # or read, and the answer holds nothing but empty variables.

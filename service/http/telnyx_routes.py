@@ -42,7 +42,7 @@ from .app_keys import SERVICES
 from .middleware import admitted, refuse_unless_admitted
 from .openapi_parts import JSON, platform_body_errors, problem, signed_hook_errors
 from .operations import documented
-from .platform_routes import INGESTION, PLATFORMS
+from .platform_routes import INGESTION, PLATFORMS, call_start_lookups
 from .responses import json_response
 from .routes import read_body
 
@@ -128,21 +128,6 @@ def _without_memory(project: Project | None) -> web.Response:
     return json_response(telnyx.variables_answer(start_variables(failed, keys, regions)))
 
 
-async def _lookups(request: web.Request, project_id: str) -> tuple[Project | None, Connection | None]:
-    """The project and its Telnyx connection (404 when either does not exist); when the store does not answer
-    in time, the project this process has cached and the connection it last read (None for what it has not)."""
-    services = request.app[SERVICES]
-    try:
-        async with asyncio.timeout(LOOKUP_BUDGET_S):
-            project = await services.projects.get(project_id)
-    except (TimeoutError, StoreUnavailable, Overloaded):
-        return None, None
-    connection = await request.app[PLATFORMS].for_call(
-        project, telnyx.PLATFORM, LOOKUP_BUDGET_S, fresh=admitted(request)
-    )
-    return project, connection
-
-
 async def _initiated_attestation(
     store: Store, clock: Clock, project: Project, conversation_id: str, wait_s: float
 ) -> str | None:
@@ -199,7 +184,7 @@ async def telnyx_variables(request: web.Request) -> web.Response:
     deadline = loop.time() + telnyx.START_BUDGET_S
     services = request.app[SERVICES]
     body = await read_body(request.clone(client_max_size=services.settings.platform_max_body))
-    project, connection = await _lookups(request, request.match_info["project"])
+    project, connection = await call_start_lookups(request, telnyx.PLATFORM, LOOKUP_BUDGET_S)
     if project is None or connection is None:
         log.warning("telnyx: variables answered without memory (store unavailable, connection unknown)")
         return _without_memory(project)
