@@ -20,6 +20,7 @@ from yarl import URL
 from ._calls import TranscriptCalls
 from ._ending import Ending
 from ._sender import TranscriptBuffer
+from ._telemetry import Tracing, answered, request_span
 from ._trust import checked_attestation, checked_step_up, query
 from ._wire import (
     MAX_BODY_BYTES,
@@ -146,6 +147,7 @@ class MemoryClient(Ending):
         self._senders: set[asyncio.Task[None]] = set()
         self._buffers: weakref.WeakValueDictionary[str, TranscriptBuffer] = weakref.WeakValueDictionary()
         self._send_slots = asyncio.Semaphore(background_requests)
+        self._tracing = Tracing()
         #: Ends in flight (conv.end(), end_conversation()): aclose() lets them finish first.
         self._ends = 0
         self._no_ends = asyncio.Event()
@@ -295,6 +297,26 @@ class MemoryClient(Ending):
     async def _request(
         self,
         method: str,
+        parts: tuple[str, ...],
+        url: URL,
+        *,
+        seconds: float,
+        headers: dict[str, str],
+        **kwargs: Any,
+    ) -> tuple[int, Any, Any]:
+        """:meth:`_exchange`, in a client span when the application traces (``parts``: the path under the
+        project, of which the span names the route template, never the path)."""
+        tracer = self._tracing.tracer()
+        if tracer is None:
+            return await self._exchange(method, url, seconds=seconds, headers=headers, **kwargs)
+        with request_span(tracer, method, parts, self.project, headers) as span:
+            reply = await self._exchange(method, url, seconds=seconds, headers=headers, **kwargs)
+            answered(span, reply[0])
+            return reply
+
+    async def _exchange(
+        self,
+        method: str,
         url: URL,
         *,
         seconds: float,
@@ -357,7 +379,7 @@ class MemoryClient(Ending):
         if body is not None:
             sent["Content-Type"] = "application/json"
         return await self._request(
-            method, url, seconds=seconds, headers=sent, limit=limit or MAX_BODY_BYTES, data=body
+            method, parts, url, seconds=seconds, headers=sent, limit=limit or MAX_BODY_BYTES, data=body
         )
 
     async def read_memory(
@@ -406,10 +428,11 @@ class MemoryClient(Ending):
         if previous is not None and previous.available and previous.etag:
             # The service's ETag covers what the call's trust withheld: a read with more trust gets a 200.
             headers["If-None-Match"] = previous.etag
-        url = self._url("callers", caller, "memory")
+        parts = ("callers", caller, "memory")
+        url = self._url(*parts)
         try:
             status, resp_headers, body = await self._request(
-                "GET", url.with_query(trust) if trust else url, seconds=budget, headers=headers
+                "GET", parts, url.with_query(trust) if trust else url, seconds=budget, headers=headers
             )
         except ServiceUnavailableError as exc:
             log.warning("memory read failed: %s", exc)

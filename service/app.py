@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -38,16 +39,18 @@ from .domain.webhooks.policy import WebhookPolicy
 from .domain.webhooks.secrets import SecretBox
 from .domain.webhooks.service import WebhookService
 from .http.admin_routes import record_sweep_metrics
-from .http.app_keys import METRICS, SERVICES, WEBHOOKS, Services, Webhooks
+from .http.app_keys import METRICS, SERVICES, TELEMETRY, WEBHOOKS, Services, Webhooks
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.openapi import ROUTE_TABLES
 from .http.platform_routes import INGESTION, PLATFORMS
 from .http.proxy_routes import PROXY, build_proxy
+from .http.tracing import tracing_middleware
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
 from .storage import open_store
 from .storage.archive_objects import ArchiveObjects
+from .telemetry import Telemetry
 
 log = logging.getLogger("caller_memory")
 
@@ -156,38 +159,39 @@ def build_ingestion(settings: Settings, services: Services, metrics: Metrics) ->
 
 
 def create_app(
-    settings: Settings, *, clock: Clock | None = None, store: Store | None = None
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    store: Store | None = None,
+    telemetry: Telemetry | None = None,
 ) -> web.Application:
-    """Build the service. ``clock`` and ``store`` may be injected (tests); the store is opened on startup."""
+    """Build the service. ``clock`` and ``store`` may be injected (tests); the store is opened on startup.
+    ``telemetry``: tracing as the ``OTEL_*`` variables ask unless given (:mod:`.telemetry`)."""
     install_log_masking()
     metrics = Metrics()
+    telemetry = telemetry or Telemetry.from_environment()
     app = web.Application(
-        client_max_size=MAX_BODY_BYTES,
-        middlewares=[
-            service_middleware(
-                metrics,
-                settings.max_in_flight,
-                project_limit=settings.project_in_flight,
-                body_timeout=settings.body_timeout,
-            )
-        ],
+        client_max_size=MAX_BODY_BYTES, middlewares=middlewares_of(settings, metrics, telemetry)
     )
     clock = clock or SystemClock()
-    store = store or store_of(settings)
+    store = telemetry.traced_store(store or store_of(settings), store_system(store, settings))
     # The worker's slots first: the use cases that queue wake it through them, and so do its attempts.
     slots = Slots(settings.webhook_concurrency)
     audit = AuditLog(store, clock)
-    webhook_service = build_webhook_service(settings, store, clock, slots=slots, audit=audit)
+    webhook_service = build_webhook_service(
+        settings, store, clock, slots=slots, audit=audit, telemetry=telemetry
+    )
     services = build_services(settings, clock=clock, store=store, webhooks=webhook_service, audit=audit)
     app[SERVICES] = services
     app[METRICS] = metrics
     app[WEBHOOKS] = webhooks = build_webhooks(
-        settings, services, metrics, service=webhook_service, slots=slots
+        settings, services, metrics, service=webhook_service, slots=slots, telemetry=telemetry
     )
     app[PLATFORMS] = build_platforms(settings, services)
     app[INGESTION] = build_ingestion(settings, services, metrics)
     # The memory proxy's upstreams follow the webhooks' destination rules (and their allow list).
-    app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy)
+    app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy, telemetry)
+    app[TELEMETRY] = telemetry
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
@@ -248,16 +252,49 @@ def create_app(
     app.cleanup_ctx.append(proxy.lifecycle)  # closed before the store: its transcript writes finish first
     app.cleanup_ctx.append(sweep_schedule)
     app.cleanup_ctx.append(delivery_worker)
+    # After every cleanup context (the store closed): the spans of the shutdown are exported too.
+    app.on_cleanup.append(lambda app: telemetry.shutdown())
     for table in ROUTE_TABLES:  # the same tables /openapi.json is assembled from
         app.add_routes(table)
     return app
 
 
+def middlewares_of(settings: Settings, metrics: Metrics, telemetry: Telemetry) -> list[Middleware]:
+    """The service's middleware, and with tracing on the span's before it (outside: it sees the answer the
+    service's middleware made of an error). Off, a request goes through one middleware fewer."""
+    middlewares = [
+        service_middleware(
+            metrics,
+            settings.max_in_flight,
+            project_limit=settings.project_in_flight,
+            body_timeout=settings.body_timeout,
+        )
+    ]
+    if telemetry.on:
+        middlewares.insert(0, tracing_middleware(telemetry))
+        metrics.count_dropped_spans(telemetry.dropped)
+    return middlewares
+
+
+def store_system(store: Store | None, settings: Settings) -> str:
+    """The store's kind, as spans name it (``db.system.name``): ``sqlite`` or ``redis``."""
+    if store is not None:
+        return "sqlite" if "sqlite" in type(store).__module__ else "redis"
+    return "sqlite" if settings.store_url.lower().startswith("sqlite") else "redis"
+
+
 def build_webhook_service(
-    settings: Settings, store: Store, clock: Clock, *, slots: Slots, audit: AuditLog
+    settings: Settings,
+    store: Store,
+    clock: Clock,
+    *,
+    slots: Slots,
+    audit: AuditLog,
+    telemetry: Telemetry | None = None,
 ) -> WebhookService:
     """The webhooks' use cases, which the use cases that make events (ends, erasures) are given; what they
-    queue wakes the delivery worker through ``slots``."""
+    queue wakes the delivery worker through ``slots`` (and, with tracing on, is linked to the span that
+    queued it)."""
     return WebhookService(
         store,
         SecretBox(settings.secret_key, settings.previous_secret_keys),
@@ -265,13 +302,19 @@ def build_webhook_service(
         clock,
         audit=audit,
         history_allowed=settings.webhook_history,
-        listener=slots,
+        listener=telemetry.remembering(slots) if telemetry is not None else slots,
         cache_seconds=settings.config_cache_seconds,
     )
 
 
 def build_webhooks(
-    settings: Settings, services: Services, metrics: Metrics, *, service: WebhookService, slots: Slots
+    settings: Settings,
+    services: Services,
+    metrics: Metrics,
+    *,
+    service: WebhookService,
+    slots: Slots,
+    telemetry: Telemetry | None = None,
 ) -> Webhooks:
     """The webhook side of the process: ``service`` (:func:`build_webhook_service`), its delivery worker
     (on the ``slots`` that ``service`` wakes it through) and its HTTP client."""
@@ -290,6 +333,7 @@ def build_webhooks(
         slots=slots,
         timeout=settings.webhook_timeout,
         observe=observe,
+        trace=telemetry if telemetry is not None and telemetry.on else None,
     )
     return Webhooks(service, deliverer, sender)
 
@@ -341,7 +385,8 @@ async def run_deliveries(app: web.Application, interval: float) -> None:
 async def scheduled_sweep(app: web.Application) -> None:
     metrics = app[METRICS]
     try:
-        report = await app[SERVICES].sweeper.run()
+        with app[TELEMETRY].span("sweep"):
+            report = await app[SERVICES].sweeper.run()
     except CallerMemoryError as exc:
         metrics.sweeps.labels("failed").inc()
         log.warning("scheduled sweep failed: %s", exc.detail)
@@ -353,6 +398,12 @@ async def scheduled_sweep(app: web.Application) -> None:
 
 
 async def scheduled_inactivity_ends(app: web.Application) -> None:
+    # One span per run: the webhook deliveries of the ends it makes link to it.
+    with app[TELEMETRY].span("inactivity ends"):
+        await _inactivity_ends(app)
+
+
+async def _inactivity_ends(app: web.Application) -> None:
     services = app[SERVICES]
     # Platform calls whose analysis did not come within analysis_grace end first (held in the store: any
     # replica runs them, after a restart too; each is taken by one).

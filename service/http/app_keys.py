@@ -25,6 +25,7 @@ from ..domain.store import Store
 from ..domain.tokens import TokenService
 from ..domain.webhooks.delivery import Deliverer
 from ..domain.webhooks.service import WebhookService
+from ..telemetry import Telemetry
 from .metrics import Metrics
 from .webhook_sender import HttpSender
 
@@ -84,3 +85,5 @@ class Webhooks:
 SERVICES = web.AppKey("services", Services)
 WEBHOOKS = web.AppKey("webhooks", Webhooks)
 METRICS = web.AppKey("metrics", Metrics)
+#: The app's tracing (off unless the OTEL_* variables or the application turned it on).
+TELEMETRY = web.AppKey("telemetry", Telemetry)

@@ -159,6 +159,14 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=self.registry,
         )
+        self.spans_dropped = Counter(
+            "caller_memory_spans_dropped",
+            "OpenTelemetry spans dropped because the export queue was full (the collector down or slow; "
+            "OTEL_BSP_MAX_QUEUE_SIZE bounds the queue). Brought up to date at each scrape.",
+            registry=self.registry,
+        )
+        self._dropped_source: Callable[[], int] | None = None
+        self._dropped_seen = 0
         self._exposed = self.registry
         shared = multiprocess_dir()
         if shared is not None:
@@ -212,8 +220,19 @@ class Metrics:
             self.read_cache.labels("miss").inc(misses - seen_misses)
         self._read_cache_seen = (max(hits, seen_hits), max(misses, seen_misses))
 
+    def count_dropped_spans(self, source: Callable[[], int]) -> None:
+        """Publish the spans the tracer provider dropped (``source``: a running total) at each scrape."""
+        self._dropped_source = source
+
+    def publish_dropped_spans(self) -> None:
+        total = self._dropped_source() if self._dropped_source is not None else 0
+        if total > self._dropped_seen:
+            self.spans_dropped.inc(total - self._dropped_seen)
+            self._dropped_seen = total
+
     def response(self) -> web.Response:
         self.publish_read_cache()
+        self.publish_dropped_spans()
         response = web.Response(body=generate_latest(self._exposed))
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response

@@ -47,6 +47,7 @@ from ..proxy.binding import (
 )
 from ..proxy.requests import Completion, Recorded, read_completion
 from ..proxy.upstream import LlmConfig, UpstreamService, upstream_view
+from ..telemetry import Telemetry
 from .app_keys import Services
 from .metrics import Metrics
 from .middleware import IN_FLIGHT, InFlight
@@ -95,6 +96,7 @@ class Proxy:
     outcomes: Counter
     failures: Counter
     open_streams: Gauge
+    telemetry: Telemetry  # a span around each upstream call, from connecting to the stream's end
     streams: dict[str, int] = field(default_factory=dict)
     #: Transcript writes under way (kept so that they are not collected, and awaited at shutdown).
     writes: set[asyncio.Task[None]] = field(default_factory=set)
@@ -115,7 +117,9 @@ class Proxy:
 PROXY = web.AppKey("proxy", Proxy)
 
 
-def build_proxy(settings: Settings, services: Services, metrics: Metrics, policy: WebhookPolicy) -> Proxy:
+def build_proxy(
+    settings: Settings, services: Services, metrics: Metrics, policy: WebhookPolicy, telemetry: Telemetry
+) -> Proxy:
     """The proxy of one process; ``policy``: the webhooks' destination rules, which upstreams follow too."""
     upstreams = UpstreamService(
         services.store,
@@ -151,6 +155,7 @@ def build_proxy(settings: Settings, services: Services, metrics: Metrics, policy
             registry=metrics.registry,
             multiprocess_mode="livesum",
         ),
+        telemetry=telemetry,
     )
 
 
@@ -350,7 +355,8 @@ async def _complete(request: web.Request) -> web.StreamResponse:
             found = await memory
             return completion.upstream_body(found.text, upstream.model)
 
-        return await _relay(request, proxy, project, completion=completion, memory=memory, body=body)
+        with proxy.telemetry.client_span("chat", {"gen_ai.operation.name": "chat"}):
+            return await _relay(request, proxy, project, completion=completion, memory=memory, body=body)
     finally:
         proxy.open_streams.dec()
         if counted:

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -64,6 +65,15 @@ class Sender(Protocol):
 
 #: ``observe(event, outcome, seconds)`` after each attempt (outcome: delivered, retry, failed, dropped).
 Observe = Callable[[str, str, float], None]
+
+
+class DeliveryTrace(Protocol):
+    """Tracing of the attempts (the service's telemetry, when it is on): a span around each, told its
+    outcome."""
+
+    def delivery_span(self, delivery: Delivery) -> AbstractContextManager[None]: ...
+
+    def delivered(self, delivery: Delivery, outcome: str) -> None: ...
 
 
 class Slots:
@@ -117,6 +127,7 @@ class Deliverer:
         timeout: float = 10.0,
         observe: Observe | None = None,
         rng: random.Random | None = None,
+        trace: DeliveryTrace | None = None,
     ) -> None:
         self._webhooks = webhooks
         self._store = webhooks.store
@@ -127,6 +138,7 @@ class Deliverer:
         self.slots = slots or Slots()
         self.timeout = timeout
         self._observe = observe
+        self._trace = trace
         self._rng = rng or random.Random()
         self._in_flight = self.slots.in_flight
         self._tasks: set[asyncio.Task[None]] = set()
@@ -200,7 +212,12 @@ class Deliverer:
         began = time.monotonic()
         outcome = "dropped"
         try:
-            outcome = await self._send(endpoint, delivery)
+            if self._trace is None:
+                outcome = await self._send(endpoint, delivery)
+            else:
+                with self._trace.delivery_span(delivery):
+                    outcome = await self._send(endpoint, delivery)
+                    self._trace.delivered(delivery, outcome)
         except asyncio.CancelledError:  # the process stops (stop()): the lease runs out, it is made again
             outcome = "cancelled"
             raise
