@@ -25,9 +25,12 @@ from caller_memory.service.http.middleware import Handler
 from caller_memory.service.http.server import ConnectionGuard, ServiceRunner
 from caller_memory.service.logs import MAX_RUN, SEPARATOR, unescaped
 from multidict import CIMultiDict
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 
 from tests.support.redis_cluster import RedisCluster
 from tests.support.redis_server import RedisServer
+from tests.support.spans import SpanInspector
 
 OPERATOR_TOKEN = "operator-token-for-tests-0123456789"
 PSEUDONYM_KEY = b"pseudonym-key-for-tests-0123456789abcdef"
@@ -83,6 +86,21 @@ def no_number_in_any_log() -> Iterator[None]:
     root.removeHandler(handler)
     root.setLevel(previous)
     assert handler.leaks == [], f"phone numbers were logged: {handler.leaks[:5]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_identifier_in_any_span() -> Iterator[SpanInspector]:
+    """A global tracer provider for the whole run (each pytest process: each xdist worker, each framework
+    file's run), so that every app the tests build in-process traces (telemetry on, as an application's
+    provider turns it on), and every SDK client sends ``traceparent``. Each span of our scopes and the mcp
+    SDK's is inspected as it ends (tests/support/spans.py); at the end of the process, none may have held an
+    identifier, a pseudonym, a value, a token or a URL. Tests of tracing that is off run in subprocesses."""
+    inspector = SpanInspector(TEST_NUMBERS, canonical_digits)
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(inspector)
+    trace.set_tracer_provider(provider)
+    yield inspector
+    assert inspector.faults == [], f"spans held what they must not: {inspector.faults[:5]}"
 
 
 #: What a test's code calls when it measures wall-clock time (a bound such as "within the read budget").

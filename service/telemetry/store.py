@@ -2,7 +2,7 @@
 
 The wrapper is made once per app, when tracing is on, around whichever backend the app opened: one place
 for every backend, and a backend's calls to its own methods stay inside the one span of the port call that
-made them. Each span is named ``store <operation>`` (the port's method), with ``db.system.name`` (and the
+made them. Calls outside any span (background polling) make none. Each span is named ``store <operation>`` (the port's method), with ``db.system.name`` (and the
 older ``db.system``) and ``db.operation.name``: never a key, an argument or a result, which hold pseudonyms
 and values.
 """
@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from opentelemetry.trace import SpanKind, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 
 from ..domain.store import Store
 
@@ -33,6 +33,10 @@ def _spanned(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     span_name = f"store {name}"
 
     async def call(self: _TracedStore, *args: Any, **kwargs: Any) -> Any:
+        if not get_current_span().get_span_context().is_valid:
+            # Outside any span: the delivery worker's and the cache's polling, the store's opening. A trace
+            # per poll would be noise; a call inside a request, a job or a delivery is in its trace.
+            return await getattr(self._inner, name)(*args, **kwargs)
         with self._tracer.start_as_current_span(
             span_name,
             kind=SpanKind.CLIENT,
