@@ -16,10 +16,11 @@ held), and each distinct string is searched once.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from caller_memory.service.logs import mask_text
@@ -70,8 +71,20 @@ class SpanInspector(SpanProcessor):
         self._seen: dict[str, str | None] = {}
         self.faults: list[str] = []
         self.counts: Counter[str] = Counter()
+        self._recorded: list[ReadableSpan] | None = None
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[ReadableSpan]]:
+        """Every span (of any scope) that ends while the block runs, for a test of tracing to look at."""
+        self._recorded = found = []
+        try:
+            yield found
+        finally:
+            self._recorded = None
 
     def on_end(self, span: ReadableSpan) -> None:
+        if self._recorded is not None:
+            self._recorded.append(span)
         scope = span.instrumentation_scope.name if span.instrumentation_scope else ""
         if not checked_scope(scope):
             return
