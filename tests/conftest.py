@@ -24,6 +24,7 @@ from caller_memory.service.http.app_keys import METRICS
 from caller_memory.service.http.middleware import Handler
 from caller_memory.service.http.server import ConnectionGuard, ServiceRunner
 from caller_memory.service.logs import MAX_RUN, SEPARATOR, unescaped
+from caller_memory.service.telemetry import Telemetry
 from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -250,15 +251,18 @@ class Api:
 
 
 @contextlib.asynccontextmanager
-async def running_api(store_url: str, clock: FakeClock, **overrides: Any) -> AsyncIterator[Api]:
+async def running_api(
+    store_url: str, clock: FakeClock, *, telemetry: Telemetry | None = None, **overrides: Any
+) -> AsyncIterator[Api]:
     """The service on a real socket (an ephemeral port) over ``store_url``, and a client for it. No webhook
     delivery worker unless ``webhook_interval`` is given (the webhook tests give it): the other tests,
-    some of which time what they check, have nothing running beside their requests."""
+    some of which time what they check, have nothing running beside their requests. ``telemetry``: the
+    app's tracing (by default, the session's provider: on)."""
     overrides.setdefault("webhook_interval", 0)
     settings = Settings(
         pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN, **overrides
     )
-    app = create_app(settings, clock=clock)
+    app = create_app(settings, clock=clock, telemetry=telemetry)
     seen: list[tuple[str, str, int]] = []
 
     @web.middleware
