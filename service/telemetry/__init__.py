@@ -193,11 +193,16 @@ class Telemetry:
 
     @contextlib.contextmanager
     def client_span(self, name: str, attributes: Mapping[str, str | int]) -> Iterator[Span | None]:
-        """A client span around a call this service makes (the memory proxy's upstream)."""
+        """A client span around a call this service makes (the memory proxy's upstream), inside the
+        request's span when that was sampled (none otherwise)."""
         if self.tracer is None:
             yield None
             return
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace import SpanKind, get_current_span
+
+        if not get_current_span().is_recording():
+            yield None
+            return
 
         with (
             self.tracer.start_as_current_span(

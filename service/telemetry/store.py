@@ -2,7 +2,7 @@
 
 The wrapper is made once per app, when tracing is on, around whichever backend the app opened: one place
 for every backend, and a backend's calls to its own methods stay inside the one span of the port call that
-made them. Calls outside any span (background polling) make none. Each span is named ``store <operation>`` (the port's method), with ``db.system.name`` (and the
+made them. Calls outside a sampled span (a request left out, background polling) make none. Each span is named ``store <operation>`` (the port's method), with ``db.system.name`` (and the
 older ``db.system``) and ``db.operation.name``: never a key, an argument or a result, which hold pseudonyms
 and values.
 """
@@ -33,9 +33,9 @@ def _spanned(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     span_name = f"store {name}"
 
     async def call(self: _TracedStore, *args: Any, **kwargs: Any) -> Any:
-        if not get_current_span().get_span_context().is_valid:
-            # Outside any span: the delivery worker's and the cache's polling, the store's opening. A trace
-            # per poll would be noise; a call inside a request, a job or a delivery is in its trace.
+        if not get_current_span().is_recording():
+            # Outside any sampled span: a request the sampler left out (its store calls follow it, at no
+            # cost), or the delivery worker's and the cache's polling (a trace per poll would be noise).
             return await getattr(self._inner, name)(*args, **kwargs)
         with self._tracer.start_as_current_span(
             span_name,
