@@ -146,7 +146,9 @@ class Telemetry:
             try:
                 self._provider.shutdown()
             finally:
-                loop.call_soon_threadsafe(done.set)
+                # The loop may be gone by now: the stop did not wait, and the process went on without it.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(done.set)
 
         threading.Thread(target=shut, name="telemetry shutdown", daemon=True).start()
         with contextlib.suppress(TimeoutError):
