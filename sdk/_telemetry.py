@@ -109,6 +109,23 @@ def request_span(
             raise
 
 
+@contextlib.contextmanager
+def within(context: object | None) -> Iterator[None]:
+    """The block run in ``context`` (an OpenTelemetry ``Context``: a framework's turn, which the framework does
+    not make current itself), so that the spans of the requests it starts are its children; ``None``
+    (tracing off, or no turn yet): as it is."""
+    if context is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(context)  # type: ignore[arg-type]  # a Context, from the framework
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 def answered(span: Span, status: int) -> None:
     """The service's answer, on the request's span (a 4xx or 5xx marks it failed, as HTTP clients do)."""
     span.set_attribute("http.response.status_code", status)

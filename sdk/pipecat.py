@@ -72,6 +72,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 
 from . import _log_masking, _trust
 from ._log_masking import redact_log_record
+from ._telemetry import within
 from ._telephony import attestation_from, caller_from, twilio_caller
 from .client import CONVERSATION_ID, MemoryClient
 from .conversation import DEFAULT_CHANNEL, Conversation, EndResult
@@ -219,6 +220,7 @@ class CallerMemory(FrameProcessor):
         self._tail: str | None = None
         self._started = False
         self._message: dict[str, Any] | None = None  # the one memory message, in the context
+        self._tracing: Any = None  # Pipecat's tracing context (its turns' spans), from setup()
         self._forwarded: set[int] = set()
         self._kept: list[object] = []  # the forwarded messages, so that their ids stay theirs
         self._generated: list[str] = []
@@ -304,6 +306,8 @@ class CallerMemory(FrameProcessor):
 
     async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]  # Pipecat narrows it itself
         await super().setup(setup)
+        # Pipecat's tracing (enable_tracing=True) keeps each turn's span here, not as the current span.
+        self._tracing = getattr(setup, "tracing_context", None)
         worker = setup.pipeline_worker
         worker.add_observer(self._watcher)
 
@@ -325,7 +329,8 @@ class CallerMemory(FrameProcessor):
                 self._say_no_number()
         elif isinstance(frame, UserStartedSpeakingFrame):
             if self.prefetch and self.conv is not None and not self.conv.ended:
-                self.conv.prefetch()
+                with within(self._turn_context()):  # the read's span in the turn's
+                    self.conv.prefetch()
             await self.push_frame(frame, direction)
         elif isinstance(frame, LLMContextFrame) and direction == FrameDirection.DOWNSTREAM:
             if frame.speculation:  # a provisional context: the turn's memory as it is, no new turn
@@ -346,10 +351,15 @@ class CallerMemory(FrameProcessor):
         if conv is None or conv.ended:
             return
         started = time.perf_counter()
-        await conv.begin_turn()  # takes the prefetched read; at most the read budget
+        with within(self._turn_context()):
+            await conv.begin_turn()  # takes the prefetched read; at most the read budget
         self.turn_waits.append(time.perf_counter() - started)
         self._forward_user_messages(context)
         self._place(context, self._rendered())
+
+    def _turn_context(self) -> object | None:
+        """Pipecat's current turn, as an OpenTelemetry context (None without Pipecat's tracing)."""
+        return self._tracing.get_turn_context() if self._tracing is not None else None
 
     def _rendered(self) -> str | None:
         conv = self.conv

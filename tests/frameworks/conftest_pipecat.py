@@ -113,7 +113,7 @@ class Call:
     finished_at: float = 0.0
 
     @classmethod
-    def build(cls, memory: CallerMemory, llm_url: str, *, pace: float = 0.0) -> Call:
+    def build(cls, memory: CallerMemory, llm_url: str, *, pace: float = 0.0, tracing: bool = False) -> Call:
         llm = make_llm(llm_url)
         context = make_context(memory)
         pair = aggregators(context)
@@ -124,6 +124,7 @@ class Call:
             idle_timeout_secs=None,
             params=PipelineParams(),
             cancel_timeout_secs=5,
+            enable_tracing=tracing,  # Pipecat's own spans, on the test session's provider
         )
         call = cls(memory, llm, context, worker)
         LIVE.append(call)

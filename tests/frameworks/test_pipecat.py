@@ -50,6 +50,7 @@ from tests.frameworks.conftest_pipecat import (
     make_llm,
 )
 from tests.support.fake_llm import FakeLLM
+from tests.support.spans import SpanInspector
 
 # The shared fixtures (a module of this file's own, not a conftest.py: see its docstring).
 every_log_line = conftest_pipecat.every_log_line
@@ -235,6 +236,41 @@ async def test_a_call_the_bare_sdk_left_dropped_is_resumed_by_the_drop_in_both_o
         await callback.ended()
     [message] = memory_messages(llm.requests[-1])
     assert RESUME_NOTE in message and "My name is Ada." in message
+
+
+async def test_the_memory_read_nests_in_pipecats_turn_span(
+    api: Api, shop: dict[str, str], llm: FakeLLM, tmp_path: Path, no_identifier_in_any_span: SpanInspector
+) -> None:
+    """With Pipecat's tracing on: Pipecat's turn span > the SDK's read > the service's request > the store
+    call, one trace (docs/observability.md shows it)."""
+    await remember(api, shop["admin"], {"caller_name": "Ada"})
+    with no_identifier_in_any_span.recording() as spans:
+        async with client_for(api.base_url, shop["agent"], tmp_path) as client:
+            call = Call.build(CallerMemory(client, "call-1", CALLER), llm.base_url, tracing=True)
+            await call.start()
+            assert await call.greet() == "Welcome back, Ada!"
+            assert await call.says("Any gouda today?") == "Noted."
+            await call.bot_hangs_up()
+            await call.ended()
+    turns = {s.context.span_id: s for s in spans if s.name == "turn"}
+    assert turns, sorted({s.name for s in spans})
+    reads = [
+        s
+        for s in spans
+        if s.instrumentation_scope is not None
+        and s.instrumentation_scope.name == "caller_memory.sdk"
+        and s.name.endswith(MEMORY_ROUTE)
+    ]
+    nested = [r for r in reads if r.parent is not None and r.parent.span_id in turns]
+    assert nested, [(r.name, r.parent) for r in reads]
+    read = nested[-1]
+    [server] = [s for s in spans if s.parent is not None and s.parent.span_id == read.context.span_id]
+    assert server.instrumentation_scope is not None
+    assert server.instrumentation_scope.name == "caller_memory.service" and server.name == read.name
+    [store] = [s for s in spans if s.parent is not None and s.parent.span_id == server.context.span_id]
+    assert store.name == "store read_fields"
+    turn = turns[read.parent.span_id]  # type: ignore[union-attr]
+    assert {s.context.trace_id for s in (turn, read, server, store)} == {turn.context.trace_id}
 
 
 def test_the_caller_number_from_each_telephony_layer() -> None:
