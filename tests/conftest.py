@@ -251,13 +251,12 @@ class Api:
 
 
 @contextlib.asynccontextmanager
-async def running_api(
-    store_url: str, clock: FakeClock, *, telemetry: Telemetry | None = None, **overrides: Any
-) -> AsyncIterator[Api]:
+async def running_api(store_url: str, clock: FakeClock, **overrides: Any) -> AsyncIterator[Api]:
     """The service on a real socket (an ephemeral port) over ``store_url``, and a client for it. No webhook
     delivery worker unless ``webhook_interval`` is given (the webhook tests give it): the other tests,
     some of which time what they check, have nothing running beside their requests. ``telemetry``: the
     app's tracing (by default, the session's provider: on)."""
+    telemetry: Telemetry | None = overrides.pop("telemetry", None)
     overrides.setdefault("webhook_interval", 0)
     settings = Settings(
         pseudonym_key=PSEUDONYM_KEY, store_url=store_url, operator_token=OPERATOR_TOKEN, **overrides

@@ -84,7 +84,8 @@ class SpanInspector(SpanProcessor):
     @contextlib.contextmanager
     def recording(self) -> Iterator[list[ReadableSpan]]:
         """Every span (of any scope) that ends while the block runs, for a test of tracing to look at."""
-        self._recorded = found = []
+        found: list[ReadableSpan] = []
+        self._recorded = found
         try:
             yield found
         finally:

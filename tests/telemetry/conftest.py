@@ -16,6 +16,10 @@ def spans(no_identifier_in_any_span: SpanInspector) -> Iterator[list[ReadableSpa
         yield found
 
 
+def scope(span: ReadableSpan) -> str:
+    return span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
+
+
 def named(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name == name]
 

@@ -19,7 +19,7 @@ from tests.conftest import Api, running_api
 from tests.http.test_api import CALLER, CONFIG, memory_path
 from tests.http.test_webhooks import Shop as HookShop
 from tests.http.test_webhooks import eventually, receiver, webhook_settings
-from tests.telemetry.conftest import named, one
+from tests.telemetry.conftest import named, one, scope
 
 READ = "GET /v1/projects/{project}/callers/{identifier}/memory"
 END = "POST /v1/projects/{project}/conversations/{conversation_id}/end"
@@ -46,8 +46,8 @@ async def test_one_trace_nests_the_agents_span_the_sdks_read_the_request_and_the
         with trace.get_tracer("an agent").start_as_current_span("turn") as turn:
             memory = await sdk.read_memory(CALLER)
     assert memory["cheese_type"] == "gouda"
-    sdk_span = one([s for s in spans if s.instrumentation_scope.name == "caller_memory.sdk"], READ)
-    server = one([s for s in spans if s.instrumentation_scope.name == "caller_memory.service"], READ)
+    sdk_span = one([s for s in spans if scope(s) == "caller_memory.sdk"], READ)
+    server = one([s for s in spans if scope(s) == "caller_memory.service"], READ)
     store = one(spans, "store read_fields")
     turn_id = turn.get_span_context()
     # turn > SDK read > the service's request > the store: one trace, each the parent of the next.
@@ -91,7 +91,7 @@ async def test_the_end_is_an_update_of_memory_and_every_store_call_is_one_span(
         result = await conv.end()
     assert result.persisted == ("booking_day",)
     ends = named(spans, END)
-    assert {s.instrumentation_scope.name for s in ends} == {"caller_memory.sdk", "caller_memory.service"}
+    assert {scope(s) for s in ends} == {"caller_memory.sdk", "caller_memory.service"}
     assert all((s.attributes or {})["gen_ai.operation.name"] == "update_memory" for s in ends)
     server = next(s for s in ends if s.kind is SpanKind.SERVER)
     stores = [s for s in spans if s.name.startswith("store ")]
@@ -144,7 +144,7 @@ async def test_traceparent_is_read_and_baggage_is_neither_read_nor_sent(
     assert not memory.available
     assert len(got) == 1
     assert got[0]["traceparent"].startswith("00-") and "baggage" not in {k.lower() for k in got[0]}
-    failed = one([s for s in spans if s.instrumentation_scope.name == "caller_memory.sdk"], READ)
+    failed = one([s for s in spans if scope(s) == "caller_memory.sdk"], READ)
     assert failed.status.status_code is StatusCode.ERROR
     assert (failed.attributes or {})["error.type"] == "503"
     assert not failed.events and not failed.status.description
