@@ -39,15 +39,16 @@ def tracing_middleware(telemetry: Telemetry) -> Middleware:
     """The server span of every request; outside the service's own middleware, so that it sees the status
     of the answer that middleware made of an error.
 
-    A request the sampler leaves out (a 1% sampler: 99 of 100) costs one unsampled span and nothing more: it
-    is not made current, so that nothing under it makes a span (the store's and the proxy's follow the
-    request's), and none of its attributes is built (bench/otel.py measures what is left)."""
+    A request the sampler leaves out (a 1% sampler: 99 of 100) costs little: with the service's own provider,
+    one that starts a trace is decided before any span is made (:class:`~..telemetry.setup.Roots`); else it
+    costs one unsampled span, not made current, so that nothing under it makes a span (the store's and the
+    proxy's follow the request's), and none of its attributes is built (bench/otel.py measures what is left)."""
     from opentelemetry import context as otel_context
     from opentelemetry.propagators.textmap import DefaultGetter
     from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    tracer = telemetry.tracer
+    tracer, roots = telemetry.tracer, telemetry.roots
     assert tracer is not None, "tracing_middleware is added only when tracing is on"
     propagator = TraceContextTextMapPropagator()  # traceparent (and tracestate) only: never baggage
     getter = DefaultGetter()
@@ -55,6 +56,8 @@ def tracing_middleware(telemetry: Telemetry) -> Middleware:
     @web.middleware
     async def trace(request: web.Request, handler: Handler) -> web.StreamResponse:
         method = request.method if request.method in METHODS else "_OTHER"
+        if roots is not None and "traceparent" not in request.headers and not roots.sampled():
+            return await handler(request)  # a trace of its own, left out by the sampler: no span at all
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else None
         span = tracer.start_span(

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # only for type checking: nothing of OpenTelemetry is importe
     from ..domain.store import Store
     from ..domain.store.webhooks import Delivery
     from ..domain.webhooks.service import QueueListener
+    from .setup import Roots
 
 log = logging.getLogger("caller_memory.telemetry")
 
@@ -62,7 +63,7 @@ class Telemetry:
     """The service's tracing, built once by ``create_app``: :meth:`from_environment`, or :meth:`off`, or
     (tests) :meth:`with_provider`. Off, every method is a no-op and ``tracer`` is None."""
 
-    __slots__ = ("_links", "_lock", "_provider", "dropped", "exporters", "tracer")
+    __slots__ = ("_links", "_lock", "_provider", "dropped", "exporters", "roots", "tracer")
 
     def __init__(
         self,
@@ -71,8 +72,12 @@ class Telemetry:
         provider: Any = None,
         dropped: Callable[[], int] | None = None,
         exporters: Sequence[str] = (),
+        roots: Roots | None = None,
     ) -> None:
         self.tracer = tracer
+        #: The root decision of the service's own sampler, made before any span (None: the application's
+        #: provider, or a sampler of another package: every request goes through the SDK's sampler).
+        self.roots = roots
         #: The provider the service configured itself (None: the application's, which it never shuts down).
         self._provider = provider
         #: Spans dropped because the export queue was full (a collector down or slow): a running total.
@@ -119,6 +124,7 @@ class Telemetry:
         provider: Any,
         dropped: Callable[[], int],
         exporters: Sequence[str] = (),
+        roots: Roots | None = None,
         *,
         set_global: bool = False,
     ) -> Telemetry:
@@ -129,7 +135,9 @@ class Telemetry:
             from opentelemetry import trace
 
             trace.set_tracer_provider(provider)
-        return cls(provider.get_tracer(SCOPE), provider=provider, dropped=dropped, exporters=exporters)
+        return cls(
+            provider.get_tracer(SCOPE), provider=provider, dropped=dropped, exporters=exporters, roots=roots
+        )
 
     async def shutdown(self) -> None:
         """Export what the service's own provider holds, waiting :data:`SHUTDOWN_WAIT_S` at most: a collector

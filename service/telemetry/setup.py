@@ -12,6 +12,7 @@ drops, so that a collector that is down or slow costs a request nothing.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -23,6 +24,15 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SpanExporter,
     SpanExportResult,
+)
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    TraceIdRatioBased,
 )
 
 log = logging.getLogger("caller_memory.telemetry")
@@ -99,6 +109,61 @@ class BoundedProcessor(SpanProcessor):
         return self._batch.force_flush(timeout_millis)
 
 
+class HandedIds(RandomIdGenerator):
+    """The provider's ids: random, as the SDK's own, except the next trace id when :class:`Roots` handed one
+    (the id a request was sampled on is the id its span gets)."""
+
+    def __init__(self) -> None:
+        self.handed = 0
+
+    def generate_trace_id(self) -> int:
+        handed, self.handed = self.handed, 0
+        return handed or super().generate_trace_id()
+
+
+class Roots:
+    """The sampler's decision for a request that starts a trace (no ``traceparent``), made before any span
+    is: a random trace id and one comparison, the rule of the SDK's ``TraceIdRatioBased`` (a trace id whose
+    low 64 bits are below ``ratio`` * 2^64 is sampled). A request left out then costs nothing of the SDK; one
+    sampled hands its id to the provider (:class:`HandedIds`), whose sampler, deterministic on the id, decides
+    the same. Made only for the samplers of ``OTEL_TRACES_SAMPLER`` whose root decision is such a ratio."""
+
+    __slots__ = ("_bound", "_ids")
+
+    def __init__(self, ratio: float, ids: HandedIds) -> None:
+        self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
+        self._ids = ids
+
+    def sampled(self) -> bool:
+        trace_id = random.getrandbits(128) or 1
+        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= self._bound:
+            return False
+        self._ids.handed = trace_id
+        return True
+
+
+def sampler_of(environ: Mapping[str, str]) -> tuple[Sampler | None, float | None]:
+    """The sampler ``OTEL_TRACES_SAMPLER`` (and ``_ARG``) name, and the ratio of its root decision: (None,
+    None) for one the SDK reads itself (an entry point of another package)."""
+    name = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    try:
+        ratio = float(environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+    except ValueError:
+        ratio = 1.0  # as the SDK does with an argument it cannot read
+    if not 0.0 <= ratio <= 1.0:
+        ratio = 1.0
+    known: dict[str, tuple[Sampler, float]] = {
+        "always_on": (ALWAYS_ON, 1.0),
+        "always_off": (ALWAYS_OFF, 0.0),
+        "parentbased_always_on": (ParentBased(ALWAYS_ON), 1.0),
+        "parentbased_always_off": (ParentBased(ALWAYS_OFF), 0.0),
+        "traceidratio": (TraceIdRatioBased(ratio), ratio),
+        "parentbased_traceidratio": (ParentBasedTraceIdRatio(ratio), ratio),
+    }
+    found = known.get(name)
+    return found if found is not None else (None, None)
+
+
 def exporter_named(name: str, environ: Mapping[str, str]) -> SpanExporter | None:
     """The exporter ``OTEL_TRACES_EXPORTER`` names (None, with a warning, for one this service does not ship)."""
     if name in ("otlp", "otlp_proto_http"):
@@ -124,15 +189,18 @@ def exporter_named(name: str, environ: Mapping[str, str]) -> SpanExporter | None
 
 def configured_provider(
     environ: Mapping[str, str], exporters: Sequence[str]
-) -> tuple[TracerProvider, Callable[[], int], list[str]]:
+) -> tuple[TracerProvider, Callable[[], int], list[str], Roots | None]:
     """A provider exporting to ``exporters`` (names of ``OTEL_TRACES_EXPORTER``), how many spans it dropped so
-    far (a function), and the exporters it uses. Not set as the global provider here; not shut down at the
-    interpreter's exit (the service does it, within a bound: the SDK's own hook could wait 30 s)."""
+    far (a function), the exporters it uses, and the root decision of its sampler (:class:`Roots`), when it
+    has one. Not set as the global provider here; not shut down at the interpreter's exit (the service does
+    it, within a bound: the SDK's own hook could wait 30 s)."""
     if environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
         resource = Resource.create()
     else:
         resource = Resource.create({"service.name": "caller-memory"})
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    sampler, ratio = sampler_of(environ)
+    ids = HandedIds()
+    provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False, id_generator=ids)
     queue_size = _queue_size(environ)
     processors: list[BoundedProcessor] = []
     used = []
@@ -145,7 +213,8 @@ def configured_provider(
             used.append(name)
     if used:
         log.info("OpenTelemetry tracing on, exporting to %s", ", ".join(used))
-    return provider, lambda: sum(p.dropped for p in processors), used
+    roots = Roots(ratio, ids) if ratio is not None else None
+    return provider, lambda: sum(p.dropped for p in processors), used, roots
 
 
 def _queue_size(environ: Mapping[str, str]) -> int:

@@ -22,6 +22,10 @@ from caller_memory.service.domain.clock import FakeClock
 from caller_memory.service.telemetry import SHUTDOWN_WAIT_S, Telemetry
 from caller_memory.service.telemetry.setup import configured_provider
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.trace import SpanKind
 
 from tests.conftest import OPERATOR_TOKEN, PSEUDONYM_KEY, TEST_NUMBERS, canonical_digits, running_api
 from tests.http.test_api import CALLER, CONFIG, memory_path
@@ -222,6 +226,7 @@ async def test_a_collector_that_hangs_or_is_down_adds_no_latency_and_drops_are_c
             "OTEL_BSP_SCHEDULE_DELAY": "5",
         }
         tracing = Telemetry.with_provider(*configured_provider(env, ["otlp"]))
+        assert tracing.roots is not None  # parentbased_always_on, the default: every request sampled
         clock = FakeClock()
         url = f"sqlite:///{tmp_path}/traced.db"
         async with running_api(url, clock, telemetry=tracing) as traced:
@@ -246,3 +251,44 @@ async def test_a_collector_that_hangs_or_is_down_adds_no_latency_and_drops_are_c
     assert statistics.median(with_collector) < statistics.median(without) * 1.5 + 0.001
     assert max(with_collector) < 0.25
     assert stopped < SHUTDOWN_WAIT_S + 1.0
+
+
+async def test_a_request_that_starts_a_trace_is_sampled_at_the_ratio_before_any_span_is_made(
+    tmp_path: Path,
+) -> None:
+    env = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
+    provider, dropped, used, roots = configured_provider(env, [])
+    assert roots is not None and used == []
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Telemetry.with_provider(provider, dropped, used, roots)
+    async with running_api(f"sqlite:///{tmp_path}/m.db", FakeClock(), telemetry=tracing) as api:
+        tokens = await api.project_with_tokens("shop", CONFIG)
+        exporter.clear()
+        await reads(api, tokens["agent"], 400)
+        servers = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+        stores = [s for s in exporter.get_finished_spans() if s.name == "store read_fields"]
+        # 25% of 400: 100, with a standard deviation of 8.7.
+        assert 60 <= len(servers) <= 140 and len(stores) == len(servers)
+        # Each was sampled on the trace id it carries, by the SDK's own rule (so the provider's sampler,
+        # which decides again when the span is made, agreed).
+        bound = TraceIdRatioBased.get_bound_for_rate(0.25)
+        assert all((s.context.trace_id & TraceIdRatioBased.TRACE_ID_LIMIT) < bound for s in servers)
+        assert len({s.context.trace_id for s in servers}) == len(servers)
+        # A caller's decision is followed, whatever the ratio: sampled, a span; not sampled, none.
+        exporter.clear()
+        for flags in ("01", "00"):
+            reply = await api.call(
+                "GET",
+                memory_path("shop"),
+                token=tokens["agent"],
+                headers={"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"},
+            )
+            assert reply.status == 200
+        [followed] = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+        assert followed.context.trace_id == int("ab" * 16, 16) and followed.context.trace_flags.sampled
+
+
+def test_samplers_of_another_package_are_left_to_the_sdk() -> None:
+    assert configured_provider({"OTEL_TRACES_SAMPLER": "xray"}, [])[3] is None
+    assert configured_provider({"OTEL_TRACES_SAMPLER": "always_off"}, [])[3] is not None
