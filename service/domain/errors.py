@@ -43,6 +43,14 @@ class MalformedRequest(CallerMemoryError, ValueError):
     type_slug = "malformed-request"
 
 
+class NotAcceptable(CallerMemoryError, ValueError):
+    """The request's ``Accept`` header takes none of the media types the answer comes in (HTTP 406)."""
+
+    status = 406
+    title = "Not acceptable"
+    type_slug = "not-acceptable"
+
+
 class UnsupportedCharset(CallerMemoryError, ValueError):
     """The body is declared in a character set other than UTF-8 (HTTP 415)."""
 

@@ -48,6 +48,7 @@ from .pending_answers import SQLitePendingAnswers
 from .platform_events import SQLitePlatformEvents
 from .platforms import SQLitePlatforms
 from .point_reads import PointReads
+from .remembered import SQLiteRemembered
 from .retention import ERASED_SUBJECT, SQLiteRetention
 from .transcripts import SQLiteTranscripts
 from .webhooks import SQLiteWebhooks
@@ -119,6 +120,7 @@ class SQLiteStore(
     SQLiteCallTrust,
     SQLiteLateTranscripts,
     SQLitePendingAnswers,
+    SQLiteRemembered,
     Store,
 ):
     """:class:`Store` on one SQLite file: each capability a mixin, in the module named like its port."""
