@@ -51,6 +51,14 @@ class NotAcceptable(CallerMemoryError, ValueError):
     type_slug = "not-acceptable"
 
 
+class UnsupportedMediaType(CallerMemoryError, ValueError):
+    """The body is not of a media type the operation takes (HTTP 415)."""
+
+    status = 415
+    title = "Unsupported media type"
+    type_slug = "unsupported-media-type"
+
+
 class UnsupportedCharset(CallerMemoryError, ValueError):
     """The body is declared in a character set other than UTF-8 (HTTP 415)."""
 

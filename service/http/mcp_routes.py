@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from ..domain.conversations.ending import check_conversation_id
-from ..domain.errors import Forbidden, InvalidInput, NotAcceptable, NotFound
+from ..domain.errors import Forbidden, InvalidInput, NotAcceptable, UnsupportedMediaType
 from ..domain.projects import Project
 from ..domain.store.transcripts import ConversationKey, TranscriptStatus
 from ..domain.tokens import Role
@@ -29,7 +29,7 @@ from ..mcp.servers import MAX_REQUEST_BYTES, McpServers
 from .app_keys import Services
 from .conversation_routes import reader_for
 from .mcp_bridge import serve_asgi
-from .openapi_parts import JSON, PROBLEM, Json, problem, ref
+from .openapi_parts import JSON, Json, ref
 from .operations import documented
 from .routes import JSON_TYPES, PRINCIPAL, project_for
 
@@ -84,27 +84,27 @@ async def _agent(request: web.Request, conversation_id: str) -> McpConnection:
             f"{ERASURE_HEADER} is for a staff connection (without {CONVERSATION_HEADER})",
             field=ERASURE_HEADER,
         )
-    subject = await _subject(services, project, conversation_id)
+    subject, unbound = await _subject(services, project, conversation_id)
     principal = request[PRINCIPAL]
-    call = AgentCall(conversation_id, subject, reader_for(principal, project))
+    call = AgentCall(conversation_id, subject, reader_for(principal, project), unbound=unbound)
     return McpConnection(project, actor=f"mcp:{principal.name}", call=call)
 
 
-async def _subject(services: Services, project: Project, conversation_id: str) -> str:
-    """The caller (pseudonym) of the started conversation ``conversation_id``, or 404."""
+async def _subject(services: Services, project: Project, conversation_id: str) -> tuple[str, str | None]:
+    """The caller (pseudonym) of the started conversation ``conversation_id``, or "" and why its tools cannot
+    answer yet. A connection may come before its call starts (a framework connects its tools when the agent
+    starts): it lists the tools, and each call of one finds the conversation again."""
     header, _ = await services.store.read_conversation(
         ConversationKey(project.project_id, conversation_id), services.clock.now_ms()
     )
-    if (
-        header is None
-        or not header.subject
-        or header.status in (TranscriptStatus.ERASED, TranscriptStatus.DELETED)
-    ):
-        raise NotFound(
-            f"{CONVERSATION_HEADER} names no started conversation of this project (start it first: the SDK's "
-            "begin, a platform's call start or Agora's join)"
+    if header is None or not header.subject:
+        return "", (
+            f"conversation '{conversation_id}' has not started: start it first (the SDK's begin, a platform's "
+            "call start or Agora's join), then call again"
         )
-    return header.subject
+    if header.status in (TranscriptStatus.ERASED, TranscriptStatus.DELETED):
+        return "", f"conversation '{conversation_id}' was erased or deleted"
+    return header.subject, None
 
 
 async def _staff(request: web.Request) -> McpConnection:
@@ -122,7 +122,7 @@ def check_transport(request: web.Request) -> None:
     if request.content_type not in JSON_TYPES or (
         charset is not None and charset.lower() not in ("utf-8", "utf8")
     ):
-        raise web.HTTPUnsupportedMediaType(reason="Unsupported Media Type")
+        raise UnsupportedMediaType("send the body as JSON in UTF-8, with 'Content-Type: application/json'")
     accepted = {part.split(";")[0].strip().lower() for part in request.headers.get("Accept", "").split(",")}
     if not accepted & {"application/json", "application/*", "*/*"}:
         raise NotAcceptable(
@@ -144,27 +144,64 @@ JSON_RPC: Json = {
         "params": {"type": "object"},
     },
 }
+#: How the endpoint answers an error: a JSON-RPC error object (what MCP clients read and show), at the HTTP
+#: status the rest of the API would answer; the service's refusals carry its problem document as ``data``.
+JSON_RPC_ERROR: Json = {
+    "type": "object",
+    "required": ["jsonrpc", "error"],
+    "properties": {
+        "jsonrpc": {"const": "2.0"},
+        "id": {"type": ["integer", "string", "null"]},
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "integer"},
+                "message": {"type": "string"},
+                "data": {"type": "object"},
+            },
+        },
+    },
+}
+
+
+def rpc_error(description: str, *headers: str) -> Json:
+    answer: Json = {"description": description, "content": {JSON: {"schema": JSON_RPC_ERROR}}}
+    if headers:
+        answer["headers"] = {name: ref(name, "headers") for name in headers}
+    return answer
+
+
 MCP_RESPONSES: dict[str, Json | None] = {
     "200": {
-        "description": "The JSON-RPC answer (tool results, tool errors as results with `isError: true`).",
+        "description": "The JSON-RPC answer (tool results; a tool's error is a result with `isError: true`).",
         "content": {JSON: {"schema": {"type": "object"}}},
     },
     "202": {"description": "A JSON-RPC notification, taken."},
-    "400": {
-        "description": "Not one JSON-RPC request or notification (the MCP SDK's JSON-RPC error object, which MCP "
-        "clients read); or a header that is not UTF-8 (a problem document).",
-        "content": {JSON: {"schema": {"type": "object"}}, PROBLEM: {"schema": ref("Problem")}},
-    },
-    "403": problem(
+    "400": rpc_error("Not one JSON-RPC request or notification of MCP, or a header value that is not UTF-8."),
+    "401": rpc_error("Missing, malformed or unknown bearer token.", "WWW-Authenticate"),
+    "403": rpc_error(
         "A request from a browser (an `Origin` header); a staff connection's token without role `staff`; an "
-        "agent connection's token without role `agent` or `platform`."
+        "agent connection's without role `agent` or `platform`."
     ),
-    "404": problem("No such project; or the conversation header names no started conversation of it."),
-    "406": problem("The `Accept` header does not take `application/json`."),
-    "408": problem("The body did not arrive within the body timeout (CALLER_MEMORY_BODY_TIMEOUT)."),
-    "413": problem("A body over 64 KiB."),
-    "415": problem("A body that is not `application/json` in UTF-8."),
-    "422": problem("A malformed conversation header, or an erasure header that is not `allow`."),
+    "404": rpc_error("No such project, or the token belongs to another project."),
+    "406": rpc_error("The `Accept` header does not take `application/json`."),
+    "408": rpc_error("The body did not arrive within the body timeout (CALLER_MEMORY_BODY_TIMEOUT)."),
+    "413": rpc_error("A body over 64 KiB."),
+    "415": rpc_error("A body that is not `application/json` in UTF-8."),
+    "422": rpc_error(
+        "A malformed project id or conversation header, or an erasure header that is not `allow`."
+    ),
+    "429": rpc_error(
+        "Too many failed authentications from this address lately, or this project already has its share of "
+        "the requests in flight; retry after `Retry-After` seconds.",
+        "Retry-After",
+    ),
+    "500": rpc_error("Unexpected error (logged), or the store holds data this version cannot read."),
+    "503": rpc_error(
+        "The store did not answer in time, or the service has its limit of requests in flight (then with "
+        "`Retry-After`)."
+    ),
 }
 
 

@@ -77,6 +77,8 @@ def agent_call(ctx: Context[Any, Any]) -> tuple[McpConnection, AgentCall]:
         raise ToolError(
             "this tool needs an agent connection: the header X-Caller-Memory-Conversation naming the call"
         )
+    if connection.call.unbound is not None:
+        raise ToolError(connection.call.unbound)
     return connection, connection.call
 
 

@@ -30,6 +30,8 @@ class AgentCall:
     subject: str
     #: Whose transcript messages the token reads (``transcript_scope: "agent"``).
     reader: Reader
+    #: Why the tools cannot answer for the call yet (it has not started, or was erased); None: bound.
+    unbound: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text
 
 
 #: The endpoint's own outcomes, which the walkthrough reaches.
-OWN = {"200", "202", "400", "403", "404", "406", "413", "415", "422"}
+OWN = {"200", "202", "400", "403", "406", "413", "415", "422"}
 
 
 class Check(Protocol):
@@ -48,7 +48,14 @@ async def walkthrough(check: Check) -> None:
     )
     browser = HEADERS | {"Origin": "https://evil.example"}
     await check("POST", MCP, PATH, 403, data=rpc("tools/list"), headers=browser)
-    agent = HEADERS | {"X-Caller-Memory-Conversation": "never-started"}
-    await check("POST", MCP, PATH, 404, data=rpc("tools/list"), headers=agent)
+    # A conversation not started yet: its tools are listed (each call of one says it has not started).
+    agent = HEADERS | {"X-Caller-Memory-Conversation": "not-started-yet"}
+    listed = await check("POST", MCP, PATH, 200, data=rpc("tools/list"), headers=agent)
+    assert {t["name"] for t in listed["result"]["tools"]} == {
+        "get_caller_memory",
+        "remember",
+        "get_context",
+        "get_history",
+    }
     bad = HEADERS | {"X-Caller-Memory-Conversation": "no spaces"}
     await check("POST", MCP, PATH, 422, data=rpc("tools/list"), headers=bad)

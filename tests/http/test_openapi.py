@@ -136,8 +136,8 @@ def test_errors_are_problem_documents_and_refs_resolve(doc: dict[str, Any]) -> N
             content = resolve(doc, response).get("content", {})
             # The memory proxy's 502 is OpenAI's error shape, which OpenAI clients read (docs/proxy.md).
             openai_shaped = path.endswith("/chat/completions") and status == "502"
-            # The MCP SDK's own refusals of what is no MCP request are JSON-RPC errors, which MCP clients read.
-            json_rpc = path.endswith("/mcp") and status == "400"
+            # The MCP endpoint answers its errors as JSON-RPC error objects, which MCP clients read.
+            json_rpc = path.endswith("/mcp")
             if status.startswith(("4", "5")) and path != "/readyz" and not openai_shaped and not json_rpc:
                 assert list(content) == ["application/problem+json"], (method, path, status)
 

@@ -88,8 +88,17 @@ async def test_a_token_of_one_project_never_reaches_another(shop: Shop) -> None:
     assert "feta" not in str(found)
 
 
-async def test_a_conversation_not_started_is_refused_before_any_tool(shop: Shop) -> None:
-    for conversation, status in (("never-started", 404), ("has space", 422), ("x" * 200, 422)):
+async def test_a_connection_before_its_call_starts_lists_the_tools_and_binds_once_it_starts(shop: Shop) -> None:
+    await shop.remember(OTHER_CALLER, caller_name="Bob")
+    async with shop.client(conversation="call-later") as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        early = await client.call_tool("get_caller_memory", {})
+        await shop.start("call-later", OTHER_CALLER)
+        later = result_of(await client.call_tool("get_caller_memory", {}))
+    assert names == {"get_caller_memory", "remember", "get_context", "get_history"}
+    assert early.is_error and "has not started" in text_of(early)
+    assert later["fields"] == {"caller_name": "Bob"}
+    for conversation in ("has space", "x" * 200):
         reply = await shop.api.call(
             "POST",
             f"{BASE}/mcp",
@@ -101,7 +110,8 @@ async def test_a_conversation_not_started_is_refused_before_any_tool(shop: Shop)
                 "X-Caller-Memory-Conversation": conversation,
             },
         )
-        assert reply.status == status, reply.body
+        assert reply.status == 422, reply.body
+        assert "X-Caller-Memory-Conversation" in reply.body["error"]["message"]
 
 
 async def test_bad_input_is_a_tool_error_that_changes_nothing(shop: Shop) -> None:

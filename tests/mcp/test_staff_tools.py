@@ -73,7 +73,9 @@ async def test_staff_tools_are_refused_to_agent_and_platform_tokens(shop: Shop, 
         data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
         headers={"Content-Type": "application/json", "Accept": "application/json"},
     )
-    assert reply.status == 403 and "staff" in reply.body["detail"]
+    # Refused as a JSON-RPC error (what MCP clients show), at the API's status, the problem as its data.
+    assert reply.status == 403 and "staff" in reply.body["error"]["message"]
+    assert reply.body["error"]["data"]["status"] == 403
     # On an agent connection, the same tokens see the agent tools only.
     async with shop.client(token) as client:
         names = {t.name for t in (await client.list_tools()).tools}
@@ -99,7 +101,7 @@ async def test_erasure_is_refused_without_the_opt_in(shop: Shop) -> None:
             "X-Caller-Memory-Erasure": "yes",
         },
     )
-    assert reply.status == 422 and "allow" in reply.body["detail"]
+    assert reply.status == 422 and "allow" in reply.body["error"]["message"]
 
 
 async def test_an_erasure_asks_first_then_answers_the_receipt_and_is_audited(shop: Shop) -> None:
