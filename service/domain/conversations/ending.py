@@ -200,7 +200,7 @@ class ConversationService:
         self._listeners = tuple(listeners)
         self._deliveries = deliveries
         self._pending = pending
-        self.remembered = remembered
+        self.remembered = remembered or RememberedState(store, clock)
 
     async def process_end(
         self, project: Project, event: EndedEvent | None, recording: Recording | None, now: int
@@ -273,9 +273,10 @@ class ConversationService:
             check_chosen_id(channel, "channel", "channel", regions)
 
         withheld = project.trust.withheld(call)
-        changes = split_state(
-            project, await self._with_remembered(project, conversation_id, who, state), withheld=withheld
+        remembered = await self.remembered.under(
+            project, ConversationKey(project.project_id, conversation_id), state, who
         )
+        changes = split_state(project, remembered, withheld=withheld)
         if who.blacklisted:
             # Nothing is read, written or counted for a blacklisted caller; a retry is as harmless.
             return ConversationEnd(conversation_id, [], sorted(state), True, {}, False)
@@ -395,16 +396,6 @@ class ConversationService:
             repeat_caller=repeat_caller,
             replayed=result.status is EndStatus.REPLAYED,
             withheld=changes.withheld,
-        )
-
-    async def _with_remembered(
-        self, project: Project, conversation_id: str, who: Caller, state: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The end's state with the names the call remembered through MCP that it does not hold."""
-        if self.remembered is None or not project.conversation.enabled or who.blacklisted:
-            return state
-        return await self.remembered.under(
-            project, ConversationKey(project.project_id, conversation_id), state
         )
 
     async def _judge(

@@ -166,9 +166,8 @@ class ServiceEnds:
         ref = CallerRef(project.project_id, claimed.subject)
         written_at = claimed.checkpoint_at or claimed.last_activity
         digest = fingerprint(claimed.subject, state, "service end")
-        remembered = self._conversations.remembered
-        if remembered is not None:  # the names remembered through MCP since the checkpoint, over it
-            state = await remembered.over(project, claimed.key, state, claimed.checkpoint_at)
+        # The names remembered through MCP since the checkpoint, over it.
+        state = await self._conversations.remembered.over(project, claimed.key, state, claimed.checkpoint_at)
         changes = split_state(project, state)
         made_at = claimed.last_activity
         # What a crashed explicit end said about the call (its outcome), when this takes it over.

@@ -26,7 +26,7 @@ import orjson
 
 from ..clock import Clock
 from ..errors import CallerMemoryError, Conflict, Forbidden, InvalidInput
-from ..memory import ErasureCounts, check_field_name, encode_value
+from ..memory import Caller, ErasureCounts, check_field_name, encode_value
 from ..projects import Project
 from ..store import CallerRef, Store
 from ..store.remembered import RememberedValue
@@ -96,8 +96,13 @@ class RememberedState:
             return {}
         return {name: v for name, v in found.items() if name in project.ttl_ms}
 
-    async def under(self, project: Project, key: ConversationKey, state: Mapping[str, Any]) -> dict[str, Any]:
-        """An explicit end's state: ``state`` with the remembered names it does not hold."""
+    async def under(
+        self, project: Project, key: ConversationKey, state: dict[str, Any], caller: Caller
+    ) -> dict[str, Any]:
+        """An explicit end's state: ``state`` with the remembered names it does not hold (``state`` as it is
+        for a blacklisted ``caller``, or without conversation memory)."""
+        if caller.blacklisted or not project.conversation.enabled:
+            return state
         found = await self._read(project, key)
         merged = {name: orjson.loads(v.value) for name, v in found.items() if name not in state}
         return merged | dict(state)

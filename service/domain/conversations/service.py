@@ -553,7 +553,6 @@ class TranscriptService:
         """Remember ``name`` = ``value`` for the call's end (MCP's ``remember``; :mod:`.remembered`): checked
         like an end's state, redacted like its checkpoint. False: not kept (a blacklisted caller's call)."""
         remembered = self._conversations.remembered
-        assert remembered is not None  # the app always builds it
         header, _, now = await self._live(project, conversation_id)
         encoded = remembered.check(project, header, name, value, call)
         if header.subject in project.blacklist:
