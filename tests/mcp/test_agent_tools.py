@@ -7,7 +7,8 @@ from typing import Any
 
 from mcp_types import TextContent, ToolAnnotations
 
-from tests.mcp.conftest import CALLER, Shop
+from tests.conftest import OPERATOR_TOKEN
+from tests.mcp.conftest import BASE, CALLER, CONFIG, Shop
 
 
 def text_of(answer: Any) -> str:
@@ -71,3 +72,24 @@ async def test_context_and_history(shop: Shop) -> None:
     assert context["max_tokens"] == 500
     assert history["conversation_id"] == "call-1"
     assert bad.is_error
+
+
+async def test_the_calls_stored_trust_withholds_fields_from_reads_and_writes(shop: Shop) -> None:
+    rc = CONFIG["memory"]["repeat_caller"] | {
+        "field_classes": {"booking": "account"},
+        "trust": {"account": "A"},
+    }
+    config = {"memory": {"repeat_caller": rc, "conversation": {"enabled": True}}}
+    reply = await shop.api.call("PUT", BASE, token=OPERATOR_TOKEN, json=config)
+    assert reply.status == 200, reply.body
+    await shop.remember(caller_name="Ada", booking={"day": "Fri"})
+    await shop.start("call-b", attestation="B")
+    await shop.start("call-a", attestation="A")
+    async with shop.client(conversation="call-b") as client:
+        weak = result_of(await client.call_tool("get_caller_memory", {}))
+        refused = await client.call_tool("remember", {"key": "booking", "value": {"day": "Mon"}})
+    async with shop.client(conversation="call-a") as client:
+        strong = result_of(await client.call_tool("get_caller_memory", {}))
+    assert weak == {"fields": {"caller_name": "Ada"}, "withheld": ["booking"], "known": True}
+    assert refused.is_error and "trust" in text_of(refused)
+    assert strong["fields"] == {"booking": {"day": "Fri"}, "caller_name": "Ada"} and strong["withheld"] == []

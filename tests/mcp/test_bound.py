@@ -88,7 +88,9 @@ async def test_a_token_of_one_project_never_reaches_another(shop: Shop) -> None:
     assert "feta" not in str(found)
 
 
-async def test_a_connection_before_its_call_starts_lists_the_tools_and_binds_once_it_starts(shop: Shop) -> None:
+async def test_a_connection_before_its_call_starts_lists_the_tools_and_binds_once_it_starts(
+    shop: Shop,
+) -> None:
     await shop.remember(OTHER_CALLER, caller_name="Bob")
     async with shop.client(conversation="call-later") as client:
         names = {t.name for t in (await client.list_tools()).tools}
