@@ -67,11 +67,14 @@ def mcp_lifecycle(servers: McpServers) -> Callable[[web.Application], AsyncItera
 async def _agent(request: web.Request, conversation_id: str) -> McpConnection:
     try:
         services, project = await project_for(request, Role.AGENT)
-    except Forbidden as refused:
+    except Forbidden:
         try:
             services, project = await project_for(request, Role.PLATFORM)
         except Forbidden:
-            raise refused from None
+            raise Forbidden(
+                f"an agent connection (with {CONVERSATION_HEADER}) needs a token with role 'agent' or "
+                f"'platform'; a staff token connects without that header"
+            ) from None
     try:
         check_conversation_id(conversation_id)
     except InvalidInput:
@@ -108,7 +111,13 @@ async def _subject(services: Services, project: Project, conversation_id: str) -
 
 
 async def _staff(request: web.Request) -> McpConnection:
-    _, project = await project_for(request, Role.STAFF)
+    try:
+        _, project = await project_for(request, Role.STAFF)
+    except Forbidden:
+        raise Forbidden(
+            f"a staff connection (without {CONVERSATION_HEADER}) needs a token with role 'staff'; an agent or "
+            f"platform token connects with that header, naming its call"
+        ) from None
     opt_in = request.headers.get(ERASURE_HEADER)
     if opt_in is not None and opt_in != "allow":
         raise InvalidInput(f"{ERASURE_HEADER} must be 'allow' (or absent)", field=ERASURE_HEADER)
