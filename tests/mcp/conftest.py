@@ -22,7 +22,7 @@ BASE = f"/v1/projects/{PROJECT}"
 CALLER = "+14155550100"
 OTHER_CALLER = "+14155550199"
 CONVERSATION = "call-1"
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "memory": {
         "repeat_caller": {
             "state_keys": ["caller_name", "cheese", "booking"],
