@@ -67,7 +67,8 @@ lint: install-test
 # ranges (test-frameworks-low). They wait on installs and servers more than they compute, so running them side
 # by side saves minutes.
 FRAMEWORK_TESTS := tests/frameworks/test_pipecat.py tests/frameworks/test_pipecat_twilio.py \
-                   tests/frameworks/test_livekit.py tests/frameworks/test_docs_offline.py
+                   tests/frameworks/test_livekit.py tests/frameworks/test_docs_offline.py \
+                   tests/frameworks/test_pipecat_mcp.py tests/frameworks/test_livekit_mcp.py
 BESIDE := test-floors test-dist test-frameworks-low test-vendors
 # The main suite runs in this many pytest-xdist worker processes (each starts its own Redis servers);
 # `make test TEST_WORKERS=0` runs it in one process.
@@ -92,7 +93,8 @@ test: install-test redis-server chromium lint
 # library's). Left out because the frameworks are not installed there: the drop-ins' default channel; and the
 # Agora join body checked with agora-agents' own types (it needs pydantic above the project's floor). The env
 # is rebuilt only when a project file or scripts/floors.py changes (~20 s with uv's cache); the tests take about
-# 2.5 minutes.
+# 2.5 minutes. anyio (the mcp SDK's) resolves there to a release whose pytest plugin imports a name pytest 9
+# deprecates; the tests use pytest-asyncio, so that plugin is not loaded.
 FLOORS_VENV  ?= .venv-floors
 FLOORS_BIN   := $(FLOORS_VENV)/bin
 FLOORS_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis openapi-spec-validator moto duckdb twilio
@@ -107,7 +109,7 @@ FLOORS_TESTS := tests/storage tests/http tests/sdk tests/reliability/test_cluste
 
 test-floors: $(FLOORS_VENV)/.installed redis-server
 	$(FLOORS_BIN)/python scripts/floors.py check
-	$(FLOORS_BIN)/pytest -q -p no:cacheprovider $(FLOORS_TESTS)
+	$(FLOORS_BIN)/pytest -q -p no:cacheprovider -p no:anyio $(FLOORS_TESTS)
 
 $(FLOORS_VENV)/.installed: $(PROJECT_FILES) scripts/floors.py
 	rm -rf $(FLOORS_VENV)

@@ -21,6 +21,7 @@ from .domain.clock import Clock, SystemClock
 from .domain.conversations.ending import ConversationService
 from .domain.conversations.lifecycle import Lifecycle, ServiceEnds
 from .domain.conversations.pending import PendingAnswers
+from .domain.conversations.remembered import RememberedState
 from .domain.conversations.service import TranscriptService
 from .domain.errors import CallerMemoryError
 from .domain.identifiers import Pseudonymizer
@@ -40,6 +41,7 @@ from .domain.webhooks.secrets import SecretBox
 from .domain.webhooks.service import WebhookService
 from .http.admin_routes import record_sweep_metrics
 from .http.app_keys import METRICS, SERVICES, TELEMETRY, WEBHOOKS, Services, Webhooks
+from .http.mcp_routes import MCP, mcp_lifecycle
 from .http.metrics import Metrics
 from .http.middleware import service_middleware
 from .http.openapi import ROUTE_TABLES
@@ -48,6 +50,8 @@ from .http.proxy_routes import PROXY, build_proxy
 from .http.tracing import tracing_middleware
 from .http.webhook_sender import HttpSender
 from .logs import install_log_masking
+from .mcp.agent_tools import McpDomain
+from .mcp.servers import build_servers
 from .storage import open_store
 from .storage.archive_objects import ArchiveObjects
 from .telemetry import Telemetry
@@ -90,6 +94,8 @@ def build_services(
     )
     # The memory proxy's last answer of each call, recorded at the call's end (and dropped by an erasure).
     pending = PendingAnswers(store, clock)
+    # The state keys remembered through MCP, persisted by the call's end (dropped by an erasure, a deletion).
+    remembered = RememberedState(store, clock)
     # An erased caller's archived conversations go, then their webhook deliveries, then their calls' last
     # answers kept for the proxy.
     memory = MemoryService(
@@ -97,13 +103,22 @@ def build_services(
         pseudonymizer,
         clock,
         audit=audit,
-        erasure_listeners=(archive, pending) if webhooks is None else (archive, webhooks, pending),
+        erasure_listeners=(archive, pending, remembered)
+        if webhooks is None
+        else (archive, webhooks, pending, remembered),
         erased_event=webhooks,
     )
     analytics = AnalyticsService(store)
     # Promote, then archive (the end's memory writes are done by then), then queue the webhooks.
     conversations = ConversationService(
-        store, memory, analytics, clock, listeners=(archive,), deliveries=webhooks, pending=pending
+        store,
+        memory,
+        analytics,
+        clock,
+        listeners=(archive,),
+        deliveries=webhooks,
+        pending=pending,
+        remembered=remembered,
     )
     # The service's ends first: the transcripts tell them of each conversation an append started.
     ends = ServiceEnds(store, conversations, analytics, clock, pending=pending)
@@ -114,7 +129,7 @@ def build_services(
         analytics,
         clock,
         audit=audit,
-        deletion_listeners=(archive,),
+        deletion_listeners=(archive, remembered),
         started=ends,
     )
     return Services(
@@ -192,6 +207,9 @@ def create_app(
     # The memory proxy's upstreams follow the webhooks' destination rules (and their allow list).
     app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy, telemetry)
     app[TELEMETRY] = telemetry
+    # Caller Memory as MCP tools (the official SDK's servers, run by a cleanup context).
+    domain = McpDomain(services.store, clock, services.memory, services.transcripts, services.audit)
+    app[MCP] = mcp_servers = build_servers(domain, settings.pseudonym_key)
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.store.open()
@@ -250,6 +268,7 @@ def create_app(
 
     app.cleanup_ctx.append(store_lifecycle)
     app.cleanup_ctx.append(proxy.lifecycle)  # closed before the store: its transcript writes finish first
+    app.cleanup_ctx.append(mcp_lifecycle(mcp_servers))
     app.cleanup_ctx.append(sweep_schedule)
     app.cleanup_ctx.append(delivery_worker)
     # After every cleanup context (the store closed): the spans of the shutdown are exported too.

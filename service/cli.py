@@ -1,7 +1,8 @@
-"""Command line: ``caller-memory serve | project ... | token ... | platform ...``.
+"""Command line: ``caller-memory serve | project ... | token ... | platform ... | mcp``.
 
 The management commands work directly against the configured store (the same one the service uses), so an
-operator can bootstrap a project and its first admin token without the HTTP API.
+operator can bootstrap a project and its first admin token without the HTTP API. ``mcp`` is a client of a
+running service instead (service/mcp/stdio.py).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     create = token.add_parser("create", help="mint a token; the secret is printed once")
     create.add_argument("project")
-    create.add_argument("--role", required=True, choices=["agent", "analytics", "admin", "platform"])
+    create.add_argument("--role", required=True, choices=["agent", "analytics", "admin", "platform", "staff"])
     create.add_argument("--label", default="")
     create.add_argument(
         "--agent",
@@ -148,6 +149,23 @@ def _parser() -> argparse.ArgumentParser:
     remove = platform.add_parser("delete", help="remove a connection and its secret")
     remove.add_argument("project")
     remove.add_argument("platform")
+
+    mcp = sub.add_parser(
+        "mcp",
+        help="serve the MCP tools on stdin/stdout, relayed to a running service (token: $CALLER_MEMORY_TOKEN)",
+    )
+    mcp.add_argument("--url", required=True, help="the service's address, e.g. http://127.0.0.1:8080")
+    mcp.add_argument("--project", required=True, help="the project id")
+    mcp.add_argument(
+        "--conversation",
+        help="an agent connection to this started conversation (an agent or platform token); "
+        "without it, a staff connection (a staff token)",
+    )
+    mcp.add_argument(
+        "--allow-erasure",
+        action="store_true",
+        help="a staff connection with the erase_caller tool (confirmed)",
+    )
     return parser
 
 
@@ -410,6 +428,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .logs import configure_logging
 
     args = _parser().parse_args(argv)
+    if args.command == "mcp":  # a client of a running service: no store, no service settings
+        from .mcp.stdio import run
+
+        return run(args.url, args.project, conversation=args.conversation, allow_erasure=args.allow_erasure)
     try:
         settings = _settings(args)
     except SettingsError as exc:

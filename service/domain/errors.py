@@ -43,6 +43,22 @@ class MalformedRequest(CallerMemoryError, ValueError):
     type_slug = "malformed-request"
 
 
+class NotAcceptable(CallerMemoryError, ValueError):
+    """The request's ``Accept`` header takes none of the media types the answer comes in (HTTP 406)."""
+
+    status = 406
+    title = "Not acceptable"
+    type_slug = "not-acceptable"
+
+
+class UnsupportedMediaType(CallerMemoryError, ValueError):
+    """The body is not of a media type the operation takes (HTTP 415)."""
+
+    status = 415
+    title = "Unsupported media type"
+    type_slug = "unsupported-media-type"
+
+
 class UnsupportedCharset(CallerMemoryError, ValueError):
     """The body is declared in a character set other than UTF-8 (HTTP 415)."""
 

@@ -222,6 +222,17 @@ class MemoryService:
         stored = await self._store.read_fields(CallerRef(project.project_id, caller.subject), now)
         return self._view(project, caller, stored, now, call)
 
+    async def read_of(self, project: Project, subject: str, call: CallTrust | None = None) -> MemoryView:
+        """The live memory of the caller whose pseudonym is ``subject`` (a conversation's caller, for a tool
+        bound to the call), without what ``call`` does not qualify for; ``identifier`` is empty (never the
+        number). Through a linked identifier, the profile's memory."""
+        caller = Caller("", subject, subject in project.blacklist)
+        if caller.blacklisted:
+            return self._empty(project, caller, call)
+        now = self._clock.now_ms()
+        stored = await self._store.read_fields(CallerRef(project.project_id, subject), now)
+        return self._view(project, caller, stored, now, call)
+
     def validate_patch(self, project: Project, patch: Any) -> tuple[dict[str, bytes], list[str]]:
         """Split a merge patch into encoded sets and deletes, refusing anything not allowed."""
         if not isinstance(patch, dict):

@@ -75,21 +75,26 @@ class Role(enum.StrEnum):
     #: Pasted into a hosted voice platform's console: only the endpoints platforms call
     #: (:func:`platform_may_call`).
     PLATFORM = "platform"
+    #: A business's staff through an MCP client (SPEC section 17): read-only tools over any caller of the
+    #: project (each use audited), and an erasure only where the connection opts in.
+    STAFF = "staff"
 
 
 #: What each role may do. ``admin`` may do everything in its project.
 _GRANTS: dict[Role, frozenset[Role]] = {
     Role.AGENT: frozenset({Role.AGENT}),
     Role.ANALYTICS: frozenset({Role.ANALYTICS}),
-    Role.ADMIN: frozenset({Role.AGENT, Role.ANALYTICS, Role.ADMIN, Role.PLATFORM}),
+    Role.ADMIN: frozenset({Role.AGENT, Role.ANALYTICS, Role.ADMIN, Role.PLATFORM, Role.STAFF}),
     Role.PLATFORM: frozenset({Role.PLATFORM}),
+    Role.STAFF: frozenset({Role.STAFF}),
 }
 
 #: What a ``platform`` token may call in its project, besides nothing: the hooks platforms call
-#: (``/platforms/<platform>/<hook>``) and the memory proxy's completions. Never the connection's own
-#: management (``/platforms/<platform>``, admin), never memory, transcripts or anything else.
+#: (``/platforms/<platform>/<hook>``), the memory proxy's completions and the MCP endpoint (whose agent tools
+#: are bound to one call). Never the connection's own management (``/platforms/<platform>``, admin), never
+#: memory, transcripts or anything else.
 _PLATFORM_PATHS = re.compile(
-    r"/v1/projects/(?P<project>[^/]+)/(?:platforms/[a-z0-9]+/[a-z0-9_-]+|llm/chat/completions)", re.ASCII
+    r"/v1/projects/(?P<project>[^/]+)/(?:platforms/[a-z0-9]+/[a-z0-9_-]+|llm/chat/completions|mcp)", re.ASCII
 )
 
 

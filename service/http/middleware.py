@@ -27,7 +27,7 @@ from ..domain.errors import (
 from ..domain.limits import MAX_BODY_BYTES
 from .app_keys import METRICS
 from .metrics import Metrics
-from .responses import problem_response
+from .responses import json_rpc_error, problem_response
 
 log = logging.getLogger("caller_memory.http")
 
@@ -93,6 +93,8 @@ IN_FLIGHT = web.RequestKey("in_flight", InFlight)
 OVER_SHARE = web.RequestKey("over_share", str)
 #: A platform's webhook: ``/v1/projects/{p}/platforms/{platform}/{hook}``.
 _PLATFORM_HOOK = re.compile(r"/v1/projects/[^/]+/platforms/[^/]+/[^/]+")
+#: The MCP endpoint, whose clients read an error as a JSON-RPC error object (http/mcp_routes.py).
+_MCP = re.compile(r"/v1/projects/[^/]+/mcp")
 
 
 def admitted(request: web.Request) -> bool:
@@ -238,6 +240,8 @@ def service_middleware(
             response = await handler(request)
         except Exception as exc:
             response = problem_for(request, exc)
+            if _MCP.fullmatch(request.path) and isinstance(response, web.Response):
+                response = json_rpc_error(response)
         finally:
             if deadline is not None:
                 deadline.cancel()

@@ -23,6 +23,7 @@ from . import (
     dashboard,
     elevenlabs_routes,
     link_routes,
+    mcp_routes,
     platform_routes,
     proxy_routes,
     retell_routes,
@@ -52,6 +53,7 @@ ROUTE_TABLES = (
     link_routes.routes,
     platform_routes.routes,
     proxy_routes.routes,
+    mcp_routes.routes,
     # The hosted platforms' hooks, by platform.
     agora_routes.routes,
     elevenlabs_routes.routes,

@@ -22,7 +22,7 @@ from aiohttp import web
 from .openapi_parts import Json, operation
 from .queries import QueryModel
 
-RoleName = Literal["operator", "admin", "agent", "analytics", "platform"]
+RoleName = Literal["operator", "admin", "agent", "analytics", "platform", "staff"]
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 _ATTRIBUTE = "__openapi_operation__"

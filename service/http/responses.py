@@ -44,3 +44,30 @@ def problem_response(
     response = web.Response(body=orjson.dumps(_masked(body)), status=status, headers=headers)
     response.content_type = PROBLEM_CONTENT_TYPE
     return response
+
+
+#: The JSON-RPC error code of a refusal by the service before MCP's server saw the request (JSON-RPC's range
+#: for implementation-defined server errors).
+SERVICE_REFUSED = -32001
+#: The headers of a problem that its JSON-RPC form keeps.
+_KEPT = ("WWW-Authenticate", "Retry-After", "Allow")
+
+
+def json_rpc_error(problem: web.Response) -> web.Response:
+    """A problem document as a JSON-RPC error object, at the same status with the same headers: what an MCP
+    client reads (and shows) of an HTTP error; the problem itself is the error's ``data``."""
+    document = orjson.loads(problem.body) if isinstance(problem.body, bytes) else {}
+    error = {
+        "code": SERVICE_REFUSED,
+        "message": str(document.get("detail", problem.reason)),
+        "data": document,
+    }
+    response = web.Response(
+        body=orjson.dumps({"jsonrpc": "2.0", "id": None, "error": error}),
+        status=problem.status,
+        headers={name: problem.headers[name] for name in _KEPT if name in problem.headers},
+        content_type="application/json",
+    )
+    if problem.keep_alive is False:
+        response.force_close()
+    return response

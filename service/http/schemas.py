@@ -24,7 +24,7 @@ class TokenCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["agent", "analytics", "admin", "platform"]
+    role: Literal["agent", "analytics", "admin", "platform", "staff"]
     label: str = Field(
         default="", max_length=100, description="A note for people, e.g. 'cheese-shop agent prod'"
     )

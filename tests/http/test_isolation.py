@@ -10,8 +10,8 @@ import pytest
 from caller_memory.service.domain.tokens import FailureThrottle
 from caller_memory.service.http.app_keys import SERVICES
 
-from tests.conftest import OPERATOR_TOKEN, Api
-from tests.http.test_api import assert_problem
+from tests.conftest import OPERATOR_TOKEN, Api, Reply
+from tests.http.test_api import assert_problem as assert_problem_document
 
 CALLER = "+14155550100"
 GRANTS = {
@@ -56,6 +56,16 @@ def concrete(path: str, token_id: str) -> str:
         "platform": "agora",
     }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
+
+
+def assert_problem(reply: Reply, status: int, *, mentions: str | None = None) -> None:
+    """A problem document; the MCP endpoint's, as the data of a JSON-RPC error at the same status (what MCP
+    clients read)."""
+    if reply.content_type == "application/json" and isinstance(reply.body, dict) and "jsonrpc" in reply.body:
+        error = reply.body["error"]
+        assert reply.status == status and error["message"] == error["data"]["detail"], reply.body
+        reply = Reply(reply.status, reply.headers, error["data"], "application/problem+json")
+    assert_problem_document(reply, status, mentions=mentions)
 
 
 @pytest.fixture

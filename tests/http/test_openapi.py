@@ -29,7 +29,7 @@ from caller_memory.service.http.operations import documented_operations
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
-from tests.http import openapi_platforms
+from tests.http import openapi_mcp, openapi_platforms
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 PUBLIC = {
@@ -136,7 +136,9 @@ def test_errors_are_problem_documents_and_refs_resolve(doc: dict[str, Any]) -> N
             content = resolve(doc, response).get("content", {})
             # The memory proxy's 502 is OpenAI's error shape, which OpenAI clients read (docs/proxy.md).
             openai_shaped = path.endswith("/chat/completions") and status == "502"
-            if status.startswith(("4", "5")) and path != "/readyz" and not openai_shaped:
+            # The MCP endpoint answers its errors as JSON-RPC error objects, which MCP clients read.
+            json_rpc = path.endswith("/mcp")
+            if status.startswith(("4", "5")) and path != "/readyz" and not openai_shaped and not json_rpc:
                 assert list(content) == ["application/problem+json"], (method, path, status)
 
     def walk(node: Any) -> None:
@@ -232,6 +234,7 @@ PATH_VALUES = {
 BODIES: dict[str, Any] = {
     "put_project": {"memory": {"repeat_caller": {"state_keys": ["a", "b"]}}},
     "create_token": {"role": "agent"},
+    "mcp_post": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
     "patch_memory": {"a": 1},
     "end_conversation": {"caller": "+14155550100"},
     "start_conversation": {"caller": "+14155550100", "channel": "voice"},
@@ -416,6 +419,7 @@ async def walkthrough(check: Checker, client: TestClient[web.Request, web.Applic
         check, client.app[SERVICES].clock.now_ms(), client.app[SERVICES].settings.platform_max_body
     )
     await llm_walkthrough(check)
+    await openapi_mcp.walkthrough(check)
 
     await check("DELETE", "/v1/projects/{project}/callers/{identifier}", CALLER, 200)
     records = await check("GET", audit, "/v1/projects/shop/audit?limit=1", 200)
@@ -664,6 +668,7 @@ OWN: dict[str, set[str]] = {
     "get_connection": {"200", "404", "422"},
     "delete_connection": {"204", "404", "422"},
     **openapi_platforms.OWN,
+    "mcp_post": openapi_mcp.OWN,
 }
 #: Which role a token needs to be refused (403) by an operation that requires a role.
 TOO_WEAK = {

@@ -38,7 +38,11 @@ async def test_a_platform_token_is_refused_everywhere_else(api: Api) -> None:
         if role is None:
             continue  # public: the probes, the document, the dashboard's page
         url = concrete(path, minted.body["token_id"])
-        reply = await api.call(method.upper(), url, token=platform, json=BODIES.get((method, path)))
+        # The MCP endpoint takes a platform token on an agent connection (naming a conversation).
+        headers = {"X-Caller-Memory-Conversation": "seed"} if path.endswith("/mcp") else None
+        reply = await api.call(
+            method.upper(), url, token=platform, json=BODIES.get((method, path)), headers=headers
+        )
         if platform_may_call(url, "victim"):
             assert reply.status not in (401, 403), (method, path, reply.body)
             allowed += 1
@@ -46,7 +50,9 @@ async def test_a_platform_token_is_refused_everywhere_else(api: Api) -> None:
             assert_problem(reply, 403)
             refused += 1
     assert refused >= 30
-    assert allowed >= 1  # the memory proxy's completions (the platforms' hooks come with their adapters)
+    assert (
+        allowed >= 2
+    )  # the memory proxy's completions and MCP (the platforms' hooks come with their adapters)
     # Nothing was read or changed: memory, tokens and the (absent) connections as they were.
     memory = await api.call("GET", f"/v1/projects/victim/callers/{CALLER}/memory", token=admin)
     assert memory.body["fields"] == {"a": 1}

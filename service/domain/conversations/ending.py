@@ -28,6 +28,7 @@ from ..trust import CallTrust
 from .events import EndDeliveries, EndedEvent, EndListener
 from .pending import PendingAnswers
 from .redaction import regions_of
+from .remembered import RememberedState
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +184,15 @@ class ConversationService:
         listeners: Sequence[EndListener] = (),
         deliveries: EndDeliveries | None = None,
         pending: PendingAnswers | None = None,
+        remembered: RememberedState | None = None,
     ) -> None:
         """``listeners``: told in turn by every end's processing before its webhook events are made (the
         archive writes the conversation): explicit ends here, the service's ends from
         :class:`~caller_memory.service.domain.conversations.lifecycle.Lifecycle`. One that fails fails the
         end, which is then redone whole. ``deliveries``: the webhooks, where they are on: the events of each
-        end (:meth:`process_end`). ``pending``: the memory proxy's last answers, recorded before the end."""
+        end (:meth:`process_end`). ``pending``: the memory proxy's last answers, recorded before the end.
+        ``remembered``: the state keys remembered through MCP, which the end's state takes where it does not
+        say."""
         self._store = store
         self._memory = memory
         self._analytics = analytics
@@ -196,6 +200,7 @@ class ConversationService:
         self._listeners = tuple(listeners)
         self._deliveries = deliveries
         self._pending = pending
+        self.remembered = remembered or RememberedState(store, clock)
 
     async def process_end(
         self, project: Project, event: EndedEvent | None, recording: Recording | None, now: int
@@ -268,7 +273,10 @@ class ConversationService:
             check_chosen_id(channel, "channel", "channel", regions)
 
         withheld = project.trust.withheld(call)
-        changes = split_state(project, state, withheld=withheld)
+        remembered = await self.remembered.under(
+            project, ConversationKey(project.project_id, conversation_id), state, who
+        )
+        changes = split_state(project, remembered, withheld=withheld)
         if who.blacklisted:
             # Nothing is read, written or counted for a blacklisted caller; a retry is as harmless.
             return ConversationEnd(conversation_id, [], sorted(state), True, {}, False)

@@ -164,9 +164,11 @@ class ServiceEnds:
         claimed = claim.header
         state: dict[str, Any] = orjson.loads(claimed.checkpoint) if claimed.checkpoint else {}
         ref = CallerRef(project.project_id, claimed.subject)
-        changes = split_state(project, state)
         written_at = claimed.checkpoint_at or claimed.last_activity
         digest = fingerprint(claimed.subject, state, "service end")
+        # The names remembered through MCP since the checkpoint, over it.
+        state = await self._conversations.remembered.over(project, claimed.key, state, claimed.checkpoint_at)
+        changes = split_state(project, state)
         made_at = claimed.last_activity
         # What a crashed explicit end said about the call (its outcome), when this takes it over.
         # (qa, handoff_reason, handoff_to), then the platform whose end it was, if one (ending.py).

@@ -203,6 +203,16 @@ class TranscriptRedaction:
         _strings(state, texts)
         return orjson.dumps(_replaced(state, iter(await redactor(texts))))
 
+    async def state_value(self, project: Project, subject: str, region: str, value: bytes, now: int) -> bytes:
+        """A state value (encoded JSON) of the conversation of ``subject`` (its caller) and ``region`` (its
+        number's), redacted as its checkpoint would be: a value remembered through MCP is persisted by the
+        call's end like the checkpoint's."""
+        own = await self.owned(project, None, subject, now)
+        redactor = self.redactor(project, None, own, regions_of(project, None, region))
+        wrapped = await self.checkpoint(b'{"v":' + value + b"}", redactor)
+        assert wrapped is not None  # a checkpoint in, a checkpoint out
+        return orjson.dumps(orjson.loads(wrapped)["v"])
+
     @staticmethod
     async def encode(messages: Sequence[Incoming], redactor: Redactor, now: int) -> list[NewMessage]:
         """Redact (the batch's contents together, and its originals together) and encode; each message

@@ -547,6 +547,20 @@ class TranscriptService:
             "next_cursor": None if page.next is None else page.next.token(),
         }
 
+    async def remember(
+        self, project: Project, conversation_id: str, name: str, value: Any, call: CallTrust | None
+    ) -> bool:
+        """Remember ``name`` = ``value`` for the call's end (MCP's ``remember``; :mod:`.remembered`): checked
+        like an end's state, redacted like its checkpoint. False: not kept (a blacklisted caller's call)."""
+        remembered = self._conversations.remembered
+        header, _, now = await self._live(project, conversation_id)
+        encoded = remembered.check(project, header, name, value, call)
+        if header.subject in project.blacklist:
+            return False
+        encoded = await self.redaction.state_value(project, header.subject, header.region, encoded, now)
+        await remembered.keep(header, name, encoded, now)
+        return True
+
     async def delete(self, project: Project, conversation_id: str, *, actor: str | None = None) -> Header:
         """Delete a conversation's transcript (and its archived copy), audited as done by ``actor`` (None:
         not audited, for a caller that has no actor to name)."""

@@ -473,6 +473,10 @@ class PlatformIngestion:
             self.transcripts_refused += 1
             self.observe("transcript_refused")
         checkpoint = orjson.loads(header.checkpoint) if header.checkpoint else None
+        # The names remembered through MCP, over it.
+        checkpoint = await self.conversations.remembered.over(
+            project, header.key, checkpoint or {}, header.checkpoint_at
+        )
         state = mapped_state(checkpoint, end.extracted, settings.state_map)
         outcome = Outcome(
             qa=qa_value(end.extracted, settings.analysis_qa_key),

@@ -50,6 +50,7 @@ from .pending_answers import PendingAnswerStore
 from .platform_events import PlatformEventStore
 from .platforms import PlatformStore
 from .refs import CallerRef
+from .remembered import RememberedStore
 from .transcripts import TranscriptStore
 from .webhooks import WebhookStore
 
@@ -89,6 +90,7 @@ class Store(
     CallTrustStore,
     LateTranscriptStore,
     PendingAnswerStore,
+    RememberedStore,
     ABC,
 ):
     """Persistent storage for projects, tokens, caller memory (:class:`CoreStore`), conversation memory
@@ -96,5 +98,5 @@ class Store(
     linked identifiers (:class:`LinkStore`), the memory proxy's upstreams (:class:`LlmStore`), platform
     connections (:class:`PlatformStore`), the platform events already seen (:class:`PlatformEventStore`) each
     conversation's call trust (:class:`CallTrustStore`) a platform's late transcript
-    (:class:`LateTranscriptStore`) and the memory proxy's last answer of a call (:class:`PendingAnswerStore`):
-    what every backend implements."""
+    (:class:`LateTranscriptStore`), the memory proxy's last answer of a call (:class:`PendingAnswerStore`) and
+    the state keys a call remembered through MCP (:class:`RememberedStore`): what every backend implements."""

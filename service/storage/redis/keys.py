@@ -46,6 +46,12 @@ Layout (all keys start with ``cm:``)::
     cm:p:<project>:pending-answers-of:<subject>
                                           set       the conversations of that caller with one (an erasure
                                                     walks it)
+    cm:p:<project>:remembered:<conv_id>   hash      name -> "<made_at>|<value>": state keys a call remembered
+                                                    through MCP, persisted by its end (remembered.py);
+                                                    PEXPIREAT its latest keep_until
+    cm:p:<project>:remembered-of:<subject>
+                                          set       the conversations of that caller with some (an erasure
+                                                    walks it)
     cm:sweeps                             list      the latest 100 sweep reports, newest first
     cm:lease:<name>                       string    a lease (the sweeper's), holder id, with a TTL
     cm:{<cbucket>}:cc:<project>:<conv_id> string    "<subject>|<expires_at>": the caller a conversation id was

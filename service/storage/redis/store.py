@@ -54,6 +54,7 @@ from .llm import RedisLlm
 from .pending_answers import RedisPendingAnswers
 from .platform_events import PLATFORM_EVENT_SCRIPTS, RedisPlatformEvents
 from .platforms import RedisPlatforms
+from .remembered import RedisRemembered
 from .retention import RedisRetention
 from .transcripts import TRANSCRIPT_SCRIPTS, RedisTranscripts
 from .transport import (
@@ -115,6 +116,7 @@ class RedisStore(
     RedisCallTrust,
     RedisLateTranscripts,
     RedisPendingAnswers,
+    RedisRemembered,
     Store,
 ):
     """:class:`Store` on a standalone Redis server (``redis://``, ``rediss://`` or ``unix://`` URL) or on a

@@ -322,3 +322,16 @@ CREATE TABLE IF NOT EXISTS pending_answers (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS pending_answers_by_subject ON pending_answers (project, subject);
 CREATE INDEX IF NOT EXISTS pending_answers_by_time ON pending_answers (keep_until);
+-- State keys a call remembered through MCP, persisted by its end (storage/sqlite/remembered.py).
+CREATE TABLE IF NOT EXISTS remembered_state (
+    project TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    value BLOB NOT NULL,
+    made_at INTEGER NOT NULL,
+    keep_until INTEGER NOT NULL,
+    PRIMARY KEY (project, conversation_id, name)
+);
+CREATE INDEX IF NOT EXISTS remembered_state_by_subject ON remembered_state (project, subject);
+CREATE INDEX IF NOT EXISTS remembered_state_by_time ON remembered_state (keep_until);
