@@ -265,3 +265,36 @@ async def test_an_mcp_tool_span_names_the_tool_and_the_project_only(
     }
     assert failed.status.status_code is StatusCode.ERROR and not failed.status.description
     assert (failed.attributes or {})["error.type"] == "KeyError" and not failed.events
+
+
+async def test_an_mcp_tool_call_joins_the_agents_trace_with_the_store_under_it(
+    store_url: str, clock, spans: list[ReadableSpan]
+) -> None:
+    """The mcp SDK makes the tool call's span (``tools/call <tool>``) and joins it to the caller's trace
+    through the request's ``_meta`` (its client injects it there, as an agent's MCP client does); the
+    service's store calls nest under it, and the HTTP request of the MCP endpoint has its server span."""
+    from tests.mcp.conftest import open_shop
+
+    async with running_api(store_url, clock, store_timeout=5.0) as api:
+        shop = await open_shop(api)
+        await shop.remember(caller_name="Ada")
+        async with shop.client() as client:
+            spans.clear()
+            with trace.get_tracer("an agent").start_as_current_span("turn") as turn:
+                found = await client.call_tool("get_caller_memory", {})
+    assert not found.is_error
+    sent = one(spans, "MCP send tools/call get_caller_memory")
+    tool = one(spans, "tools/call get_caller_memory")
+    assert scope(tool) == scope(sent) == "mcp-python-sdk"
+    assert (tool.attributes or {})["gen_ai.tool.name"] == "get_caller_memory"
+    assert sent.context.trace_id == tool.context.trace_id == turn.get_span_context().trace_id
+    assert tool.parent is not None and tool.parent.span_id == sent.context.span_id
+    reads = [
+        s
+        for s in spans
+        if s.name.startswith("store ") and s.parent and s.parent.span_id == tool.context.span_id
+    ]
+    assert reads and all(s.context.trace_id == tool.context.trace_id for s in reads)
+    assert any(
+        s.name == "POST /v1/projects/{project}/mcp" and scope(s) == "caller_memory.service" for s in spans
+    )

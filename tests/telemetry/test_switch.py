@@ -38,15 +38,16 @@ PROBE = textwrap.dedent(
     """
     import asyncio, importlib, json, sys, tempfile
 
-    if sys.argv[1] == "blocked":  # as if the otel extra were not installed
+    if sys.argv[1] == "blocked":  # as if the otel extra were not installed: its SDK and exporter (the API
+        # comes with the mcp SDK, a dependency of the service)
         class Blocker:
             def find_spec(self, name, path=None, target=None):
-                if name == "opentelemetry" or name.startswith("opentelemetry."):
+                if name.startswith(("opentelemetry.sdk", "opentelemetry.exporter")):
                     raise ImportError(f"No module named {name!r}")
         sys.meta_path.insert(0, Blocker())
 
     for library in ("aiohttp", "redis", "pydantic", "apscheduler", "prometheus_client", "mcp"):
-        try:  # the mcp SDK needs the API (blocked: it cannot be imported, as without its dependencies)
+        try:  # the mcp SDK imports the API itself: what it brings is left aside
             importlib.import_module(library)
         except ImportError:
             pass
