@@ -97,7 +97,7 @@ test: install-test redis-server chromium lint
 # deprecates; the tests use pytest-asyncio, so that plugin is not loaded.
 FLOORS_VENV  ?= .venv-floors
 FLOORS_BIN   := $(FLOORS_VENV)/bin
-FLOORS_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis openapi-spec-validator moto duckdb twilio
+FLOORS_TOOLS := pytest pytest-asyncio pytest-timeout hypothesis openapi-spec-validator moto duckdb twilio opentelemetry-sdk
 FLOORS_TESTS := tests/storage tests/http tests/sdk tests/reliability/test_cluster_failover.py \
                 tests/test_tokens.py tests/test_logs.py tests/test_privacy.py --ignore=tests/sdk/test_faults.py \
                 --deselect tests/http/test_starvation.py::test_20000_unfinished_heads_leave_the_service_reachable_and_its_log_short \
