@@ -116,7 +116,10 @@ class Telemetry:
                 "install 'caller-memory[otel]'); tracing stays off"
             )
             return cls.off()
-        return cls.with_provider(*configured_provider(env, wanted), set_global=True)
+        provider, dropped, used, roots = configured_provider(env, wanted)
+        if not used:  # only exporters this service does not ship (each named in a warning)
+            return cls.off()
+        return cls.with_provider(provider, dropped, used, roots, set_global=True)
 
     @classmethod
     def with_provider(

@@ -58,11 +58,13 @@ PROBE = textwrap.dedent(
     from caller_memory.sdk import MemoryClient
     from caller_memory.service.app import create_app
     from caller_memory.service.config import Settings
+    from caller_memory.service.http.app_keys import TELEMETRY
 
     async def main():
         folder = tempfile.mkdtemp()
         settings = Settings(pseudonym_key=b"k" * 40, store_url=f"sqlite:///{folder}/m.db", operator_token="o" * 20)
         app = create_app(settings)
+        print("tracing on:", app[TELEMETRY].on, file=sys.stderr)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -100,23 +102,35 @@ def probe(mode: str, **env: str) -> tuple[list[str], str]:
     assert done.returncode == 0, done.stderr[-2000:]
     import json
 
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    # The last line of the probe's own (the console exporter prints spans on stdout too).
+    last = next(line for line in reversed(done.stdout.splitlines()) if line.startswith("["))
+    return json.loads(last), done.stderr
 
 
 def test_off_our_code_imports_no_opentelemetry_module() -> None:
-    imported, _ = probe("installed")
-    assert imported == []
+    imported, stderr = probe("installed")
+    assert imported == [] and "tracing on: False" in stderr
 
 
 def test_without_the_extra_an_exporter_asked_for_leaves_tracing_off_with_a_warning() -> None:
     imported, stderr = probe("blocked", OTEL_TRACES_EXPORTER="otlp")
-    assert imported == []
+    assert imported == [] and "tracing on: False" in stderr
     assert "the 'otel' extra" in stderr
+
+
+def test_an_exporter_the_service_does_not_ship_leaves_tracing_off_with_a_warning() -> None:
+    _, stderr = probe("installed", OTEL_TRACES_EXPORTER="zipkin")  # the probe's reads answer as ever
+    assert "'zipkin', which this service does not ship" in stderr and "tracing on: False" in stderr
+
+
+def test_an_exporter_asked_for_turns_tracing_on() -> None:
+    _, stderr = probe("installed", OTEL_TRACES_EXPORTER="console")
+    assert "tracing on: True" in stderr
 
 
 def test_otel_sdk_disabled_wins_over_an_exporter() -> None:
     imported, stderr = probe("installed", OTEL_TRACES_EXPORTER="console", OTEL_SDK_DISABLED="true")
-    assert imported == []
+    assert imported == [] and "tracing on: False" in stderr
     assert '"name"' not in stderr  # the console exporter would print each span
 
 
