@@ -48,6 +48,7 @@ from tests.frameworks.conftest_livekit import (
 )
 from tests.support.fake_llm import FakeLLM, text_of
 from tests.support.proxy import LossyProxy
+from tests.support.spans import SpanInspector
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,6 +184,46 @@ async def test_a_tool_follow_up_reuses_its_turns_memory(
         await session.aclose()
         result = await call.wait_ended()
         assert result is not None and result.persisted == ("caller_name",)
+
+
+async def test_the_turns_read_nests_in_livekits_llm_node_span(
+    api: Api,
+    tokens: dict[str, str],
+    sessions: Sessions,
+    fake_llm: FakeLLM,
+    tmp_path: Path,
+    no_identifier_in_any_span: SpanInspector,
+) -> None:
+    """LiveKit's own tracing (on the test session's provider): the read a turn begins in its llm_node is a
+    child of LiveKit's llm_node span, in its agent_turn, with the service's request and the store call under
+    it (docs/observability.md). (The read prefetched as the session starts, which the first turn takes, comes
+    before any of LiveKit's spans.)"""
+    await remember_ada(api, tokens["admin"])
+    with no_identifier_in_any_span.recording() as spans:
+        async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
+            session = sessions.new()
+            call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_traced")
+            await session.start(Shopkeeper(instructions=INSTRUCTIONS))
+            await session.run(user_input="hi")  # takes the read prefetched as the session started
+            await session.run(user_input="my name is Bob")  # reads in its llm_node
+            await session.aclose()
+            await call.wait_ended()
+    by_id = {s.context.span_id: s for s in spans}
+    reads = [
+        s
+        for s in spans
+        if s.name.endswith("/memory")
+        and s.instrumentation_scope is not None
+        and s.instrumentation_scope.name == "caller_memory.sdk"
+    ]
+    nested = [r for r in reads if r.parent is not None and by_id.get(r.parent.span_id, r).name == "llm_node"]
+    assert nested, [(r.name, r.parent and by_id.get(r.parent.span_id)) for r in reads]
+    node = by_id[nested[0].parent.span_id]  # type: ignore[union-attr]
+    assert node.parent is not None and by_id[node.parent.span_id].name == "agent_turn"
+    [server] = [s for s in spans if s.parent is not None and s.parent.span_id == nested[0].context.span_id]
+    [store] = [s for s in spans if s.parent is not None and s.parent.span_id == server.context.span_id]
+    assert store.name == "store read_fields"
+    assert len({s.context.trace_id for s in (node, nested[0], server, store)}) == 1
 
 
 async def timed_turn(session: Any, text: str) -> float:
