@@ -291,6 +291,9 @@ def summary(values: list[float]) -> dict[str, float]:
 class Run:
     """One measurement: connections, the schedule (open) or the loop (closed), the recorder."""
 
+    #: The connections' protocol (a script of its own may look at more of the answers than the status).
+    connection_class: type[Connection] = Connection
+
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.mode = spec["mode"]
@@ -405,7 +408,7 @@ class Run:
         loop = asyncio.get_running_loop()
         for _ in range(self.spec["connections"]):
             _, proto = await loop.create_connection(
-                lambda: Connection(self.on_done), self.spec["host"], self.spec["port"]
+                lambda: self.connection_class(self.on_done), self.spec["host"], self.spec["port"]
             )
             self.conns.append(proto)
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)

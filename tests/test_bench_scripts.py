@@ -4,6 +4,7 @@ and every module imports, so a helper they use that moves elsewhere breaks the s
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,36 @@ def test_identity_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
         ).stdout
         assert "cm-identity-" not in worktrees
     assert len(results["targets"]) == (6 if before else 5)
+
+
+@pytest.mark.timeout(240)  # about 25 s; a busy shared machine may take several times that
+def test_mcp_bench_runs_and_writes_its_results(tmp_path: Path) -> None:
+    """bench/mcp_bench.py --smoke: the service from bench/mcp_launcher.py (with its bench-only constant tool)
+    on SQLite and on a redis-server, the official client's tools/call captured, the three sides for a fraction
+    of a second each; every side answers without errors (a tool error would count), the request sent is the
+    client's (MCP 2026-07-28's headers and _meta envelope), and the JSON holds every figure the target is
+    judged on (a smoke run's figures mean nothing)."""
+    output = tmp_path / "mcp.json"
+    cmd = [sys.executable, str(BENCH / "mcp_bench.py"), "--smoke", "--no-pin", "--output", str(output)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=230, cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    assert "Targets" in run.stdout
+    results = json.loads(output.read_text())
+    assert set(results["stores"]) == {"sqlite", "redis"}
+    for store, found in results["stores"].items():
+        for side in ("read", "tool", "constant"):
+            summary = found["sides"][side]
+            assert summary["requests"] > 0 and summary["errors"] == 0, (store, side, summary["statuses"])
+            assert summary["latency_ms"]["p50"] > 0 and summary["target_rate"] == found["rate"]
+        assert found["checked"]["tool_and_constant_results_equal"]
+        headers = {name.lower(): value for name, value in found["captured_request"]["headers"]}
+        assert headers["mcp-protocol-version"] == "2026-07-28"
+        assert (headers["mcp-method"], headers["mcp-name"]) == ("tools/call", "get_caller_memory")
+        assert "<agent token>" in headers["authorization"]
+        body = json.loads(found["captured_request"]["body"])
+        assert body["method"] == "tools/call" and "_meta" in body["params"]
+        assert found["ours_p50_ms_pooled"] == pytest.approx(
+            found["sides"]["tool"]["latency_ms"]["p50"] - found["sides"]["constant"]["latency_ms"]["p50"]
+        )
+        assert found["ratio"] == pytest.approx(statistics.median(found["ratio_per_round"]))
+    assert len(results["targets"]) == 2
