@@ -208,7 +208,9 @@ def create_app(
     app[PROXY] = proxy = build_proxy(settings, services, metrics, webhook_service.policy, telemetry)
     app[TELEMETRY] = telemetry
     # Caller Memory as MCP tools (the official SDK's servers, run by a cleanup context).
-    domain = McpDomain(services.store, clock, services.memory, services.transcripts, services.audit)
+    domain = McpDomain(
+        services.store, clock, services.memory, services.transcripts, services.audit, telemetry.tool_span
+    )
     app[MCP] = mcp_servers = build_servers(domain, settings.pseudonym_key)
 
     async def store_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -16,8 +16,8 @@ without memory.
 
 # No `from __future__ import annotations`: the SDK reads the tools' annotations at run time, and a resolver
 # named in one (Resolve(confirm)) is a local name, not a global.
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -55,6 +55,15 @@ class McpDomain:
     memory: MemoryService
     transcripts: TranscriptService
     audit: AuditLog
+    #: A span around one tool's work (the service's tracing, where it is on): ``tool_span(tool, project)``.
+    tool_span: Callable[[str, str], AbstractContextManager[object]] = lambda tool, project: nullcontext()
+
+    @asynccontextmanager
+    async def calling(self, tool: str, project: str) -> AsyncIterator[None]:
+        """A tool's work: in a span of its own, its domain errors as tool errors."""
+        with self.tool_span(tool, project):
+            async with tool_errors():
+                yield
 
 
 @asynccontextmanager
@@ -97,7 +106,7 @@ def add_agent_tools(server: MCPServer[Any], domain: McpDomain) -> None:
         out and named in `withheld`. Prefer the memory already given in the conversation; call this for a
         fresh read."""
         connection, call = agent_call(ctx)
-        async with tool_errors():
+        async with domain.calling("get_caller_memory", connection.project.project_id):
             view = await domain.memory.read_of(
                 connection.project, call.subject, await trust(connection, call)
             )
@@ -118,7 +127,7 @@ def add_agent_tools(server: MCPServer[Any], domain: McpDomain) -> None:
         keys. It is saved into the caller's memory when this call ends. A later value of the same key
         replaces it."""
         connection, call = agent_call(ctx)
-        async with tool_errors():
+        async with domain.calling("remember", connection.project.project_id):
             kept = await domain.transcripts.remember(
                 connection.project, call.conversation_id, key, value, await trust(connection, call)
             )
@@ -133,7 +142,7 @@ def add_agent_tools(server: MCPServer[Any], domain: McpDomain) -> None:
         """The context for the next answer within `max_tokens`: the caller's memory, the summary of older
         turns and the most recent turns of this call, each section with its token count."""
         connection, call = agent_call(ctx)
-        async with tool_errors():
+        async with domain.calling("get_context", connection.project.project_id):
             context = await domain.transcripts.context(
                 connection.project,
                 call.conversation_id,
@@ -152,7 +161,7 @@ def add_agent_tools(server: MCPServer[Any], domain: McpDomain) -> None:
         """This call's transcript in order, after a turn (a page of at most 200 messages; `next_after_turn`
         names where the next page starts)."""
         connection, call = agent_call(ctx)
-        async with tool_errors():
+        async with domain.calling("get_history", connection.project.project_id):
             history, _ = await domain.transcripts.history(
                 connection.project,
                 call.conversation_id,

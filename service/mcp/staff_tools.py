@@ -62,7 +62,7 @@ def add_staff_tools(server: MCPServer[Any], domain: McpDomain, *, erasure: bool)
     async def lookup_caller(identifier: Identifier, ctx: Context[Any, Any]) -> dict[str, Any]:
         """A caller's memory: what the business keeps about them between calls (audited)."""
         connection = staff(ctx)
-        async with tool_errors():
+        async with domain.calling("lookup_caller", connection.project.project_id):
             view = await domain.memory.read(connection.project, identifier)
             await domain.audit.record(
                 connection.project.project_id,
@@ -85,7 +85,7 @@ def add_staff_tools(server: MCPServer[Any], domain: McpDomain, *, erasure: bool)
     ) -> dict[str, Any]:
         """A caller's conversations, newest first, each with its status and times (audited)."""
         connection = staff(ctx)
-        async with tool_errors():
+        async with domain.calling("list_conversations", connection.project.project_id):
             page = await domain.transcripts.for_caller(
                 connection.project, identifier, limit=limit, cursor=cursor
             )
@@ -106,7 +106,7 @@ def add_staff_tools(server: MCPServer[Any], domain: McpDomain, *, erasure: bool)
     ) -> dict[str, Any]:
         """One conversation's transcript in order (a page of at most 200 messages; audited)."""
         connection = staff(ctx)
-        async with tool_errors():
+        async with domain.calling("read_transcript", connection.project.project_id):
             history, _ = await domain.transcripts.history(
                 connection.project,
                 conversation_id,
@@ -149,7 +149,7 @@ def add_staff_tools(server: MCPServer[Any], domain: McpDomain, *, erasure: bool)
         connection = staff(ctx)
         if confirmation.action != "accept" or not confirmation.data.erase:
             return {"erased": False, "reason": "not confirmed: nothing was erased"}
-        async with tool_errors():
+        async with domain.calling("erase_caller", connection.project.project_id):
             receipt = await domain.memory.erase(connection.project, identifier, actor=connection.actor)
         return {
             "erased": True,

@@ -192,8 +192,9 @@ class Telemetry:
 
     @contextlib.contextmanager
     def tool_span(self, name: str, project: str) -> Iterator[Span | None]:
-        """A span around one MCP tool call (``execute_tool <name>``): for service/mcp's tools to call. The
-        tool's name and the project only: never its arguments or its answer."""
+        """A span around one MCP tool's work (``execute_tool <name>``, under the mcp SDK's ``tools/call``
+        span): service/mcp's tools run in it. The tool's name and the project only: never its arguments or
+        its answer."""
         with self.span(
             f"execute_tool {name}",
             {
