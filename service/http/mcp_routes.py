@@ -100,10 +100,15 @@ async def _subject(services: Services, project: Project, conversation_id: str) -
     header, _ = await services.store.read_conversation(
         ConversationKey(project.project_id, conversation_id), services.clock.now_ms()
     )
+    if not project.conversation.enabled:
+        return "", (
+            "the project has conversation memory off (memory.conversation.enabled): a call is a conversation "
+            "the tools find only with it on (docs/mcp.md)"
+        )
     if header is None or not header.subject:
         return "", (
-            f"conversation '{conversation_id}' has not started: start it first (the SDK's begin, a platform's "
-            "call start or Agora's join), then call again"
+            f"conversation '{conversation_id}' has not started: start it first (the SDK's begin_turn, "
+            "POST .../conversations/{id}/start, a platform's call start or Agora's join), then call again"
         )
     if header.status in (TranscriptStatus.ERASED, TranscriptStatus.DELETED):
         return "", f"conversation '{conversation_id}' was erased or deleted"

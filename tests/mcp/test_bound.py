@@ -186,3 +186,13 @@ async def test_remember_then_a_platforms_end_persists_the_key(retell: Retell) ->
     assert (await retell.event("call_ended", call)).body["outcome"] == "held"
     assert (await retell.event("call_analyzed", call)).body["outcome"] == "ended"
     assert await retell.memory() == {"caller_name": "Ada", "cheese": "Stilton"}
+
+
+async def test_with_conversation_memory_off_the_tools_say_so(shop: Shop) -> None:
+    config = {"memory": {"repeat_caller": CONFIG["memory"]["repeat_caller"]}}  # conversation memory off
+    reply = await shop.api.call("PUT", BASE, token=OPERATOR_TOKEN, json=config)
+    assert reply.status == 200, reply.body
+    async with shop.client(conversation="call-off") as client:
+        assert {t.name for t in (await client.list_tools()).tools} >= {"remember"}
+        refused = await client.call_tool("get_caller_memory", {})
+    assert refused.is_error and "memory.conversation.enabled" in text_of(refused)
