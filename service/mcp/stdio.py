@@ -55,13 +55,12 @@ from mcp_types import (
 )
 
 from ..logs import configure_logging, mask_text
+from .connection import CONVERSATION_HEADER, ERASURE_HEADER
 
 log = logging.getLogger("caller_memory.mcp")
 
 #: The environment variable the token comes from (never an argument: a command line is visible to every user).
 TOKEN_VARIABLE = "CALLER_MEMORY_TOKEN"
-CONVERSATION_HEADER = "X-Caller-Memory-Conversation"
-ERASURE_HEADER = "X-Caller-Memory-Erasure"
 
 #: JSON-RPC error codes of the relay's own answers (implementation-defined server errors, clear of the
 #: codes MCP uses in -32000..-32099): the service could not be reached or did not answer in time; the service
