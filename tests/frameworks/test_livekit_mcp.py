@@ -13,7 +13,6 @@ Runs in its own pytest process (the Makefile runs this file separately)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,8 @@ from tests.conftest import Api
 # The fixtures (fake_llm, sessions, tokens, store_url, lines) come with the star import.
 from tests.frameworks.conftest_livekit import *  # noqa: F403
 from tests.frameworks.conftest_livekit import INSTRUCTIONS, NUMBER, PROJECT, Lines, Sessions, make_client
-from tests.support.fake_llm import FakeLLM, Reply, default_reply, text_of
-
-CALL_ME = re.compile(r"call me (\w+)", re.IGNORECASE)
-CHEESE = re.compile(r"favourite cheese is (\w+)", re.IGNORECASE)
-#: What the scripted model says once the tool answered: the answer it got decides which.
-NOTED_NAME = "I'll remember your name."
-NOT_KEPT = "Sorry, I cannot keep that."
+from tests.support.fake_llm import FakeLLM
+from tests.support.remembering_model import NOT_KEPT, NOTED_NAME, remembering_model
 
 
 def tool_answer(output: str) -> dict[str, Any]:
@@ -47,23 +41,6 @@ def tool_answer(output: str) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError):
         return {}
     return said if isinstance(said, dict) else {}
-
-
-def remembering_model(messages: list[dict[str, Any]]) -> Reply:
-    """The FakeLLM's script: "call me X" calls ``remember(caller_name, X)``, "my favourite cheese is X" calls
-    ``remember(favourite_cheese, X)`` (not a state key of the project); the tool's answer gets
-    :data:`NOTED_NAME` when it says the name was remembered, else :data:`NOT_KEPT`. The rest is the default
-    script (a greeting by name when the memory message holds one)."""
-    last = messages[-1]
-    if last.get("role") == "tool":
-        answer = tool_answer(text_of(last))
-        return Reply([NOTED_NAME if answer.get("remembered") == "caller_name" else NOT_KEPT])
-    user = text_of(last) if last.get("role") == "user" else ""
-    if match := CALL_ME.search(user):
-        return Reply(tool=("remember", {"key": "caller_name", "value": match.group(1)}))
-    if match := CHEESE.search(user):
-        return Reply(tool=("remember", {"key": "favourite_cheese", "value": match.group(1)}))
-    return default_reply(messages)
 
 
 def caller_memory_tools(url: str, token: str, call: CallMemory) -> MCPToolset:
@@ -101,7 +78,7 @@ async def memory_fields(api: Api, admin: str) -> dict[str, Any]:
 async def test_the_mcp_toolset_remembers_through_the_service_and_the_drop_ins_end_persists_it(
     api: Api, tokens: dict[str, str], sessions: Sessions, fake_llm: FakeLLM, tmp_path: Path, lines: Lines
 ) -> None:
-    fake_llm.reply = remembering_model
+    fake_llm.reply = remembering_model(tool_answer)
     async with make_client(api.base_url, tokens["agent"], tmp_path) as client:
         session = sessions.new()
         call = remember_caller(session, client, caller=NUMBER, conversation_id="SCL_mcp1")

@@ -11,7 +11,6 @@ Runs in its own pytest process (the Makefile runs this file separately)."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,8 @@ from pipecat.services.mcp_service import MCPClient
 from tests.conftest import OPERATOR_TOKEN, Api
 from tests.frameworks import conftest_pipecat
 from tests.frameworks.conftest_pipecat import LIVE, Call, Paced, aggregators, make_llm
-from tests.support.fake_llm import FakeLLM, Reply, default_reply, text_of
+from tests.support.fake_llm import FakeLLM, text_of
+from tests.support.remembering_model import NOT_KEPT, NOTED_NAME, remembering_model
 
 # The shared fixtures (a module of this file's own, not a conftest.py: see its docstring).
 every_log_line = conftest_pipecat.every_log_line
@@ -36,11 +36,6 @@ stop_calls = conftest_pipecat.stop_calls
 
 PROJECT = "cheese-shop"
 CALLER = "+14155550100"
-CALL_ME = re.compile(r"call me (\w+)", re.IGNORECASE)
-CHEESE = re.compile(r"favourite cheese is (\w+)", re.IGNORECASE)
-#: What the scripted model says once the tool answered: the answer it got decides which.
-NOTED_NAME = "I'll remember your name."
-NOT_KEPT = "Sorry, I cannot keep that."
 
 
 def tool_answer(output: str) -> dict[str, Any]:
@@ -54,23 +49,6 @@ def tool_answer(output: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return said if isinstance(said, dict) else {}
-
-
-def remembering_model(messages: list[dict[str, Any]]) -> Reply:
-    """The FakeLLM's script: "call me X" calls ``remember(caller_name, X)``, "my favourite cheese is X" calls
-    ``remember(favourite_cheese, X)`` (not a state key of the project); the tool's answer gets
-    :data:`NOTED_NAME` when it says the name was remembered, else :data:`NOT_KEPT`. The rest is the default
-    script (a greeting by name when the memory message holds one)."""
-    last = messages[-1]
-    if last.get("role") == "tool":
-        answer = tool_answer(text_of(last))
-        return Reply([NOTED_NAME if answer.get("remembered") == "caller_name" else NOT_KEPT])
-    user = text_of(last) if last.get("role") == "user" else ""
-    if match := CALL_ME.search(user):
-        return Reply(tool=("remember", {"key": "caller_name", "value": match.group(1)}))
-    if match := CHEESE.search(user):
-        return Reply(tool=("remember", {"key": "favourite_cheese", "value": match.group(1)}))
-    return default_reply(messages)
 
 
 @pytest.fixture
@@ -98,7 +76,7 @@ async def shop(api: Api) -> dict[str, str]:
 
 @pytest.fixture
 async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM(remembering_model) as fake:
+    async with FakeLLM(remembering_model(tool_answer)) as fake:
         yield fake
 
 
