@@ -15,7 +15,7 @@ from caller_memory.service.domain.clock import FakeClock
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import OPERATOR_TOKEN, Api, running_api
+from tests.conftest import OPERATOR_TOKEN, Api, Reply, running_api
 
 PROJECT = "cheese-shop"
 BASE = f"/v1/projects/{PROJECT}"
@@ -64,6 +64,28 @@ class Shop:
             json={"caller": caller, "channel": "phone", **extra},
         )
         assert reply.status == 200, reply.body
+
+    async def list_raw(
+        self,
+        token: str,
+        *,
+        project: str = PROJECT,
+        conversation: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        """One ``tools/list`` POSTed as plain JSON-RPC (no MCP client): for what the endpoint answers before
+        any tool runs (refusals). ``headers``: more request headers."""
+        sent = {"Content-Type": "application/json", "Accept": "application/json"}
+        if conversation is not None:
+            sent["X-Caller-Memory-Conversation"] = conversation
+        sent |= headers or {}
+        return await self.api.call(
+            "POST",
+            f"/v1/projects/{project}/mcp",
+            token=token,
+            data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
+            headers=sent,
+        )
 
     @asynccontextmanager
     async def client(

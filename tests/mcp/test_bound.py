@@ -73,14 +73,7 @@ async def test_a_token_of_one_project_never_reaches_another(shop: Shop) -> None:
     assert reply.status == 200, reply.body
     for token in (shop.agent, shop.staff, shop.admin, shop.platform):
         for conversation in (CONVERSATION, None):
-            reply = await shop.api.call(
-                "POST",
-                f"/v1/projects/{other}/mcp",
-                token=token,
-                data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
-                headers={"Content-Type": "application/json", "Accept": "application/json"}
-                | ({"X-Caller-Memory-Conversation": conversation} if conversation else {}),
-            )
+            reply = await shop.list_raw(token, project=other, conversation=conversation)
             assert reply.status == 404, (token, conversation, reply.body)  # not even told it exists
     # Its own project's conversation of that id is its own caller's.
     async with shop.client() as client:
@@ -101,17 +94,7 @@ async def test_a_connection_before_its_call_starts_lists_the_tools_and_binds_onc
     assert early.is_error and "has not started" in text_of(early)
     assert later["fields"] == {"caller_name": "Bob"}
     for conversation in ("has space", "x" * 200):
-        reply = await shop.api.call(
-            "POST",
-            f"{BASE}/mcp",
-            token=shop.agent,
-            data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
-            headers={
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                "X-Caller-Memory-Conversation": conversation,
-            },
-        )
+        reply = await shop.list_raw(shop.agent, conversation=conversation)
         assert reply.status == 422, reply.body
         assert "X-Caller-Memory-Conversation" in reply.body["error"]["message"]
 

@@ -66,13 +66,7 @@ async def test_staff_tools_are_refused_to_agent_and_platform_tokens(shop: Shop, 
         async with shop.client(token, conversation=None) as client:
             await client.list_tools()
     assert isinstance(caught.value, MCPError) or caught.group_contains(MCPError)
-    reply = await shop.api.call(
-        "POST",
-        f"{BASE}/mcp",
-        token=token,
-        data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
-        headers={"Content-Type": "application/json", "Accept": "application/json"},
-    )
+    reply = await shop.list_raw(token)
     # Refused as a JSON-RPC error (what MCP clients show), at the API's status, the problem as its data.
     assert reply.status == 403 and "staff" in reply.body["error"]["message"]
     assert reply.body["error"]["data"]["status"] == 403
@@ -90,17 +84,7 @@ async def test_erasure_is_refused_without_the_opt_in(shop: Shop) -> None:
         refused = await client.call_tool("erase_caller", {"identifier": CALLER})
     assert refused.is_error
     assert await shop.memory() == {"caller_name": "Ada"}
-    reply = await shop.api.call(
-        "POST",
-        f"{BASE}/mcp",
-        token=shop.staff,
-        data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
-        headers={
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "X-Caller-Memory-Erasure": "yes",
-        },
-    )
+    reply = await shop.list_raw(shop.staff, headers={"X-Caller-Memory-Erasure": "yes"})
     assert reply.status == 422 and "allow" in reply.body["error"]["message"]
 
 
