@@ -242,6 +242,7 @@ class ConversationService:
         end_reason: str | None = None,
         call: CallTrust | None = None,
         source: str | None = None,
+        remembered_in: bool = False,
     ) -> ConversationEnd:
         """``received_at`` is when the request arrived (default: now); ``ended_at`` when the client says the
         conversation ended (its first attempt to send this). The write counts as made at the earlier of the
@@ -255,7 +256,8 @@ class ConversationService:
         nor deleted, and listed in ``withheld``. Through a linked identifier, the end is the profile's.
         ``source``: the platform whose end event this is (told to the webhooks), None for the API's.
         ``caller`` may be the caller already known (a platform's end of a conversation whose events carry no
-        number: the conversation's own caller)."""
+        number: the conversation's own caller). ``remembered_in``: ``state`` holds what the call remembered
+        through MCP already (a platform's end merged it with its extracted data)."""
         check_conversation_id(conversation_id)
         if end_reason is not None and end_reason not in END_REASONS:
             raise InvalidInput(f"end_reason must be one of {', '.join(END_REASONS)}", field="end_reason")
@@ -273,10 +275,10 @@ class ConversationService:
             check_chosen_id(channel, "channel", "channel", regions)
 
         withheld = project.trust.withheld(call)
-        remembered = await self.remembered.under(
-            project, ConversationKey(project.project_id, conversation_id), state, who
-        )
-        changes = split_state(project, remembered, withheld=withheld)
+        # The request's own state stays what its retries are compared by (``digest`` below).
+        key = ConversationKey(project.project_id, conversation_id)
+        persisted = await self.remembered.under(project, key, state, who, merged=remembered_in)
+        changes = split_state(project, persisted, withheld=withheld)
         if who.blacklisted:
             # Nothing is read, written or counted for a blacklisted caller; a retry is as harmless.
             return ConversationEnd(conversation_id, [], sorted(state), True, {}, False)

@@ -97,15 +97,16 @@ class RememberedState:
         return {name: v for name, v in found.items() if name in project.ttl_ms}
 
     async def under(
-        self, project: Project, key: ConversationKey, state: dict[str, Any], caller: Caller
+        self, project: Project, key: ConversationKey, state: dict[str, Any], caller: Caller, *, merged: bool
     ) -> dict[str, Any]:
         """An explicit end's state: ``state`` with the remembered names it does not hold (``state`` as it is
-        for a blacklisted ``caller``, or without conversation memory)."""
-        if caller.blacklisted or not project.conversation.enabled:
+        for a blacklisted ``caller``, without conversation memory, or when ``merged``: it holds them already,
+        as a platform's end's does, :meth:`over`)."""
+        if merged or caller.blacklisted or not project.conversation.enabled:
             return state
         found = await self._read(project, key)
-        merged = {name: orjson.loads(v.value) for name, v in found.items() if name not in state}
-        return merged | dict(state)
+        added = {name: orjson.loads(v.value) for name, v in found.items() if name not in state}
+        return added | state
 
     async def over(
         self, project: Project, key: ConversationKey, checkpoint: Mapping[str, Any], checkpoint_at: int

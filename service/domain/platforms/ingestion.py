@@ -500,6 +500,7 @@ class PlatformIngestion:
                 end_reason=end.end_reason,
                 call=call,
                 source=settings.platform,
+                remembered_in=True,
             )
         except Conflict:
             return EndAnswer("conflict", conversation_id)
