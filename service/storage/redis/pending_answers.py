@@ -9,6 +9,7 @@ from ...domain.store.pending_answers import PendingAnswerStore
 from ...domain.store.refs import CallerRef
 from ...domain.store.transcripts import ConversationKey
 from . import keys
+from .caller_lists import drop_listed, list_conversation
 from .transport import Call, RedisTransport
 
 
@@ -33,11 +34,7 @@ class RedisPendingAnswers(PendingAnswerStore):
         listed = pending_callers_key(key.project, subject)
         async with Call("keep_pending_answer", self._timeout):
             # The caller's set first: an answer is never kept where an erasure would not find it.
-            await self._transport.run(
-                ("SADD", listed, key.conversation_id),
-                ("PEXPIREAT", listed, keep_until_ms, "NX"),
-                ("PEXPIREAT", listed, keep_until_ms, "GT"),
-            )
+            await list_conversation(self._transport, listed, key.conversation_id, keep_until_ms)
             await self._transport.run(
                 (
                     "SET",
@@ -63,13 +60,8 @@ class RedisPendingAnswers(PendingAnswerStore):
     async def drop_pending_answers(self, caller: CallerRef) -> int:
         listed = pending_callers_key(caller.project, caller.subject)
         async with Call("drop_pending_answers", self._timeout):
-            (members,) = await self._transport.run(("SMEMBERS", listed))
-            dropped = 0
-            for member in members or ():
-                conversation_id = member.decode() if isinstance(member, bytes) else str(member)
-                (removed,) = await self._transport.run(
-                    ("DEL", pending_answer_key(caller.project, conversation_id))
-                )
-                dropped += int(removed)
-            await self._transport.run(("DEL", listed))
-        return dropped
+            return await drop_listed(
+                self._transport,
+                listed,
+                lambda conversation_id: pending_answer_key(caller.project, conversation_id),
+            )

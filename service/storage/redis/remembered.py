@@ -9,6 +9,7 @@ from ...domain.store.refs import CallerRef
 from ...domain.store.remembered import RememberedStore, RememberedValue
 from ...domain.store.transcripts import ConversationKey
 from . import keys
+from .caller_lists import drop_listed, list_conversation
 from .transport import Call, RedisTransport
 
 
@@ -41,11 +42,7 @@ class RedisRemembered(RememberedStore):
         held = remembered_key(key.project, key.conversation_id)
         async with Call("remember_state", self._timeout):
             # The caller's set first: a value is never kept where an erasure would not find it.
-            await self._transport.run(
-                ("SADD", listed, key.conversation_id),
-                ("PEXPIREAT", listed, keep_until_ms, "NX"),
-                ("PEXPIREAT", listed, keep_until_ms, "GT"),
-            )
+            await list_conversation(self._transport, listed, key.conversation_id, keep_until_ms)
             await self._transport.run(
                 ("HSET", held, name, b"%d|%d|%s" % (value.made_at, keep_until_ms, value.value)),
                 ("PEXPIREAT", held, keep_until_ms, "NX"),
@@ -73,13 +70,8 @@ class RedisRemembered(RememberedStore):
     async def drop_remembered(self, caller: CallerRef) -> int:
         listed = remembered_callers_key(caller.project, caller.subject)
         async with Call("drop_remembered", self._timeout):
-            (members,) = await self._transport.run(("SMEMBERS", listed))
-            dropped = 0
-            for member in members or ():
-                conversation_id = member.decode() if isinstance(member, bytes) else str(member)
-                (removed,) = await self._transport.run(
-                    ("DEL", remembered_key(caller.project, conversation_id))
-                )
-                dropped += int(removed)
-            await self._transport.run(("DEL", listed))
-        return dropped
+            return await drop_listed(
+                self._transport,
+                listed,
+                lambda conversation_id: remembered_key(caller.project, conversation_id),
+            )
