@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -59,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen
 import profiling
+import run as bench_run
 from common import FIELDS, PROJECT, VALUE, caller_phone, quote_phone
 
 if "--loadgen" not in sys.argv[1:]:  # the load generator's processes need none of the service's modules
@@ -632,35 +634,10 @@ def wait_for_quiet(limit: float, tries: int, pause: float) -> list[float]:
 
 
 def versions() -> dict[str, Any]:
-    import importlib.metadata as md
-
-    def version(name: str) -> str | None:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(BENCH.parent), *args], capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown",
-    )
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "python": sys.version.split()[0],
-        "packages": {n: version(n) for n in ("mcp", "aiohttp", "pydantic", "redis", "uvloop")},
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "tree_changes_under_service": bool(git("status", "--porcelain", "--", "service", "sdk")),
-    }
+    """The machine and the code measured, as bench/run.py records them, with the mcp SDK's version."""
+    info = bench_run.machine_info()
+    info["packages"]["mcp"] = importlib.metadata.version("mcp")
+    return info | {"source": bench_run.source_state()}
 
 
 def run_store(store: str, plan: Plan, args: argparse.Namespace, work: Path) -> dict[str, Any]:
